@@ -1,0 +1,3 @@
+from v100lab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per ``v100lab`` subcommand (see ``v100lab.cli``)."""

@@ -1,0 +1,238 @@
+"""``RunConfig``: llama.cpp's run-time flags, with llama.cpp's defaults, validated.
+
+Field names follow ``common_params`` / ``llama_context_params`` (llama.cpp common/common.h,
+include/llama.h); each field lists its llama-server flag. Defaults are llama.cpp's own (common.h), not
+llama-cpp-python's — where llama-cpp-python's ``Llama()`` differs (n_ctx 512, n_gpu_layers 0,
+swa_full on) ``to_llama_kwargs`` always passes our value explicitly, so both backends run the same
+configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from v100lab.errors import ConfigError
+
+# common/arg.cpp: kv_cache_types (the values --cache-type-k/-v accept)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+FLASH_ATTN = ("on", "off", "auto")
+# llama.cpp include/llama.h: enum llama_flash_attn_type
+FLASH_ATTN_ENUM = {"auto": -1, "off": 0, "on": 1}
+# ggml type enum values (ggml/include/ggml.h) for llama_context_params.type_k/type_v
+GGML_TYPE_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+                "iq4_nl": 20, "bf16": 30}
+
+ALL_LAYERS = 999  # llama.cpp clamps -ngl to n_layer + 1; 999 means "every layer"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One llama.cpp run configuration (what `llama-server` flags set)."""
+
+    n_gpu_layers: int = ALL_LAYERS   # -ngl/--gpu-layers (recent llama.cpp offloads all by default; old: 0)
+    n_ctx: int = 4096                # -c/--ctx-size (0 = the model's n_ctx_train)
+    n_batch: int = 2048              # -b/--batch-size (logical batch)
+    n_ubatch: int = 512              # -ub/--ubatch-size (physical batch)
+    cache_type_k: str = "f16"        # -ctk/--cache-type-k
+    cache_type_v: str = "f16"        # -ctv/--cache-type-v
+    flash_attn: str = "auto"         # -fa/--flash-attn on|off|auto
+    n_parallel: int = 1              # -np/--parallel (sequences / server slots)
+    kv_unified: bool = False         # --kv-unified (one KV buffer shared by all sequences)
+    swa_full: bool = False           # --swa-full (full-size cache for sliding-window layers)
+    use_mmap: bool = True            # --no-mmap turns it off
+    use_mlock: bool = False          # --mlock
+    n_threads: int = 0               # -t/--threads (0 = llama.cpp's choice: the CPU count)
+    tensor_split: tuple[float, ...] = ()  # -ts/--tensor-split (per-GPU proportions)
+
+    def __post_init__(self):
+        validate(self)
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self.n_threads or (os.cpu_count() or 1)
+
+    @property
+    def kv_quantized_v(self) -> bool:
+        return self.cache_type_v not in ("f32", "f16", "bf16")
+
+    def with_(self, **changes) -> "RunConfig":
+        """A copy with some fields changed (validated)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown run-config field(s): {', '.join(sorted(unknown))}")
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tensor_split"] = list(self.tensor_split)
+        return d
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "RunConfig":
+        """Build from a dict (parameter file, JSON); unknown keys and wrong types are errors."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(f"unknown run-config key '{key}' (known: {', '.join(known)})")
+            default = known[key].default
+            if key == "tensor_split":
+                if not isinstance(value, (list, tuple)) or not all(isinstance(x, (int, float)) for x in value):
+                    raise ConfigError(f"run-config key 'tensor_split' must be a list of numbers, got {value!r}")
+                value = tuple(float(x) for x in value)
+            elif isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+            elif isinstance(default, int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
+            elif isinstance(default, str):
+                if not isinstance(value, str):
+                    raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    # ---- conversions -----------------------------------------------------------------------
+    def to_server_argv(self) -> list[str]:
+        """llama-server flags (current spellings) for this configuration."""
+        argv = ["--gpu-layers", str(self.n_gpu_layers), "--ctx-size", str(self.n_ctx),
+                "--batch-size", str(self.n_batch), "--ubatch-size", str(self.n_ubatch),
+                "--cache-type-k", self.cache_type_k, "--cache-type-v", self.cache_type_v,
+                "--flash-attn", self.flash_attn, "--parallel", str(self.n_parallel)]
+        if self.kv_unified:
+            argv.append("--kv-unified")
+        if self.swa_full:
+            argv.append("--swa-full")
+        if not self.use_mmap:
+            argv.append("--no-mmap")
+        if self.use_mlock:
+            argv.append("--mlock")
+        if self.n_threads:
+            argv += ["--threads", str(self.n_threads)]
+        if self.tensor_split:
+            argv += ["--tensor-split", ",".join(f"{x:g}" for x in self.tensor_split)]
+        return argv
+
+    def to_llama_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``llama_cpp.Llama`` (llama-cpp-python's high-level class).
+
+        ``Llama()`` cannot express everything: its ``flash_attn`` is a bool (no "auto") and it has no
+        ``n_seq_max``/``kv_unified``. Those are set through ``apply_to_context_params`` by callers that
+        build the context themselves (the measurement harness does); here "auto" maps to off, and
+        ``n_parallel``/``kv_unified`` other than the defaults raise ConfigError.
+        """
+        if self.n_parallel != 1 or self.kv_unified:
+            raise ConfigError("n_parallel/kv_unified: llama_cpp.Llama() cannot set them; "
+                              "use the harness's in-process backend or the server backend")
+        kw: dict[str, Any] = {
+            "n_gpu_layers": -1 if self.n_gpu_layers >= ALL_LAYERS else self.n_gpu_layers,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
+            "type_k": GGML_TYPE_ID[self.cache_type_k],
+            "type_v": GGML_TYPE_ID[self.cache_type_v],
+            "flash_attn": self.flash_attn == "on",
+            "swa_full": self.swa_full,
+            "use_mmap": self.use_mmap,
+            "use_mlock": self.use_mlock,
+            "n_threads": self.threads,
+            "n_threads_batch": self.threads,
+        }
+        if self.tensor_split:
+            kw["tensor_split"] = list(self.tensor_split)
+        return kw
+
+    def apply_to_model_params(self, mparams) -> None:
+        """Set a ``llama_model_params`` struct (llama_cpp.llama_model_default_params()) from this config."""
+        import llama_cpp
+
+        mparams.n_gpu_layers = -1 if self.n_gpu_layers >= ALL_LAYERS else self.n_gpu_layers
+        # include/llama.h: enum llama_load_mode (replaced use_mmap/use_mlock)
+        if self.use_mmap and self.use_mlock:
+            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK
+        elif self.use_mlock:
+            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MLOCK
+        elif self.use_mmap:
+            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
+        else:
+            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+
+    def apply_to_context_params(self, cparams) -> None:
+        """Set a ``llama_context_params`` struct (llama_cpp.llama_context_default_params())."""
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_ubatch
+        cparams.n_seq_max = self.n_parallel
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.type_k = GGML_TYPE_ID[self.cache_type_k]
+        cparams.type_v = GGML_TYPE_ID[self.cache_type_v]
+        cparams.flash_attn_type = FLASH_ATTN_ENUM[self.flash_attn]
+        cparams.swa_full = self.swa_full
+        cparams.kv_unified = self.kv_unified
+
+
+def validate(cfg: RunConfig) -> None:
+    """Raise ConfigError naming the first bad field."""
+    if cfg.cache_type_k not in CACHE_TYPES:
+        raise ConfigError(f"cache_type_k: unknown cache type '{cfg.cache_type_k}' (allowed: {', '.join(CACHE_TYPES)})")
+    if cfg.cache_type_v not in CACHE_TYPES:
+        raise ConfigError(f"cache_type_v: unknown cache type '{cfg.cache_type_v}' (allowed: {', '.join(CACHE_TYPES)})")
+    if cfg.flash_attn not in FLASH_ATTN:
+        raise ConfigError(f"flash_attn: must be one of on/off/auto, got '{cfg.flash_attn}'")
+    if cfg.n_gpu_layers < -1:
+        raise ConfigError(f"n_gpu_layers: must be >= -1, got {cfg.n_gpu_layers}")
+    if cfg.n_ctx < 0:
+        raise ConfigError(f"n_ctx: must be >= 0 (0 = the model's training context), got {cfg.n_ctx}")
+    if cfg.n_batch < 1:
+        raise ConfigError(f"n_batch: must be >= 1, got {cfg.n_batch}")
+    if cfg.n_ubatch < 1:
+        raise ConfigError(f"n_ubatch: must be >= 1, got {cfg.n_ubatch}")
+    if cfg.n_ubatch > cfg.n_batch:
+        raise ConfigError(f"n_ubatch: {cfg.n_ubatch} is larger than n_batch {cfg.n_batch}")
+    if cfg.n_parallel < 1:
+        raise ConfigError(f"n_parallel: must be >= 1, got {cfg.n_parallel}")
+    if cfg.n_threads < 0:
+        raise ConfigError(f"n_threads: must be >= 0, got {cfg.n_threads}")
+    if any(x < 0 for x in cfg.tensor_split):
+        raise ConfigError(f"tensor_split: proportions must be >= 0, got {list(cfg.tensor_split)}")
+
+
+def add_flag_arguments(parser) -> None:
+    """Add llama.cpp's flags (llama.cpp spellings) to an argparse parser; see ``from_flag_args``."""
+    d = RunConfig()
+    g = parser.add_argument_group("llama.cpp flags")
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=d.n_gpu_layers,
+                   help=f"layers to offload to the GPU (default {d.n_gpu_layers} = all)")
+    g.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, default=d.n_ctx, help=f"context size (default {d.n_ctx})")
+    g.add_argument("-b", "--batch-size", dest="n_batch", type=int, default=d.n_batch, help=f"logical batch (default {d.n_batch})")
+    g.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, default=d.n_ubatch,
+                   help=f"physical batch (default {d.n_ubatch})")
+    g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", default=d.cache_type_k, help="K cache type")
+    g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", default=d.cache_type_v, help="V cache type")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", default=d.flash_attn, help="on, off or auto")
+    g.add_argument("-np", "--parallel", dest="n_parallel", type=int, default=d.n_parallel, help="parallel sequences")
+    g.add_argument("--kv-unified", dest="kv_unified", action="store_true", help="one KV buffer for all sequences")
+    g.add_argument("--swa-full", dest="swa_full", action="store_true", help="full-size cache for SWA layers")
+    g.add_argument("--no-mmap", dest="use_mmap", action="store_false", help="read the model instead of mapping it")
+    g.add_argument("--mlock", dest="use_mlock", action="store_true", help="lock the model in RAM")
+    g.add_argument("-t", "--threads", dest="n_threads", type=int, default=d.n_threads, help="CPU threads (0 = all)")
+    g.add_argument("-ts", "--tensor-split", dest="tensor_split", default="",
+                   help="per-GPU proportions, e.g. 3,1")
+
+
+def from_flag_args(args) -> RunConfig:
+    """The RunConfig that ``add_flag_arguments``' parsed flags describe."""
+    split = ()
+    if args.tensor_split:
+        try:
+            split = tuple(float(x) for x in str(args.tensor_split).replace("/", ",").split(","))
+        except ValueError:
+            raise ConfigError(f"tensor_split: not a list of numbers: '{args.tensor_split}'") from None
+    return RunConfig(n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
+                     cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
+                     n_parallel=args.n_parallel, kv_unified=args.kv_unified, swa_full=args.swa_full,
+                     use_mmap=args.use_mmap, use_mlock=args.use_mlock, n_threads=args.n_threads, tensor_split=split)
