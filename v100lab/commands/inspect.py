@@ -1,0 +1,141 @@
+"""``v100lab inspect MODEL [--json]``: what a GGUF header says, and what llama.cpp derives from it.
+
+MODEL is a path, an http(s) URL (only the header is fetched, with Range requests) or a zoo alias.
+The JSON keys are a contract (scripts rely on them); see :func:`spec_to_json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from v100lab.header import DEFAULT_MAX_HEADER_BYTES, read_spec
+from v100lab.spec import ModelSpec
+
+NAME = "inspect"
+HELP = "parse a GGUF header (path, URL or alias) and show layers, heads, SWA/recurrent layers, sizes"
+
+
+def add_arguments(p):
+    p.add_argument("model", metavar="MODEL", help="path, http(s) URL or alias (default, gemma3-270m, synth-tiny:Q4_0, ...)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--max-header-mib", type=float, default=DEFAULT_MAX_HEADER_BYTES / 2**20,
+                   help="refuse headers larger than this (default %(default)s MiB)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default %(default)s)")
+    p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
+
+
+def spec_to_json(spec: ModelSpec, tensors: bool = False) -> dict:
+    """The stable JSON form of a ModelSpec (snake_case keys; issue 3's contract)."""
+    def per_layer(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    out = {
+        "architecture": spec.architecture,
+        "name": spec.name,
+        "file_type": spec.file_type,
+        "n_layer": spec.n_layer,
+        "n_embd": spec.n_embd,
+        "n_ff": per_layer(spec.n_ff),
+        "n_head": per_layer(spec.n_head),
+        "n_head_kv": per_layer(spec.n_head_kv_arr),
+        "head_dim_k": spec.head_dim_k,
+        "head_dim_v": spec.head_dim_v,
+        "n_ctx_train": spec.n_ctx_train,
+        "n_vocab": spec.n_vocab,
+        "rope_freq_base": spec.rope_freq_base,
+        "rope_dimension_count": spec.rope_dimension_count,
+        "sliding_window": spec.sliding_window,
+        "swa_layers": list(spec.swa_layers),
+        "recurrent_layers": list(spec.recurrent_layers),
+        "full_attention_interval": spec.full_attention_interval,
+        "nextn_layers": spec.nextn_layers,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "key_length_mla": spec.key_length_mla,
+        "value_length_mla": spec.value_length_mla,
+        "expert_count": spec.expert_count,
+        "expert_used_count": spec.expert_used_count,
+        "ssm_conv_kernel": spec.ssm_conv_kernel,
+        "ssm_state_size": spec.ssm_state_size,
+        "ssm_group_count": spec.ssm_group_count,
+        "ssm_time_step_rank": spec.ssm_time_step_rank,
+        "ssm_inner_size": spec.ssm_inner_size,
+        "n_params": spec.n_params,
+        "weight_bytes": spec.weight_bytes,
+        "nonlayer_bytes": spec.nonlayer_bytes,
+        "bits_per_weight": round(spec.bits_per_weight, 4),
+        "header_bytes": spec.header_bytes,
+        "alignment": spec.alignment,
+        "data_offset": spec.data_offset,
+        "file_bytes": spec.file_bytes,
+        "tensor_types": dict(sorted(spec.tensor_types.items())),
+        "layer_bytes": list(spec.layer_bytes),
+    }
+    if tensors:
+        out["tensors"] = [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "n_bytes": t.n_bytes,
+                           "offset": t.offset, "layer": t.layer} for t in spec.tensors]
+    return out
+
+
+def _ranges(idx) -> str:
+    """[0,1,2,4,5] → "0-2, 4-5"."""
+    idx = list(idx)
+    if not idx:
+        return "none"
+    parts, start, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _summary(spec: ModelSpec, source: str) -> str:
+    d = spec_to_json(spec)
+    lines = [
+        f"{source}",
+        f"  {spec.architecture} '{spec.name}', {spec.file_type}, {spec.n_params / 1e6:.1f} M params, "
+        f"{_fmt_bytes(spec.weight_bytes)} of weights ({spec.bits_per_weight:.2f} bits/weight)",
+        f"  layers {spec.n_layer}, n_embd {spec.n_embd}, n_ff {d['n_ff']}, heads {d['n_head']} "
+        f"(KV {d['n_head_kv']}), head_dim k/v {spec.head_dim_k}/{spec.head_dim_v}",
+        f"  context (train) {spec.n_ctx_train}, vocab {spec.n_vocab}, rope base {spec.rope_freq_base}",
+    ]
+    if spec.sliding_window:
+        lines.append(f"  sliding window {spec.sliding_window} on layers {_ranges(spec.swa_layers)}")
+    if spec.recurrent_layers:
+        lines.append(f"  recurrent layers {_ranges(spec.recurrent_layers)} "
+                     f"({len(spec.recurrent_layers)} of {spec.n_layer})")
+    if spec.expert_count:
+        lines.append(f"  MoE: {spec.expert_used_count} of {spec.expert_count} experts per token")
+    if spec.kv_lora_rank:
+        lines.append(f"  MLA: kv_lora_rank {spec.kv_lora_rank}, key_length_mla {spec.key_length_mla}")
+    types = ", ".join(f"{k} ×{v}" for k, v in sorted(spec.tensor_types.items()))
+    lines += [
+        f"  tensors {len(spec.tensors)}: {types}",
+        f"  per layer {_fmt_bytes(max(spec.layer_bytes, default=0))} (max), outside layers "
+        f"{_fmt_bytes(spec.nonlayer_bytes)}",
+        f"  header {_fmt_bytes(spec.header_bytes)} (alignment {spec.alignment}), file {_fmt_bytes(spec.file_bytes)}",
+    ]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    spec = read_spec(args.model, max_header_bytes=int(args.max_header_mib * 2**20), timeout=args.timeout)
+    if args.json:
+        json.dump(spec_to_json(spec, tensors=args.tensors), sys.stdout, indent=2)
+        print()
+        return 0
+    print(_summary(spec, args.model))
+    if args.tensors:
+        for t in spec.tensors:
+            print(f"  {t.name:<40} {t.type_name:<6} {str(list(t.shape)):<22} {t.n_bytes:>12}")
+    return 0

@@ -1,0 +1,811 @@
+"""A bounded GGUF header reader: metadata and tensor infos only, from a path, a file object or a URL.
+
+Why not ``gguf.GGUFReader``: it memory-maps the whole file and walks every tokenizer array element
+by element through numpy (about 2.6 s on the default model here), and it loops forever on a 43-byte
+file that declares an array of 2**62 elements. This reader
+
+* reads the header through a small buffered reader in growing chunks (1 MiB, then up to 8 MiB, then
+  doubling), so a local parse reads at most the header plus one chunk and a remote parse of a header
+  under 8 MiB takes at most 2-3 HTTP Range requests; tensor data is never read;
+* checks every count and length against the bytes that can still follow (the file's real size, or
+  the cap ``max_header_bytes`` when the size is unknown) *before* allocating anything, so memory
+  stays bounded by the file's real size;
+* raises :class:`~v100lab.errors.GGUFError` (message + byte offset) on anything malformed, mirroring
+  the checks of llama.cpp's own loader (ggml/src/gguf.cpp, ``gguf_init_from_file_impl``): magic,
+  version, alignment, tensor name length, n_dims, dimension overflow, ggml type, block size,
+  and that tensor offsets follow each other in order with alignment padding.
+
+Types, type sizes and key names come from the ``gguf`` package (``GGUFValueType``,
+``GGMLQuantizationType``, ``GGML_QUANT_SIZES``, ``LlamaFileType``); the parsing itself is ours.
+
+A header-only file (a *skeleton*, see :mod:`v100lab.skeleton`) is accepted: the data section may be
+absent or cut short; :attr:`GGUFHeader.data_complete` says whether it is all there.
+
+Public API: :func:`read_header` (the raw header), :func:`read_spec` (the derived ``ModelSpec``) and
+:func:`spec_from_header` (derivation, shared with the skeleton writer).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import struct
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import BinaryIO, Mapping, Sequence
+
+import gguf
+import numpy as np
+
+from v100lab.errors import GGUFError, ModelNotFoundError
+from v100lab.spec import ModelSpec, TensorInfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_HEADER_BYTES = 64 * 2**20
+MAX_STRING_BYTES = 2**30            # a string longer than 1 GiB is hostile, whatever the file size
+GGML_MAX_NAME = 64                  # ggml.h: tensor names are shorter than this
+GGML_MAX_DIMS = 4                   # ggml.h
+INT64_MAX = 2**63 - 1
+FIRST_CHUNK = 1 << 20               # first read: 1 MiB
+SECOND_CHUNK_TOTAL = 8 << 20        # second read brings the buffer to 8 MiB, then doubling
+
+VT = gguf.GGUFValueType
+# value type → (struct format, size); STRING and ARRAY are handled separately
+_SCALAR = {
+    VT.UINT8: ("<B", 1), VT.INT8: ("<b", 1), VT.UINT16: ("<H", 2), VT.INT16: ("<h", 2),
+    VT.UINT32: ("<I", 4), VT.INT32: ("<i", 4), VT.FLOAT32: ("<f", 4), VT.BOOL: ("<B", 1),
+    VT.UINT64: ("<Q", 8), VT.INT64: ("<q", 8), VT.FLOAT64: ("<d", 8),
+}
+_NP_DTYPE = {
+    VT.UINT8: "<u1", VT.INT8: "<i1", VT.UINT16: "<u2", VT.INT16: "<i2", VT.UINT32: "<u4",
+    VT.INT32: "<i4", VT.FLOAT32: "<f4", VT.BOOL: "<u1", VT.UINT64: "<u8", VT.INT64: "<i8",
+    VT.FLOAT64: "<f8",
+}
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+# ------------------------------------------------------------------------------------------------
+# results
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """The raw header.
+
+    ``metadata``: key → value. Scalars are Python ``int``/``float``/``bool``/``str``; numeric and
+    bool arrays are read-only numpy arrays (their memory is the file's bytes); string arrays are
+    tuples of ``str``. ``value_types``: key → ``GGUFValueType`` (for arrays, ``(ARRAY, element)``).
+    ``tensors``: in file order, ``offset`` relative to the data section. ``tensor_infos_end`` = end
+    of the tensor infos; ``header_bytes`` = ``data_offset`` = where the data section starts (the
+    end of the infos padded to ``alignment``). ``file_bytes``: the real size when known. ``bytes_read`` / ``requests``: what it
+    cost to read (for the benchmark).
+    """
+
+    version: int
+    metadata: Mapping[str, object]
+    value_types: Mapping[str, object]
+    tensors: tuple[TensorInfo, ...]
+    alignment: int
+    header_bytes: int
+    data_offset: int
+    tensor_infos_end: int
+    file_bytes: int | None
+    bytes_read: int = 0
+    requests: int = 0
+
+    @property
+    def data_bytes(self) -> int:
+        """Size of the data section the tensor infos describe (last tensor end, unpadded)."""
+        return max((t.offset + t.n_bytes for t in self.tensors), default=0)
+
+    @property
+    def data_complete(self) -> bool | None:
+        """Whether the file holds all tensor data (False for a skeleton; None when size unknown)."""
+        if self.file_bytes is None:
+            return None
+        return self.file_bytes >= self.data_offset + self.data_bytes
+
+
+# ------------------------------------------------------------------------------------------------
+# byte sources
+# ------------------------------------------------------------------------------------------------
+
+class _Source:
+    """Where header bytes come from. ``fetch(start, n)`` returns up to ``n`` bytes at ``start``;
+    fewer only at the end of the file."""
+
+    size: int | None = None
+    bytes_read = 0
+    requests = 0
+
+    def next_total(self, have: int) -> int:
+        """How many bytes the buffer should hold after the next read (before clamping)."""
+        return have + FIRST_CHUNK
+
+    def fetch(self, start: int, n: int) -> bytes:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _FileSource(_Source):
+    def __init__(self, f: BinaryIO, own: bool = False):
+        self.f = f
+        self.own = own
+        self.base = 0
+        self.seekable = False
+        try:
+            self.seekable = bool(f.seekable())
+        except (AttributeError, OSError, ValueError):
+            self.seekable = False
+        if self.seekable:
+            self.base = f.tell()
+            end = f.seek(0, io.SEEK_END)
+            self.size = max(0, end - self.base)
+            f.seek(self.base)
+        self.pos = 0
+
+    def fetch(self, start: int, n: int) -> bytes:
+        if start != self.pos:
+            if not self.seekable:
+                raise GGUFError("cannot seek in a non-seekable stream", start)
+            self.f.seek(self.base + start)
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.f.read(n - len(out))
+            if not chunk:
+                break
+            out += chunk
+        self.pos = start + len(out)
+        self.bytes_read += len(out)
+        self.requests += 1
+        return bytes(out)
+
+    def close(self) -> None:
+        if self.own:
+            self.f.close()
+
+
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.I)
+
+
+class _HTTPSource(_Source):
+    """HTTP(S) Range requests. A server must answer 206 with a matching Content-Range; anything
+    else (200 with the whole body, 416, a body shorter than announced) is a clear error, and the
+    body is never read beyond what was asked."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url = url
+        self.timeout = timeout
+
+    def next_total(self, have: int) -> int:
+        # few round trips: 1 MiB, then 8 MiB in all, then doubling
+        if have == 0:
+            return FIRST_CHUNK
+        return SECOND_CHUNK_TOTAL if have < SECOND_CHUNK_TOTAL else 2 * have
+
+    def fetch(self, start: int, n: int) -> bytes:
+        if self.size is not None:
+            n = min(n, self.size - start)
+            if n <= 0:
+                return b""
+        req = urllib.request.Request(self.url, headers={"Range": f"bytes={start}-{start + n - 1}",
+                                                        "Accept-Encoding": "identity",
+                                                        "User-Agent": "v100lab-header"})
+        self.requests += 1
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 416:
+                if self.size is None and start == 0:
+                    return b""  # empty file
+                raise GGUFError(f"server answered 416 (range not satisfiable) for bytes {start}-"
+                                f"{start + n - 1} of {self.url}", start) from None
+            if exc.code == 404:
+                raise ModelNotFoundError(f"URL not found (404): {self.url}") from None
+            raise GGUFError(f"server answered HTTP {exc.code} for {self.url}", start) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ModelNotFoundError(f"cannot fetch {self.url}: {reason}") from None
+        with resp:
+            status = resp.status
+            if status == 200:
+                raise GGUFError(f"server ignores Range requests (answered 200 with the whole body) "
+                                f"for {self.url}", start)
+            if status != 206:
+                raise GGUFError(f"server answered HTTP {status} to a Range request for {self.url}", start)
+            m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
+            if not m:
+                raise GGUFError(f"206 answer without a valid Content-Range from {self.url}", start)
+            first, last, total = int(m.group(1)), int(m.group(2)), m.group(3)
+            if first != start or last < first or last > start + n - 1:
+                raise GGUFError(f"server sent bytes {first}-{last}, asked for {start}-{start + n - 1}",
+                                start)
+            if total != "*":
+                self.size = int(total)
+            want = last - first + 1
+            try:
+                data = resp.read(want)
+            except Exception as exc:  # http.client.IncompleteRead, socket timeout, reset
+                raise GGUFError(f"short read from {self.url}: {type(exc).__name__}", start) from None
+        self.bytes_read += len(data)
+        if len(data) != want:
+            raise GGUFError(f"short read from {self.url}: got {len(data)} of {want} bytes", start + len(data))
+        return data
+
+
+# ------------------------------------------------------------------------------------------------
+# the bounded buffered reader
+# ------------------------------------------------------------------------------------------------
+
+class _Reader:
+    """A growing buffer over a source, starting at byte 0, with the parse position ``pos``."""
+
+    def __init__(self, src: _Source, cap: int):
+        self.src = src
+        self.cap = cap
+        self.buf = bytearray()
+        self.pos = 0
+        self.eof = False
+
+    @property
+    def limit(self) -> int:
+        """How far the header can extend: the file size when known, else the cap."""
+        size = self.src.size
+        return self.cap if size is None else min(size, self.cap)
+
+    def left(self) -> int:
+        return self.limit - self.pos
+
+    def ensure(self, n: int, what: str) -> None:
+        end = self.pos + n
+        while end > len(self.buf):
+            if end > self.cap and (self.src.size is None or end <= self.src.size):
+                raise GGUFError(f"header larger than the cap of {self.cap} bytes while reading {what}",
+                                self.pos)
+            if self.eof:
+                raise GGUFError(f"file ends inside the header while reading {what} "
+                                f"(needs {end - len(self.buf)} more bytes)", self.pos)
+            have = len(self.buf)
+            target = self.src.next_total(have)
+            target = min(max(target, end), self.cap)
+            if self.src.size is not None:
+                target = min(target, self.src.size)
+            want = target - have
+            data = self.src.fetch(have, want) if want > 0 else b""
+            if len(data) < want or want <= 0:
+                self.eof = True
+            if len(data) > want:
+                data = data[:want]
+            self.buf += data
+
+    # primitives ------------------------------------------------------------------------------
+    def u32(self, what: str) -> int:
+        self.ensure(4, what)
+        v = _U32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def i32(self, what: str) -> int:
+        self.ensure(4, what)
+        v = _I32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.ensure(8, what)
+        v = _U64.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def i64(self, what: str) -> int:
+        self.ensure(8, what)
+        v = _I64.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def string(self, what: str) -> str:
+        at = self.pos
+        n = self.u64(f"length of {what}")
+        self._check_string_len(n, what, at)
+        self.ensure(n, what)
+        raw = self.buf[self.pos:self.pos + n]
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GGUFError(f"{what} is not valid UTF-8", self.pos + exc.start) from None
+        self.pos += n
+        return s
+
+    def _check_string_len(self, n: int, what: str, at: int) -> None:
+        if n > MAX_STRING_BYTES:
+            raise GGUFError(f"{what} claims {n} bytes (more than 1 GiB)", at)
+        if n > self.left():
+            raise GGUFError(f"{what} claims {n} bytes but only {self.left()} can follow", at)
+
+    def string_array(self, count: int, what: str) -> tuple[str, ...]:
+        """``count`` strings, parsed with plain bytes operations (no per-element numpy objects).
+
+        The loop only slices; decoding is one call: the pieces are joined with NUL separators and
+        decoded at once (NUL is ASCII, so the joined text is valid UTF-8 exactly when every piece
+        is), then split. When a piece itself holds a NUL, or the decode fails, the pieces are
+        decoded one by one (to locate the bad one)."""
+        buf = self.buf
+        blen = len(buf)
+        pos = self.pos
+        unpack = _U64.unpack_from
+        pieces = []
+        append = pieces.append
+        starts = []
+        for _ in range(count):
+            if pos + 8 > blen:
+                self.pos = pos
+                self.ensure(8, f"length of a string in {what}")
+                blen = len(buf)
+            n = unpack(buf, pos)[0]
+            end = pos + 8 + n
+            if end > blen:
+                self.pos = pos
+                self._check_string_len(n, f"a string in {what}", pos)
+                self.pos = pos + 8
+                self.ensure(n, f"a string in {what}")
+                blen = len(buf)
+            pos += 8
+            starts.append(pos)
+            append(buf[pos:end])
+            pos = end
+        self.pos = pos
+        joined = b"\x00".join(pieces)
+        try:
+            text = joined.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and joined.count(0) == max(count - 1, 0):
+            return tuple(text.split("\x00")) if count else ()
+        out = []
+        for at, piece in zip(starts, pieces):
+            try:
+                out.append(piece.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise GGUFError(f"a string in {what} is not valid UTF-8", at + exc.start) from None
+        return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# parsing
+# ------------------------------------------------------------------------------------------------
+
+def _value_type(r: _Reader, what: str, at: int):
+    t = r.u32(f"value type of {what}")
+    try:
+        return VT(t)
+    except ValueError:
+        raise GGUFError(f"unknown value type {t} for {what}", at) from None
+
+
+def _read_value(r: _Reader, vtype, key: str):
+    """One metadata value of type ``vtype`` (already read); returns (value, type description)."""
+    if vtype == VT.STRING:
+        return r.string(f"value of '{key}'"), vtype
+    if vtype == VT.ARRAY:
+        at = r.pos
+        etype = _value_type(r, f"elements of '{key}'", at)
+        if etype == VT.ARRAY:
+            raise GGUFError(f"'{key}' is an array of arrays (nested arrays are not supported)", at)
+        count_at = r.pos
+        count = r.u64(f"element count of '{key}'")
+        elem_min = 8 if etype == VT.STRING else _SCALAR[etype][1]
+        if count > r.left() // elem_min:
+            raise GGUFError(f"'{key}' declares {count} elements of {etype.name}, more than the "
+                            f"{r.left()} bytes that can follow", count_at)
+        if etype == VT.STRING:
+            return r.string_array(count, f"'{key}'"), (VT.ARRAY, etype)
+        size = _SCALAR[etype][1] * count
+        r.ensure(size, f"elements of '{key}'")
+        arr = np.frombuffer(bytes(r.buf[r.pos:r.pos + size]), dtype=_NP_DTYPE[etype])
+        if etype == VT.BOOL:
+            if count and int(arr.max()) > 1:
+                bad = int(np.argmax(arr > 1))
+                raise GGUFError(f"'{key}' holds a bool that is neither 0 nor 1", r.pos + bad)
+            arr = arr.astype(bool)
+        arr.setflags(write=False)
+        r.pos += size
+        return arr, (VT.ARRAY, etype)
+    fmt, size = _SCALAR[vtype]
+    r.ensure(size, f"value of '{key}'")
+    v = struct.unpack_from(fmt, r.buf, r.pos)[0]
+    if vtype == VT.BOOL:
+        if v > 1:
+            raise GGUFError(f"'{key}' is a bool of value {v}, neither 0 nor 1", r.pos)
+        v = bool(v)
+    r.pos += size
+    return v, vtype
+
+
+def _parse(r: _Reader) -> GGUFHeader:
+    r.ensure(4, "the magic")
+    magic = bytes(r.buf[0:4])
+    if magic != b"GGUF":
+        raise GGUFError(f"not a GGUF file (magic {magic!r}, expected b'GGUF')", 0)
+    r.pos = 4
+    version = r.u32("the version")
+    if version not in (2, 3):
+        swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+        if swapped in (1, 2, 3):
+            raise GGUFError(f"byte-swapped (big-endian) GGUF version {swapped} is not supported", 4)
+        if version == 1:
+            raise GGUFError("GGUF version 1 is not supported (llama.cpp dropped it; re-convert the model)", 4)
+        raise GGUFError(f"unsupported GGUF version {version} (supported: 2, 3)", 4)
+    at = r.pos
+    n_tensors = r.u64("the tensor count")
+    # smallest tensor info: name length 8 + n_dims 4 + one dim 8 + type 4 + offset 8
+    if n_tensors > r.left() // 32:
+        raise GGUFError(f"tensor count {n_tensors} cannot fit in the {r.left()} bytes that can follow", at)
+    at = r.pos
+    n_kv = r.u64("the metadata count")
+    # smallest key/value: key length 8 + type 4 + one byte
+    if n_kv > r.left() // 13:
+        raise GGUFError(f"metadata count {n_kv} cannot fit in the {r.left()} bytes that can follow", at)
+
+    metadata: dict[str, object] = {}
+    vtypes: dict[str, object] = {}
+    for _ in range(n_kv):
+        at = r.pos
+        key = r.string("a metadata key")
+        if key in metadata:
+            raise GGUFError(f"duplicate metadata key '{key}'", at)
+        vat = r.pos
+        vtype = _value_type(r, f"'{key}'", vat)
+        value, desc = _read_value(r, vtype, key)
+        metadata[key] = value
+        vtypes[key] = desc
+
+    alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+    if "general.alignment" in metadata:
+        a = metadata["general.alignment"]
+        if vtypes["general.alignment"] != VT.UINT32:
+            raise GGUFError(f"general.alignment has type {_type_name(vtypes['general.alignment'])}, "
+                            "expected uint32", None)
+        if a == 0 or a & (a - 1):
+            raise GGUFError(f"general.alignment {a} is not a non-zero power of two", None)
+        alignment = a
+
+    tensors: list[TensorInfo] = []
+    names: set[str] = set()
+    expected = 0
+    for i in range(n_tensors):
+        at = r.pos
+        name = r.string(f"the name of tensor {i}")
+        if len(name.encode()) >= GGML_MAX_NAME:
+            raise GGUFError(f"tensor name '{name[:80]}' is too long ({len(name.encode())} bytes, "
+                            f"limit {GGML_MAX_NAME - 1})", at)
+        if name in names:
+            raise GGUFError(f"duplicate tensor name '{name}'", at)
+        names.add(name)
+        dat = r.pos
+        n_dims = r.u32(f"n_dims of '{name}'")
+        if not 1 <= n_dims <= GGML_MAX_DIMS:
+            raise GGUFError(f"tensor '{name}' has {n_dims} dimensions (allowed 1..{GGML_MAX_DIMS})", dat)
+        shape = []
+        for d in range(n_dims):
+            dat = r.pos
+            ne = r.i64(f"dimension {d} of '{name}'")
+            if ne < 0:
+                raise GGUFError(f"tensor '{name}' has negative dimension {ne}", dat)
+            shape.append(ne)
+        n_el = 1
+        for ne in shape:
+            n_el *= ne
+        if n_el > INT64_MAX:
+            raise GGUFError(f"tensor '{name}' has {n_el} elements, overflowing int64", dat)
+        tat = r.pos
+        t = r.i32(f"the type of '{name}'")
+        try:
+            qtype = gguf.GGMLQuantizationType(t)
+            block, tsize = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise GGUFError(f"tensor '{name}' has unknown ggml type {t}", tat) from None
+        if shape[0] % block:
+            raise GGUFError(f"tensor '{name}': ne0 {shape[0]} is not a multiple of the {qtype.name} "
+                            f"block size {block}", tat)
+        n_bytes = n_el // block * tsize
+        oat = r.pos
+        offset = r.u64(f"the data offset of '{name}'")
+        # gguf.cpp gguf_init_from_file_impl: each tensor starts where the previous one ended,
+        # padded to the alignment.
+        if offset % alignment:
+            raise GGUFError(f"tensor '{name}' offset {offset} is not a multiple of the alignment {alignment}",
+                            oat)
+        if offset < expected:
+            raise GGUFError(f"tensor '{name}' offset {offset} overlaps the previous tensor or is out of "
+                            f"order (expected {expected})", oat)
+        if offset > expected:
+            raise GGUFError(f"tensor '{name}' offset {offset} leaves a gap (expected {expected})", oat)
+        expected = offset + -(-n_bytes // alignment) * alignment
+        m = _LAYER_RE.match(name)
+        tensors.append(TensorInfo(name=name, shape=tuple(shape), type_name=qtype.name, n_bytes=n_bytes,
+                                  offset=offset, layer=int(m.group(1)) if m else None))
+
+    infos_end = r.pos
+    data_offset = -(-infos_end // alignment) * alignment
+    return GGUFHeader(version=version, metadata=MappingProxyType(metadata),
+                      value_types=MappingProxyType(vtypes), tensors=tuple(tensors), alignment=alignment,
+                      header_bytes=data_offset, data_offset=data_offset, tensor_infos_end=infos_end,
+                      file_bytes=r.src.size,
+                      bytes_read=r.src.bytes_read, requests=r.src.requests)
+
+
+def _type_name(desc) -> str:
+    if isinstance(desc, tuple):
+        return f"array of {desc[1].name.lower()}"
+    return desc.name.lower()
+
+
+# ------------------------------------------------------------------------------------------------
+# entry points
+# ------------------------------------------------------------------------------------------------
+
+def _is_url(source) -> bool:
+    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
+
+
+def _open_source(source, timeout: float) -> tuple[_Source, str]:
+    if hasattr(source, "read"):
+        return _FileSource(source, own=False), getattr(source, "name", "<file object>")
+    if _is_url(source):
+        return _HTTPSource(source, timeout), source
+    if isinstance(source, (str, os.PathLike)):
+        from v100lab import zoo
+
+        path = Path(os.fspath(source))
+        if not path.is_file():
+            path = zoo.resolve(os.fspath(source))  # alias, or ModelNotFoundError naming the path
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise ModelNotFoundError(f"cannot open model file '{path}': {exc.strerror}") from None
+        return _FileSource(f, own=True), str(path)
+    raise ModelNotFoundError(f"not a model path, URL, alias or file object: {source!r}")
+
+
+def read_header(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                timeout: float = 30) -> GGUFHeader:
+    """Parse only the GGUF header of ``source`` (path, zoo alias, binary file object, http(s) URL).
+
+    Reads at most ``max_header_bytes`` (default 64 MiB); a header that needs more raises
+    :class:`GGUFError`. ``timeout`` applies to each HTTP request. A file object is read from its
+    current position and left open.
+    """
+    src, label = _open_source(source, timeout)
+    try:
+        hdr = _parse(_Reader(src, max_header_bytes))
+    finally:
+        src.close()
+    log.debug("read header of %s: %d bytes, %d tensors, %d bytes read in %d requests", label,
+              hdr.header_bytes, len(hdr.tensors), hdr.bytes_read, hdr.requests)
+    return hdr
+
+
+def read_spec(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, timeout: float = 30) -> ModelSpec:
+    """The :class:`ModelSpec` of a GGUF model, from its header alone (see :func:`read_header`)."""
+    return spec_from_header(read_header(source, max_header_bytes=max_header_bytes, timeout=timeout))
+
+
+# ------------------------------------------------------------------------------------------------
+# derivation: header → ModelSpec (shared with v100lab.skeleton)
+# ------------------------------------------------------------------------------------------------
+
+def file_type_name(value) -> str:
+    """general.file_type (a ``LLAMA_FTYPE``) → "Q4_K_M", "F16", "F32", ...; "unknown" if absent."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return "unknown"
+    try:
+        ft = gguf.LlamaFileType(int(value) & ~1024)  # 1024 = LLAMA_FTYPE_GUESSED flag
+    except ValueError:
+        return "unknown"
+    if ft == gguf.LlamaFileType.ALL_F32:
+        return "F32"
+    return ft.name.removeprefix("MOSTLY_")
+
+
+class _Meta:
+    """Typed access to metadata with errors that name the key."""
+
+    def __init__(self, md: Mapping[str, object], arch: str):
+        self.md = md
+        self.arch = arch
+
+    def key(self, suffix: str) -> str:
+        return f"{self.arch}.{suffix}"
+
+    def get(self, suffix: str, default=None):
+        return self.md.get(self.key(suffix), default)
+
+    def int(self, suffix: str, default=None, required: bool = False) -> int | None:
+        k = self.key(suffix)
+        if k not in self.md:
+            if required:
+                raise GGUFError(f"missing metadata key '{k}'")
+            return default
+        v = self.md[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise GGUFError(f"metadata key '{k}' is not an integer ({type(v).__name__})")
+        return int(v)
+
+    def float(self, suffix: str, default=None) -> float | None:
+        k = self.key(suffix)
+        if k not in self.md:
+            return default
+        v = self.md[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise GGUFError(f"metadata key '{k}' is not a number ({type(v).__name__})")
+        return float(v)
+
+    def int_or_array(self, suffix: str, n_layer: int, default=None, required: bool = False):
+        """An int, or a per-layer array (length n_layer) → tuple; uniform arrays stay tuples."""
+        k = self.key(suffix)
+        if k not in self.md:
+            if required:
+                raise GGUFError(f"missing metadata key '{k}'")
+            return default
+        v = self.md[k]
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind not in "iu":
+                raise GGUFError(f"metadata key '{k}' is an array of {v.dtype}, expected integers")
+            if len(v) != n_layer:
+                raise GGUFError(f"metadata key '{k}' has {len(v)} values for {n_layer} layers")
+            if len(v) and int(v.min()) < 0:
+                raise GGUFError(f"metadata key '{k}' holds a negative value")
+            return tuple(int(x) for x in v)
+        return self.int(suffix, default, required)
+
+
+def _first(v) -> int:
+    return v[0] if isinstance(v, tuple) else v
+
+
+def swa_layers_for(arch: str, n_layer: int, n_swa: int | None, md: Mapping[str, object]) -> tuple[int, ...]:
+    """Which layers use sliding-window attention, as llama.cpp decides it.
+
+    llama.cpp src/llama-model.cpp ``llama_model::load_hparams``: gemma2 calls
+    ``hparams.set_swa_pattern(2)``; gemma3 reads ``{arch}.attention.sliding_window_pattern`` (a per-layer
+    bool array) when present, else ``set_swa_pattern(6)``. src/llama-hparams.cpp
+    ``llama_hparams::set_swa_pattern(n_pattern, dense_first=false)``: layer il is SWA when
+    ``il % n_pattern < n_pattern - 1`` (n_pattern 0: all SWA; 1: none).
+    """
+    if not n_swa:
+        return ()
+    pattern_key = f"{arch}.attention.sliding_window_pattern"
+    pat = md.get(pattern_key)
+    if isinstance(pat, np.ndarray) and pat.dtype == bool:
+        if len(pat) != n_layer:
+            raise GGUFError(f"metadata key '{pattern_key}' has {len(pat)} values for {n_layer} layers")
+        return tuple(i for i in range(n_layer) if bool(pat[i]))
+    n_pattern = None
+    if isinstance(pat, (int, np.integer)) and not isinstance(pat, bool):
+        n_pattern = int(pat)
+    elif arch == "gemma2":
+        n_pattern = 2
+    elif arch == "gemma3":
+        n_pattern = 6
+    if n_pattern is None:
+        return ()
+    return tuple(il for il in range(n_layer) if n_pattern == 0 or il % n_pattern < n_pattern - 1)
+
+
+# llama.cpp architectures whose every layer is recurrent (src/llama-arch.cpp llm_arch_is_recurrent)
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# hybrid architectures whose recurrent layers are the ones with n_head_kv == 0
+# (llama-model.cpp: recurrent_layer_arr[i] = n_head_kv(i) == 0)
+HYBRID_KV0_ARCHS = frozenset({"jamba", "falcon-h1", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
+                              "plamo2"})
+
+
+def recurrent_layers_for(arch: str, n_layer: int, n_head_kv, full_attention_interval: int | None) -> tuple[int, ...]:
+    """Which layers hold recurrent state instead of a KV cache.
+
+    llama.cpp src/llama-model.cpp ``load_hparams``, qwen3next / qwen35 / qwen35moe:
+    ``recurrent_layer_arr[i] = ((i + 1) % full_attention_interval != 0)`` (default interval 4), so
+    with 64 layers the full-attention layers are 3, 7, ..., 63.
+    """
+    if arch in RECURRENT_ARCHS:
+        return tuple(range(n_layer))
+    if full_attention_interval:
+        return tuple(i for i in range(n_layer) if (i + 1) % full_attention_interval != 0)
+    if arch in HYBRID_KV0_ARCHS and isinstance(n_head_kv, tuple):
+        return tuple(i for i in range(n_layer) if n_head_kv[i] == 0)
+    return ()
+
+
+_INTERVAL_DEFAULT = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4}
+
+
+def spec_from_header(hdr: GGUFHeader) -> ModelSpec:
+    """Derive the :class:`ModelSpec` from a parsed header (llama.cpp's ``llama_hparams`` rules)."""
+    return spec_from_metadata(hdr.metadata, hdr.tensors, alignment=hdr.alignment,
+                              header_bytes=hdr.header_bytes, data_offset=hdr.data_offset,
+                              file_bytes=hdr.file_bytes)
+
+
+def spec_from_metadata(md: Mapping[str, object], tensors: Sequence[TensorInfo], *, alignment: int = 32,
+                       header_bytes: int = 0, data_offset: int = 0, file_bytes: int | None = None) -> ModelSpec:
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise GGUFError("missing metadata key 'general.architecture'")
+    m = _Meta(md, arch)
+    n_layer = m.int("block_count", required=True)
+    if n_layer < 0 or n_layer > 100_000:
+        raise GGUFError(f"'{arch}.block_count' is {n_layer}, not a plausible layer count")
+    n_embd = m.int("embedding_length", required=True)
+    n_ff = m.int_or_array("feed_forward_length", n_layer, default=0)
+    n_head = m.int_or_array("attention.head_count", n_layer, default=0)
+    # llama.cpp: n_head_kv defaults to n_head (load_hparams: "n_head_kv_arr = n_head_arr")
+    n_head_kv = m.int_or_array("attention.head_count_kv", n_layer, default=n_head)
+    h0 = _first(n_head) if not isinstance(n_head, tuple) or n_head else 0
+    # llama.cpp load_hparams: n_embd_head_k = n_embd / n_head() unless attention.key_length is set
+    default_head_dim = n_embd // h0 if h0 else 0
+    head_dim_k = m.int("attention.key_length", default_head_dim)
+    head_dim_v = m.int("attention.value_length", default_head_dim)
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, tuple):
+        n_vocab = len(tokens)
+    else:
+        n_vocab = m.int("vocab_size", 0)
+        if not n_vocab:
+            emb = next((t for t in tensors if t.name == "token_embd.weight"), None)
+            n_vocab = emb.shape[1] if emb is not None and len(emb.shape) > 1 else 0
+    n_swa = m.int("attention.sliding_window", None) or None
+    swa = swa_layers_for(arch, n_layer, n_swa, md)
+    if not swa:
+        n_swa = None
+    fai = m.int("full_attention_interval", _INTERVAL_DEFAULT.get(arch))
+    recurrent = recurrent_layers_for(arch, n_layer, n_head_kv, fai)
+    name = md.get("general.name")
+    return ModelSpec(
+        architecture=arch,
+        name=name if isinstance(name, str) else "",
+        file_type=file_type_name(md.get("general.file_type")),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_ff=n_ff,
+        n_head=n_head,
+        n_head_kv_arr=n_head_kv,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        n_ctx_train=m.int("context_length", 0),
+        n_vocab=n_vocab,
+        tensors=tuple(tensors),
+        rope_freq_base=m.float("rope.freq_base"),
+        rope_dimension_count=m.int("rope.dimension_count"),
+        sliding_window=n_swa,
+        swa_layers=swa,
+        recurrent_layers=recurrent,
+        nextn_layers=m.int("nextn_predict_layers", 0),
+        kv_lora_rank=m.int("attention.kv_lora_rank"),
+        key_length_mla=m.int("attention.key_length_mla"),
+        value_length_mla=m.int("attention.value_length_mla"),
+        expert_count=m.int("expert_count", 0),
+        expert_used_count=m.int("expert_used_count", 0),
+        ssm_conv_kernel=m.int("ssm.conv_kernel"),
+        ssm_state_size=m.int("ssm.state_size"),
+        ssm_group_count=m.int("ssm.group_count"),
+        ssm_time_step_rank=m.int("ssm.time_step_rank"),
+        ssm_inner_size=m.int("ssm.inner_size"),
+        full_attention_interval=fai if recurrent and fai else None,
+        alignment=alignment,
+        header_bytes=header_bytes,
+        data_offset=data_offset,
+        file_bytes=file_bytes,
+        metadata=md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md)),
+    )
