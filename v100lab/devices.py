@@ -1,0 +1,328 @@
+"""The hardware catalog and the measured host.
+
+Devices are data, not code: ``v100lab/data/devices.yaml`` holds one row per card or chip, each with its
+source URL and with units in the key names (``memory_gib``, ``bandwidth_gbs``, ...). ``get_device``
+accepts a catalog id, a YAML/JSON file with the same fields (for a card the catalog lacks, or a Mac with
+less memory than the catalog's largest configuration), or ``"host"`` — this machine's CPU, which is
+*measured*, never typed: RAM size from psutil and memory bandwidth from a multi-threaded STREAM-like
+numpy kernel. The host measurement is cached as ``host-profile.json`` in the v100lab cache directory;
+other tools (``v100lab calibrate``) may add fields to that file, and those are kept (``Device.extra``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from v100lab.errors import DeviceError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("gpu", "cpu", "apple")
+HOST_ID = "host"
+HOST_PROFILE = "host-profile.json"
+_CATALOG_FILE = "devices.yaml"
+# fields a device row must have; the rest default to None
+_REQUIRED = ("id", "name", "kind", "memory_gib", "bandwidth_gbs")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device llama.cpp can put tensors on. Units are in the field names."""
+
+    id: str
+    name: str
+    kind: str                          # gpu | cpu | apple
+    memory_gib: float                  # memory size (GiB = 2^30 bytes)
+    bandwidth_gbs: float               # peak memory bandwidth (GB/s = 10^9 bytes/s); measured for the host
+    fp16_tflops: float | None = None   # peak dense FP16 (tensor cores where present)
+    compute_capability: str | None = None
+    host_link_gbs: float | None = None  # PCIe per direction; None for unified memory / the host itself
+    runtime_overhead_mib: float = 0.0   # lost before llama.cpp allocates: CUDA context, cuBLAS, reserved
+    source_url: str = ""
+    fp32_tflops: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise DeviceError(f"device '{self.id}': kind must be one of {', '.join(KINDS)}, got '{self.kind}'")
+        for name in ("memory_gib", "bandwidth_gbs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise DeviceError(f"device '{self.id}': {name} must be a positive number, got {v!r}")
+        for name in ("fp16_tflops", "fp32_tflops", "host_link_gbs", "runtime_overhead_mib"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise DeviceError(f"device '{self.id}': {name} must be a number >= 0, got {v!r}")
+        if not isinstance(self.extra, MappingProxyType):
+            object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Total memory in bytes (before the runtime overhead is taken off)."""
+        return int(round(self.memory_gib * 2**30))
+
+    @property
+    def overhead_bytes(self) -> int:
+        return int(round((self.runtime_overhead_mib or 0) * 2**20))
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return float(self.bandwidth_gbs) * 1e9
+
+    @property
+    def is_host(self) -> bool:
+        return self.kind == "cpu"
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = dict(d.pop("extra") or {})
+        d.update(extra)
+        return d
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Device) if f.name != "extra")
+
+
+def device_from_mapping(data: Mapping[str, Any], where: str, keep_extra: bool = False) -> Device:
+    """Build a Device from a catalog row or a device file; unknown keys are an error unless kept."""
+    if not isinstance(data, Mapping):
+        raise DeviceError(f"{where}: a device must be a mapping of fields, got {type(data).__name__}")
+    missing = [k for k in _REQUIRED if data.get(k) is None]
+    if missing:
+        raise DeviceError(f"{where}: device is missing field(s) {', '.join(missing)}")
+    known = {k: v for k, v in data.items() if k in _FIELD_NAMES}
+    unknown = {k: v for k, v in data.items() if k not in _FIELD_NAMES}
+    if unknown and not keep_extra:
+        raise DeviceError(f"{where}: unknown device field(s) {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(_FIELD_NAMES)})")
+    if known.get("compute_capability") is not None:
+        known["compute_capability"] = str(known["compute_capability"])
+    if known.get("runtime_overhead_mib") is None:
+        known["runtime_overhead_mib"] = 0.0
+    known["id"] = str(known["id"])
+    try:
+        return Device(**known, extra=unknown)
+    except TypeError as exc:
+        raise DeviceError(f"{where}: {exc}") from None
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> tuple[Device, ...]:
+    import yaml
+    from importlib import resources
+
+    text = resources.files("v100lab").joinpath("data", _CATALOG_FILE).read_text()
+    rows = yaml.safe_load(text)["devices"]
+    out = []
+    seen = set()
+    for i, row in enumerate(rows):
+        dev = device_from_mapping(row, f"{_CATALOG_FILE} row {i}")
+        if dev.id in seen:
+            raise DeviceError(f"{_CATALOG_FILE}: duplicate device id '{dev.id}'")
+        if not dev.source_url:
+            raise DeviceError(f"{_CATALOG_FILE}: device '{dev.id}' has no source_url")
+        seen.add(dev.id)
+        out.append(dev)
+    return tuple(out)
+
+
+def catalog() -> dict[str, Device]:
+    """Every catalog device by id (the host is not in it: it is measured, see ``host_device``)."""
+    return {d.id: d for d in _catalog()}
+
+
+def get_device(id_or_path: str | os.PathLike | Device) -> Device:
+    """A catalog id, ``"host"`` (measured, cached), or a YAML/JSON file with a device's fields."""
+    if isinstance(id_or_path, Device):
+        return id_or_path
+    key = str(id_or_path)
+    if key == HOST_ID:
+        return host_device()
+    cat = catalog()
+    if key in cat:
+        return cat[key]
+    low = key.lower()
+    if low in cat:
+        return cat[low]
+    path = Path(key).expanduser()
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
+        return load_device_file(path)
+    raise DeviceError(f"unknown device '{key}' (known: {HOST_ID}, {', '.join(cat)}; or a .yaml/.json device file)")
+
+
+def load_device_file(path: str | os.PathLike) -> Device:
+    """A device described in a YAML or JSON file with the catalog's fields (a single mapping,
+    or ``devices: [one row]``)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise DeviceError(f"device file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise DeviceError(f"device file {path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
+                          f"{str(exc).splitlines()[0]}") from None
+    if isinstance(data, Mapping) and "devices" in data:
+        rows = data["devices"]
+        if not isinstance(rows, list) or len(rows) != 1:
+            raise DeviceError(f"device file {path}: 'devices' must hold exactly one device")
+        data = rows[0]
+    if isinstance(data, Mapping) and "id" not in data:
+        data = {**data, "id": path.stem}
+    return device_from_mapping(data, f"device file {path}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the host: measured, cached
+# ------------------------------------------------------------------------------------------------
+
+def host_profile_path() -> Path:
+    from v100lab.zoo import cache_dir
+
+    return cache_dir() / HOST_PROFILE
+
+
+def _host_fingerprint() -> dict[str, Any]:
+    import psutil
+
+    return {"hostname": socket.gethostname(), "cpu_count": os.cpu_count() or 1,
+            "ram_bytes": int(psutil.virtual_memory().total), "machine": platform.machine()}
+
+
+def read_host_profile() -> dict[str, Any] | None:
+    """The cached host profile as a dict (all fields, also those other tools added), or None."""
+    path = host_profile_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable host profile %s: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_host_profile(updates: Mapping[str, Any]) -> Path:
+    """Merge ``updates`` into the cached host profile (atomically); unknown fields are kept.
+
+    ``v100lab calibrate`` uses this to add its calibration next to the measured bandwidth."""
+    path = host_profile_path()
+    data = read_host_profile() or {}
+    data.update(updates)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def measure_memory_bandwidth(threads: int | None = None, mib_per_thread: int = 128, repeats: int = 5) -> dict:
+    """Read bandwidth of this machine's RAM, STREAM-like: each thread sums its own float32 array, far
+    larger than the caches; bytes read / wall time of the slowest thread, best of ``repeats``.
+
+    A sum (read-only) rather than STREAM's triad because LLM decoding reads weights and writes almost
+    nothing. numpy releases the GIL inside the reduction, so the threads run in parallel.
+    Returns ``{"bandwidth_gbs", "threads", "bytes_per_pass", "cv", "samples_gbs"}``."""
+    import numpy as np
+
+    threads = threads or os.cpu_count() or 1
+    n = mib_per_thread * 2**20 // 4
+    arrays = [np.ones(n, dtype=np.float32) for _ in range(threads)]
+    for a in arrays:  # touch every page first
+        a.sum()
+    samples = []
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+        done = threading.Barrier(threads + 1)
+
+        def work(a):
+            barrier.wait()
+            a.sum()
+            done.wait()
+
+        pool = [threading.Thread(target=work, args=(a,)) for a in arrays]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        done.wait()
+        dt = time.perf_counter() - t0
+        for t in pool:
+            t.join()
+        samples.append(threads * n * 4 / dt / 1e9)
+    mean = statistics.fmean(samples)
+    cv = statistics.stdev(samples) / mean if len(samples) > 1 else 0.0
+    return {"bandwidth_gbs": round(max(samples), 2), "threads": threads, "bytes_per_pass": threads * n * 4,
+            "cv": round(cv, 4), "samples_gbs": [round(s, 2) for s in samples]}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_host(threads: int | None = None) -> dict[str, Any]:
+    """Measure this machine (RAM size, read bandwidth) and store it in the host profile."""
+    import psutil
+
+    bw = measure_memory_bandwidth(threads)
+    fp = _host_fingerprint()
+    profile = {
+        "id": HOST_ID,
+        "name": f"host CPU: {_cpu_name()} ({fp['cpu_count']} threads)",
+        "kind": "cpu",
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 3),
+        "bandwidth_gbs": bw["bandwidth_gbs"],
+        "fp16_tflops": None,
+        "compute_capability": None,
+        "host_link_gbs": None,
+        "runtime_overhead_mib": 0.0,
+        "source_url": "measured: v100lab.devices.measure_host (psutil RAM size, multi-threaded numpy sum)",
+        "fingerprint": fp,
+        "bandwidth_measurement": bw,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_host_profile(profile)
+    log.info("measured host: %.1f GiB RAM, %.1f GB/s read (%d threads, cv %.1f%%)",
+             profile["memory_gib"], bw["bandwidth_gbs"], bw["threads"], 100 * bw["cv"])
+    return profile
+
+
+def host_device(remeasure: bool = False) -> Device:
+    """This machine's CPU as a Device: from the cached profile when it was measured on this machine,
+    else measured now (a second or two)."""
+    profile = None if remeasure else read_host_profile()
+    if profile is not None:
+        fp = profile.get("fingerprint") or {}
+        now = _host_fingerprint()
+        if any(fp.get(k) != now[k] for k in ("hostname", "cpu_count", "ram_bytes")) or "bandwidth_gbs" not in profile:
+            log.info("host profile was measured elsewhere or is incomplete; measuring again")
+            profile = None
+    if profile is None:
+        profile = measure_host()
+    return device_from_mapping(profile, f"host profile {host_profile_path()}", keep_extra=True)
