@@ -675,30 +675,38 @@ def _first(v) -> int:
     return v[0] if isinstance(v, tuple) else v
 
 
+# archs whose SWA layers follow llama_hparams::set_swa_pattern(n) with a fixed n in llama.cpp's
+# load_hparams (the GGUF's sliding_window_pattern key is not read for them)
+_FIXED_SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "gemma-embedding": 6, "gemma3n": 5}
+# archs that read {arch}.attention.sliding_window_pattern as a scalar period, with this default
+_KEYED_SWA_PERIOD = {"cohere2": 4, "afmoe": 4, "exaone4": 4, "smallthinker": 4, "plamo3": 8}
+_DEFAULT_N_SWA = {"gemma2": 4096}   # llama.cpp gemma2: n_swa = 4096 unless the key says otherwise
+
+
 def swa_layers_for(arch: str, n_layer: int, n_swa: int | None, md: Mapping[str, object]) -> tuple[int, ...]:
     """Which layers use sliding-window attention, as llama.cpp decides it.
 
-    llama.cpp src/llama-model.cpp ``llama_model::load_hparams``: gemma2 calls
-    ``hparams.set_swa_pattern(2)``; gemma3 reads ``{arch}.attention.sliding_window_pattern`` (a per-layer
-    bool array) when present, else ``set_swa_pattern(6)``. src/llama-hparams.cpp
+    llama.cpp src/llama-model.cpp ``load_hparams``: gemma2 calls ``hparams.set_swa_pattern(2)``,
+    gemma3 ``set_swa_pattern(6)`` (only when ``sliding_window`` is present and > 0); archs such as
+    gemma4 read ``{arch}.attention.sliding_window_pattern`` as a per-layer bool array
+    (``get_key_or_arr``), others (cohere2, ...) as a scalar period. src/llama-hparams.cpp
     ``llama_hparams::set_swa_pattern(n_pattern, dense_first=false)``: layer il is SWA when
-    ``il % n_pattern < n_pattern - 1`` (n_pattern 0: all SWA; 1: none).
+    ``n_pattern == 0 || il % n_pattern < n_pattern - 1``.
     """
     if not n_swa:
         return ()
     pattern_key = f"{arch}.attention.sliding_window_pattern"
     pat = md.get(pattern_key)
-    if isinstance(pat, np.ndarray) and pat.dtype == bool:
-        if len(pat) != n_layer:
-            raise GGUFError(f"metadata key '{pattern_key}' has {len(pat)} values for {n_layer} layers")
-        return tuple(i for i in range(n_layer) if bool(pat[i]))
-    n_pattern = None
-    if isinstance(pat, (int, np.integer)) and not isinstance(pat, bool):
-        n_pattern = int(pat)
-    elif arch == "gemma2":
-        n_pattern = 2
-    elif arch == "gemma3":
-        n_pattern = 6
+    n_pattern = _FIXED_SWA_PERIOD.get(arch)
+    if n_pattern is None:
+        if isinstance(pat, np.ndarray) and pat.dtype.kind in "biu":
+            if len(pat) != n_layer:
+                raise GGUFError(f"metadata key '{pattern_key}' has {len(pat)} values for {n_layer} layers")
+            return tuple(i for i in range(n_layer) if bool(pat[i]))
+        if isinstance(pat, (int, np.integer)) and not isinstance(pat, bool):
+            n_pattern = int(pat)
+        else:
+            n_pattern = _KEYED_SWA_PERIOD.get(arch)
     if n_pattern is None:
         return ()
     return tuple(il for il in range(n_layer) if n_pattern == 0 or il % n_pattern < n_pattern - 1)
@@ -710,19 +718,32 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", 
 # (llama-model.cpp: recurrent_layer_arr[i] = n_head_kv(i) == 0)
 HYBRID_KV0_ARCHS = frozenset({"jamba", "falcon-h1", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
                               "plamo2"})
+# hybrids with a full_attention_interval (default 4 in llama.cpp)
+INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 
 
-def recurrent_layers_for(arch: str, n_layer: int, n_head_kv, full_attention_interval: int | None) -> tuple[int, ...]:
+def recurrent_layers_for(arch: str, n_layer: int, n_head_kv, full_attention_interval: int | None,
+                         nextn_layers: int = 0, md: Mapping[str, object] | None = None) -> tuple[int, ...]:
     """Which layers hold recurrent state instead of a KV cache.
 
-    llama.cpp src/llama-model.cpp ``load_hparams``, qwen3next / qwen35 / qwen35moe:
-    ``recurrent_layer_arr[i] = ((i + 1) % full_attention_interval != 0)`` (default interval 4), so
-    with 64 layers the full-attention layers are 3, 7, ..., 63.
+    llama.cpp src/models/qwen35.cpp ``load_arch_hparams`` (also qwen3next, qwen35moe): the bool array
+    ``{arch}.attention.recurrent_layers`` when present, else
+    ``is_recr[i] = i < n_layer - nextn_layers && (i + 1) % full_attention_interval != 0``
+    (interval default 4), so with 64 layers the full-attention layers are 3, 7, ..., 63 and the MTP
+    layers at the end are not recurrent.
     """
     if arch in RECURRENT_ARCHS:
         return tuple(range(n_layer))
-    if full_attention_interval:
-        return tuple(i for i in range(n_layer) if (i + 1) % full_attention_interval != 0)
+    if arch in INTERVAL_ARCHS:
+        arr = (md or {}).get(f"{arch}.attention.recurrent_layers")
+        if isinstance(arr, np.ndarray) and arr.dtype.kind in "biu":
+            if len(arr) != n_layer:
+                raise GGUFError(f"metadata key '{arch}.attention.recurrent_layers' has {len(arr)} values "
+                                f"for {n_layer} layers")
+            return tuple(i for i in range(n_layer) if bool(arr[i]))
+        fai = full_attention_interval or 4
+        n_main = n_layer - nextn_layers
+        return tuple(i for i in range(n_layer) if i < n_main and (i + 1) % fai != 0)
     if arch in HYBRID_KV0_ARCHS and isinstance(n_head_kv, tuple):
         return tuple(i for i in range(n_layer) if n_head_kv[i] == 0)
     return ()
@@ -765,12 +786,17 @@ def spec_from_metadata(md: Mapping[str, object], tensors: Sequence[TensorInfo], 
         if not n_vocab:
             emb = next((t for t in tensors if t.name == "token_embd.weight"), None)
             n_vocab = emb.shape[1] if emb is not None and len(emb.shape) > 1 else 0
-    n_swa = m.int("attention.sliding_window", None) or None
+    n_swa = m.int("attention.sliding_window", _DEFAULT_N_SWA.get(arch)) or None
     swa = swa_layers_for(arch, n_layer, n_swa, md)
     if not swa:
         n_swa = None
     fai = m.int("full_attention_interval", _INTERVAL_DEFAULT.get(arch))
-    recurrent = recurrent_layers_for(arch, n_layer, n_head_kv, fai)
+    if fai is not None and fai <= 0:
+        raise GGUFError(f"'{arch}.full_attention_interval' is {fai}, must be positive")
+    nextn = m.int("nextn_predict_layers", 0)
+    if not 0 <= nextn < max(n_layer, 1):
+        raise GGUFError(f"'{arch}.nextn_predict_layers' is {nextn}, must be below block_count {n_layer}")
+    recurrent = recurrent_layers_for(arch, n_layer, n_head_kv, fai, nextn, md)
     name = md.get("general.name")
     return ModelSpec(
         architecture=arch,
@@ -791,7 +817,7 @@ def spec_from_metadata(md: Mapping[str, object], tensors: Sequence[TensorInfo], 
         sliding_window=n_swa,
         swa_layers=swa,
         recurrent_layers=recurrent,
-        nextn_layers=m.int("nextn_predict_layers", 0),
+        nextn_layers=nextn,
         kv_lora_rank=m.int("attention.kv_lora_rank"),
         key_length_mla=m.int("attention.key_length_mla"),
         value_length_mla=m.int("attention.value_length_mla"),

@@ -1,0 +1,360 @@
+"""Models that exist only as a description: architecture spec → ModelSpec, or → header-only GGUF.
+
+Planning the seed's 27B should not need its 16 GB file. An *architecture spec* (a small YAML file,
+``v100lab/data/models/<name>.yaml``; the same files appear under ``params/models/`` as links for
+people browsing the repository) holds the hyperparameters a GGUF header would; this module
+
+* lays out the tensors llama.cpp's loader expects for that architecture (llama, mistral, qwen2,
+  qwen3, gemma2, gemma3, and the hybrid qwen35 with Gated DeltaNet layers), with the shapes of
+  ``llama_model::load_tensors`` (src/models/<arch>.cpp in llama.cpp);
+* gives each tensor the type llama-quantize would (:mod:`v100lab.quantmix`);
+* serialises a real GGUF v3 header (metadata + tensor infos, no tensor data): a *skeleton*.
+
+:func:`skeleton_spec` parses that header in memory with the same reader as real files
+(:func:`v100lab.header.read_spec`), so a skeleton and a real file are described by one code path.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+import gguf
+
+from v100lab.errors import ConfigError
+from v100lab.quantmix import ModelFacts, QT, ftype_from_name, n_bytes, tensor_types
+from v100lab.spec import ModelSpec
+
+VT = gguf.GGUFValueType
+ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT
+
+# The architecture-spec schema: key → (type, required). One source of truth for validation.
+_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "architecture": (str, True),
+    "name": (str, True),
+    "n_layer": (int, True),
+    "n_embd": (int, True),
+    "n_ff": (int, True),
+    "n_head": (int, True),
+    "n_head_kv": ((int, list), True),
+    "head_dim_k": (int, False),
+    "head_dim_v": (int, False),
+    "n_ctx_train": (int, True),
+    "n_vocab": (int, True),
+    "rope_freq_base": ((int, float), False),
+    "rope_dimension_count": (int, False),
+    "rms_eps": ((int, float), False),
+    "tied_embeddings": (bool, False),
+    "sliding_window": ((int, type(None)), False),
+    "full_attention_interval": (int, False),
+    "nextn_layers": (int, False),
+    "ssm": (dict, False),
+    "source_type": (str, False),
+    "assumption": (str, False),
+    "sources": (list, False),
+}
+_SSM_KEYS = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen35")
+
+
+# ------------------------------------------------------------------------------------------------
+# architecture specs
+# ------------------------------------------------------------------------------------------------
+
+def arch_dir():
+    """The shipped architecture specs (package data, so they exist in a non-editable install)."""
+    return resources.files("v100lab") / "data" / "models"
+
+
+def arch_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in arch_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def load_arch(name_or_path: str | os.PathLike) -> dict:
+    """A validated architecture spec: a path to a YAML file, or a shipped name like ``qwen35-27b``."""
+    import yaml
+
+    text = os.fspath(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_file():
+        raw, where = path.read_text(), str(path)
+    else:
+        res = arch_dir() / f"{text}.yaml"
+        if not res.is_file():
+            raise ConfigError(f"unknown architecture spec '{text}' (shipped: {', '.join(arch_names())}; "
+                              "or give a path to a YAML file)")
+        raw, where = res.read_text(), f"{text}.yaml"
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return validate_arch(data, where)
+
+
+def validate_arch(arch: Mapping, where: str = "architecture spec") -> dict:
+    if not isinstance(arch, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {type(arch).__name__}")
+    out = dict(arch)
+    for key in out:
+        if key not in _SCHEMA:
+            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(_SCHEMA)})")
+    for key, (typ, required) in _SCHEMA.items():
+        if key not in out:
+            if required:
+                raise ConfigError(f"{where}: missing key '{key}'")
+            continue
+        v = out[key]
+        if not isinstance(v, typ) or (isinstance(v, bool) and typ is int):
+            raise ConfigError(f"{where}: '{key}' has the wrong type ({type(v).__name__})")
+    if out["architecture"] not in ARCHS:
+        raise ConfigError(f"{where}: architecture '{out['architecture']}' has no tensor layout here "
+                          f"(supported: {', '.join(ARCHS)})")
+    for key in ("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train", "n_vocab"):
+        if out[key] <= 0:
+            raise ConfigError(f"{where}: '{key}' must be positive, got {out[key]}")
+    kv = out["n_head_kv"]
+    if isinstance(kv, list):
+        if len(kv) != out["n_layer"] or not all(isinstance(x, int) and x >= 0 for x in kv):
+            raise ConfigError(f"{where}: 'n_head_kv' list must hold {out['n_layer']} non-negative integers")
+    elif kv <= 0:
+        raise ConfigError(f"{where}: 'n_head_kv' must be positive, got {kv}")
+    if out["architecture"] == "qwen35":
+        ssm = out.get("ssm")
+        if not isinstance(ssm, Mapping) or any(not isinstance(ssm.get(k), int) for k in _SSM_KEYS):
+            raise ConfigError(f"{where}: qwen35 needs 'ssm' with integer {', '.join(_SSM_KEYS)}")
+    if out.get("ssm") is not None:
+        for k in out["ssm"]:
+            if k not in _SSM_KEYS:
+                raise ConfigError(f"{where}: unknown key 'ssm.{k}' (known: {', '.join(_SSM_KEYS)})")
+    src = out.get("source_type", "F16").upper()
+    if src not in ("F16", "BF16", "F32"):
+        raise ConfigError(f"{where}: source_type must be F16, BF16 or F32, got {src}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor layout (GGUF shapes: ne0 first)
+# ------------------------------------------------------------------------------------------------
+
+def _kv(a: dict, il: int) -> int:
+    kv = a["n_head_kv"]
+    return kv[il] if isinstance(kv, list) else kv
+
+
+def _head_dims(a: dict) -> tuple[int, int]:
+    hd = a["n_embd"] // a["n_head"]
+    return a.get("head_dim_k", hd), a.get("head_dim_v", hd)
+
+
+def _recurrent(a: dict) -> set[int]:
+    if a["architecture"] != "qwen35":
+        return set()
+    n_main = a["n_layer"] - a.get("nextn_layers", 0)
+    fai = a.get("full_attention_interval", 4)
+    # llama.cpp src/models/qwen35.cpp load_arch_hparams: is_recr = i < n_layer() && (i+1) % interval != 0
+    return {i for i in range(a["n_layer"]) if i < n_main and (i + 1) % fai != 0}
+
+
+def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, GGUF shape, role) of every tensor; role "matrix" (source_type) or "f32" (kept F32)."""
+    arch = a["architecture"]
+    E, F, H = a["n_embd"], a["n_ff"], a["n_head"]
+    hk, hv = _head_dims(a)
+    V = a["n_vocab"]
+    out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (E, V), "matrix"),
+                                                   ("output_norm.weight", (E,), "f32")]
+    tied = a.get("tied_embeddings", arch in ("gemma2", "gemma3"))
+    if not tied:
+        out.append(("output.weight", (E, V), "matrix"))
+    recurrent = _recurrent(a)
+    for il in range(a["n_layer"]):
+        b = f"blk.{il}."
+        kv = _kv(a, il)
+        out.append((b + "attn_norm.weight", (E,), "f32"))
+        if arch == "qwen35":
+            # llama.cpp src/models/qwen35.cpp llama_model_qwen35::load_arch_tensors
+            out.append((b + "post_attention_norm.weight", (E,), "f32"))
+            if il in recurrent:
+                s = a["ssm"]
+                key_dim = s["state_size"] * s["group_count"]
+                value_dim = s["state_size"] * s["time_step_rank"]
+                conv_dim = 2 * key_dim + value_dim
+                out += [(b + "attn_qkv.weight", (E, conv_dim), "matrix"),
+                        (b + "attn_gate.weight", (E, value_dim), "matrix"),
+                        (b + "ssm_conv1d.weight", (s["conv_kernel"], conv_dim), "f32"),
+                        (b + "ssm_dt.bias", (s["time_step_rank"],), "f32"),
+                        (b + "ssm_a", (s["time_step_rank"],), "f32"),
+                        (b + "ssm_beta.weight", (E, s["time_step_rank"]), "matrix"),
+                        (b + "ssm_alpha.weight", (E, s["time_step_rank"]), "matrix"),
+                        (b + "ssm_norm.weight", (s["state_size"],), "f32"),
+                        (b + "ssm_out.weight", (value_dim, E), "matrix")]
+            else:
+                out += [(b + "attn_q.weight", (E, hk * H * 2), "matrix"),   # query and gate
+                        (b + "attn_k.weight", (E, hk * kv), "matrix"),
+                        (b + "attn_v.weight", (E, hv * kv), "matrix"),
+                        (b + "attn_output.weight", (hk * H, E), "matrix"),
+                        (b + "attn_q_norm.weight", (hk,), "f32"),
+                        (b + "attn_k_norm.weight", (hk,), "f32")]
+        else:
+            out += [(b + "attn_q.weight", (E, hk * H), "matrix"),
+                    (b + "attn_k.weight", (E, hk * kv), "matrix"),
+                    (b + "attn_v.weight", (E, hv * kv), "matrix"),
+                    (b + "attn_output.weight", (hv * H, E), "matrix")]
+            if arch == "qwen2":
+                out += [(b + "attn_q.bias", (hk * H,), "f32"), (b + "attn_k.bias", (hk * kv,), "f32"),
+                        (b + "attn_v.bias", (hv * kv,), "f32")]
+            if arch in ("qwen3", "gemma3"):
+                out += [(b + "attn_q_norm.weight", (hk,), "f32"), (b + "attn_k_norm.weight", (hk,), "f32")]
+            if arch in ("gemma2", "gemma3"):
+                out += [(b + "post_attention_norm.weight", (E,), "f32"),
+                        (b + "post_ffw_norm.weight", (E,), "f32")]
+            out.append((b + "ffn_norm.weight", (E,), "f32"))
+        out += [(b + "ffn_gate.weight", (E, F), "matrix"), (b + "ffn_up.weight", (E, F), "matrix"),
+                (b + "ffn_down.weight", (F, E), "matrix")]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# metadata
+# ------------------------------------------------------------------------------------------------
+
+def arch_metadata(a: dict, file_type: str) -> list[tuple[str, object, object]]:
+    """(key, value, GGUFValueType or (ARRAY, element type)) in the order a converter writes them."""
+    arch = a["architecture"]
+    ft = ftype_from_name(file_type)
+    p = f"{arch}."
+    md: list[tuple[str, object, object]] = [
+        ("general.architecture", arch, VT.STRING),
+        ("general.type", "model", VT.STRING),
+        ("general.name", a["name"], VT.STRING),
+        ("general.description", "v100lab skeleton: header only, no tensor data", VT.STRING),
+        (p + "block_count", a["n_layer"], VT.UINT32),
+        (p + "context_length", a["n_ctx_train"], VT.UINT32),
+        (p + "embedding_length", a["n_embd"], VT.UINT32),
+        (p + "feed_forward_length", a["n_ff"], VT.UINT32),
+        (p + "attention.head_count", a["n_head"], VT.UINT32),
+    ]
+    kv = a["n_head_kv"]
+    if isinstance(kv, list):
+        md.append((p + "attention.head_count_kv", kv, (VT.ARRAY, VT.UINT32)))
+    else:
+        md.append((p + "attention.head_count_kv", kv, VT.UINT32))
+    hk, hv = _head_dims(a)
+    if "head_dim_k" in a or hk != a["n_embd"] // a["n_head"]:
+        md.append((p + "attention.key_length", hk, VT.UINT32))
+    if "head_dim_v" in a or hv != a["n_embd"] // a["n_head"]:
+        md.append((p + "attention.value_length", hv, VT.UINT32))
+    md.append((p + "attention.layer_norm_rms_epsilon", float(a.get("rms_eps", 1e-6)), VT.FLOAT32))
+    if a.get("rope_freq_base") is not None:
+        md.append((p + "rope.freq_base", float(a["rope_freq_base"]), VT.FLOAT32))
+    if a.get("rope_dimension_count") is not None:
+        md.append((p + "rope.dimension_count", a["rope_dimension_count"], VT.UINT32))
+    if a.get("sliding_window"):
+        md.append((p + "attention.sliding_window", a["sliding_window"], VT.UINT32))
+    if a.get("full_attention_interval") is not None:
+        md.append((p + "full_attention_interval", a["full_attention_interval"], VT.UINT32))
+    if a.get("nextn_layers"):
+        md.append((p + "nextn_predict_layers", a["nextn_layers"], VT.UINT32))
+    for k in _SSM_KEYS:
+        if a.get("ssm") and k in a["ssm"]:
+            md.append((p + f"ssm.{k}", a["ssm"][k], VT.UINT32))
+    md += [(p + "vocab_size", a["n_vocab"], VT.UINT32),
+           ("general.quantization_version", 2, VT.UINT32),
+           ("general.file_type", int(ft), VT.UINT32)]
+    return md
+
+
+# ------------------------------------------------------------------------------------------------
+# GGUF v3 serialisation (header only)
+# ------------------------------------------------------------------------------------------------
+
+_FMT = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",
+        VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d"}
+
+
+def _str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _value(v, vtype) -> bytes:
+    if isinstance(vtype, tuple):
+        _, et = vtype
+        out = struct.pack("<IIQ", VT.ARRAY, et, len(v))
+        if et == VT.STRING:
+            return out + b"".join(_str(x) for x in v)
+        return out + b"".join(struct.pack(_FMT[et], x) for x in v)
+    if vtype == VT.STRING:
+        return struct.pack("<I", VT.STRING) + _str(v)
+    return struct.pack("<I", vtype) + struct.pack(_FMT[vtype], v)
+
+
+def header_bytes(metadata: list[tuple[str, object, object]],
+                 tensors: list[tuple[str, tuple[int, ...], QT]]) -> bytes:
+    """A GGUF v3 header (magic … tensor infos, padded to the alignment) for these tensors, laid
+    out back to back with alignment padding, as gguf.cpp expects."""
+    parts = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(metadata))]
+    for key, v, vt in metadata:
+        parts += [_str(key), _value(v, vt)]
+    offset = 0
+    for name, shape, qtype in tensors:
+        parts += [_str(name), struct.pack("<I", len(shape)), struct.pack(f"<{len(shape)}q", *shape),
+                  struct.pack("<iQ", int(qtype), offset)]
+        offset += -(-n_bytes(qtype, shape) // ALIGNMENT) * ALIGNMENT
+    raw = b"".join(parts)
+    return raw + b"\0" * (-len(raw) % ALIGNMENT)
+
+
+def _facts(a: dict) -> ModelFacts:
+    arch = a["architecture"]
+    return ModelFacts(arch=arch, n_layer_all=a["n_layer"], n_head=a["n_head"], n_head_kv=_kv(a, 0),
+                      is_70b=arch == "llama" and a["n_layer"] == 80)
+
+
+def skeleton_tensors(a: dict, file_type: str) -> list[tuple[str, tuple[int, ...], QT]]:
+    """(name, shape, ggml type) in llama-quantize's output order, with its per-tensor mixture."""
+    from v100lab.quantmix import weight_order_key
+
+    src = QT[a.get("source_type", "F16").upper()]
+    layout = tensor_layout(a)
+    unquant = [(n, s, src if role == "matrix" else QT.F32) for n, s, role in layout]
+    types = tensor_types(unquant, file_type, _facts(a))
+    ordered = sorted(layout, key=lambda x: weight_order_key(x[0]))
+    return [(n, s, types[n]) for n, s, _ in ordered]
+
+
+def _as_arch(arch: dict | str | os.PathLike) -> dict:
+    if isinstance(arch, Mapping):
+        return validate_arch(arch)
+    return load_arch(arch)
+
+
+def skeleton_header(arch: dict | str | os.PathLike, file_type: str) -> bytes:
+    a = _as_arch(arch)
+    return header_bytes(arch_metadata(a, file_type), skeleton_tensors(a, file_type))
+
+
+def skeleton_spec(arch: dict | str | os.PathLike, file_type: str) -> ModelSpec:
+    """The ModelSpec of ``arch`` quantized to ``file_type`` by llama-quantize, built in memory.
+
+    ``file_bytes`` is None (no file); ``header_bytes`` is the skeleton header's real size."""
+    from dataclasses import replace
+
+    from v100lab.header import read_spec
+
+    spec = read_spec(io.BytesIO(skeleton_header(arch, file_type)))
+    return replace(spec, file_bytes=None)
+
+
+def write_skeleton(arch: dict | str | os.PathLike, file_type: str, path: str | os.PathLike) -> Path:
+    """Write a header-only GGUF (no tensor data) that :func:`v100lab.header.read_spec` accepts."""
+    data = skeleton_header(arch, file_type)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
