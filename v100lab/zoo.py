@@ -340,19 +340,31 @@ def ftype_of(quant: str) -> int:
         raise V100labError(f"unknown quant type '{quant}' (known: {known})") from None
 
 
-def quantize(src: Path, dst: Path, quant: str, n_threads: int | None = None) -> None:
-    """Quantize ``src`` to ``dst`` with llama.cpp's ``llama_model_quantize``."""
+def quantize(src: Path, dst: Path, quant: str, n_threads: int | None = None,
+             allow_requantize: bool = False) -> None:
+    """Quantize ``src`` to ``dst`` with llama.cpp's ``llama_model_quantize``.
+
+    ``allow_requantize`` lets llama.cpp start from an already-quantized file (it dequantizes first);
+    the default model's ladder is made that way, from its Q4_1 weights dequantized to F16.
+    llama.cpp's per-tensor log lines go to this module's logger at DEBUG level.
+    """
     import llama_cpp
+
+    from v100lab.loadlog import capture_llama_log
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype_of(quant)
     params.nthread = n_threads or os.cpu_count() or 1
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    params.allow_requantize = allow_requantize
+    with capture_llama_log() as captured:
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    log.debug("llama_model_quantize %s -> %s:\n%s", src.name, quant, captured.text)
     if rc != 0 or not dst.exists() or dst.stat().st_size == 0:
         raise V100labError(f"llama.cpp's quantizer failed on {src.name} → {quant} (return code {rc})")
 
 
-def quantized_path(src: Path, quant: str, base_recipe: dict | None = None) -> Path:
+def quantized_path(src: Path, quant: str, base_recipe: dict | None = None,
+                   allow_requantize: bool = False) -> Path:
     """The cached ``quant`` rung made from ``src`` (an F16/F32 GGUF), built when absent or stale."""
     import llama_cpp
 
@@ -365,7 +377,30 @@ def quantized_path(src: Path, quant: str, base_recipe: dict | None = None) -> Pa
     recipe = {"kind": "quantized", "quant": quant.upper(), "llama_cpp_python": llama_cpp.__version__,
               "source": base_recipe or (json.loads(src_meta.read_text())["recipe_hash"] if src_meta.exists()
                                         else {"path": str(src), "size": src.stat().st_size})}
-    return build_atomically(path, recipe, lambda tmp: quantize(src, tmp, quant))
+    return build_atomically(path, recipe, lambda tmp: quantize(src, tmp, quant, allow_requantize=allow_requantize))
+
+
+def default_ladder_path(quant: str) -> Path:
+    """A rung of the default model's ladder: its Q4_1 weights dequantized to F16 by llama.cpp's
+    quantizer (``default:F16``, the reference for quality), then quantized from that F16."""
+    src = default_model_path()
+    f16 = cache_dir() / "SmolLM2-135M-Instruct-F16.gguf"
+    recipe = {"kind": "dequantized", "from": DEFAULT_DIST, "size": src.stat().st_size}
+    build_atomically(f16, recipe, lambda tmp: quantize(src, tmp, "F16", allow_requantize=True))
+    if quant.upper() == "F16":
+        return f16
+    return quantized_path(f16, quant)
+
+
+def quant_of(model: str | os.PathLike) -> str:
+    """The quant name of an alias or path: ``synth-280m:Q4_0`` → Q4_0, ``default`` → Q4_1."""
+    text = os.fspath(model)
+    base, sep, quant = text.partition(":")
+    if sep and base in aliases():
+        return quant.upper()
+    from v100lab.header import read_spec
+
+    return read_spec(resolve(text)).file_type
 
 
 def ladder(alias: str, quants: tuple[str, ...] = LADDER,
@@ -396,6 +431,8 @@ def _known_path(alias: str) -> Path | None:
     """Where an alias's file is or would be, without building anything."""
     if alias == DEFAULT_ALIAS:
         return _dist_file(DEFAULT_DIST, ".gguf")
+    if alias.startswith(DEFAULT_ALIAS + ":"):
+        return cache_dir() / f"SmolLM2-135M-Instruct-{alias.partition(':')[2].upper()}.gguf"
     if alias == GEMMA_ALIAS:
         return cache_dir() / "gemma-3-270m-q4_k_m.gguf"
     base, _, quant = alias.partition(":")
@@ -416,13 +453,22 @@ def is_alias(name: str) -> bool:
 def resolve(name: str | os.PathLike, build: bool = True) -> Path:
     """A model alias or path → the path of a real GGUF file.
 
-    Aliases: ``default``, ``gemma3-270m``, ``synth-*`` and ``synth-*:QUANT``. Anything else is a path,
+    Aliases: ``default``, ``default:QUANT`` (its ladder, from its weights dequantized to F16),
+    ``gemma3-270m``, ``synth-*`` and ``synth-*:QUANT``. Anything else is a path,
     which must exist. Raises :class:`ModelNotFoundError` with one line naming the problem.
     """
     text = os.fspath(name)
     base, sep, quant = text.partition(":")
     if text == DEFAULT_ALIAS:
         return default_model_path()
+    if base == DEFAULT_ALIAS and sep:
+        ftype_of(quant)
+        if not build:
+            path = _known_path(text)
+            if path is None or not path.exists():
+                raise ModelNotFoundError(f"model '{text}' is not built yet: run `v100lab models make {text}`")
+            return path
+        return default_ladder_path(quant)
     if text == GEMMA_ALIAS:
         return gemma_model_path()
     if base in SYNTH_PRESETS:
@@ -460,8 +506,8 @@ def entries() -> Iterator[ZooEntry]:
             desc = (f"synthetic llama F16: {s.n_layer} layers, n_embd {s.n_embd}, n_ff {s.n_ff}, "
                     f"{s.n_head}/{s.n_head_kv} heads")
         yield ZooEntry(alias, desc, path, bool(path and path.exists()))
-        if alias in SYNTH_PRESETS:
-            for q in LADDER:
+        if alias in SYNTH_PRESETS or alias == DEFAULT_ALIAS:
+            for q in (("F16",) if alias == DEFAULT_ALIAS else ()) + LADDER:
                 rung = _known_path(f"{alias}:{q}")
                 if rung and rung.exists():
                     yield ZooEntry(f"{alias}:{q}", f"{alias} quantized to {q} by llama.cpp", rung, True)

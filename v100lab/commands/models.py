@@ -15,7 +15,7 @@ HELP = "list the model zoo (aliases, files, types, sizes), or build models with 
 def add_arguments(p):
     p.add_argument("action", nargs="?", choices=["list", "make"], default="list")
     p.add_argument("targets", nargs="*", metavar="ALIAS",
-                   help="for make: synth-* aliases, optionally ALIAS:QUANT, or 'gemma3-270m'")
+                   help="for make: synth-* or default, optionally ALIAS:QUANT, or 'gemma3-270m'")
     p.add_argument("--ladder", action="store_true",
                    help=f"for make: build every quant of the ladder ({', '.join(zoo.LADDER)})")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -60,6 +60,11 @@ def _make(args) -> int:
         base, _, quant = target.partition(":")
         if base == zoo.GEMMA_ALIAS:
             made[target] = str(zoo.gemma_model_path())
+            continue
+        if base == zoo.DEFAULT_ALIAS:
+            quants = ["F16", *zoo.LADDER] if args.ladder else ([quant] if quant else [])
+            for q in tqdm(quants, desc="default ladder", unit="quant", disable=args.json or not quants, file=sys.stderr):
+                made[f"default:{q.upper()}"] = str(zoo.default_ladder_path(q))
             continue
         if base not in zoo.SYNTH_PRESETS:
             raise V100labError(f"models make: '{base}' is not a synthetic alias "
