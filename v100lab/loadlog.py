@@ -435,6 +435,47 @@ def _restore_default() -> None:
     llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
+def load_and_capture(model_path, cfg=None) -> tuple[LoadFacts, str]:
+    """Load ``model_path`` and create a context with ``cfg`` (a RunConfig) through llama.cpp's low-level
+    API, capture the log, free both, and return (facts, raw log text).
+
+    The low-level API is used because ``llama_cpp.Llama`` cannot set n_seq_max, kv_unified or
+    flash-attention "auto". A load or context failure raises RunFailed with llama.cpp's last error line."""
+    import llama_cpp
+
+    from v100lab.config import RunConfig
+    from v100lab.errors import RunFailed
+
+    cfg = cfg or RunConfig()
+    model = ctx = None
+    with capture_llama_log() as cap:
+        try:
+            mparams = llama_cpp.llama_model_default_params()
+            cfg.apply_to_model_params(mparams)
+            model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
+            if not model:
+                raise RunFailed(f"llama.cpp could not load {model_path}: {_last_error(cap)}")
+            cparams = llama_cpp.llama_context_default_params()
+            cfg.apply_to_context_params(cparams)
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+            if not ctx:
+                raise RunFailed(f"llama.cpp refused the context: {_last_error(cap)}")
+        finally:
+            if ctx:
+                llama_cpp.llama_free(ctx)
+            if model:
+                llama_cpp.llama_model_free(model)
+    return cap.facts(), cap.text
+
+
+def _last_error(cap: LogCapture) -> str:
+    for level, msg in reversed(cap._merged_records()):
+        if level == LOG_ERROR and msg.strip():
+            return msg.strip()
+    lines = [line for line in split_lines(cap.text) if line.strip()]
+    return lines[-1].strip() if lines else "no log output"
+
+
 @contextlib.contextmanager
 def capture_llama_log() -> Iterator[LogCapture]:
     """Collect everything llama.cpp logs inside the block (all levels, nothing echoed).

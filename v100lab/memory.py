@@ -1,0 +1,614 @@
+"""The memory plan: where llama.cpp puts every byte, per device, before anything is loaded.
+
+The seed's first argument is the "VRAM triangle" — model size × context length × card memory, pick two.
+This module answers it from a :class:`~v100lab.spec.ModelSpec` (a GGUF header, or a skeleton of a model
+nobody downloaded), a device (or several) and a :class:`~v100lab.config.RunConfig`, by mirroring
+llama.cpp's own arithmetic:
+
+* **context sizes** — src/llama-context.cpp, ``llama_context::llama_context``: n_batch = min(n_ctx, n_batch)
+  and n_ubatch = min(n_batch, n_ubatch) *before* padding; n_ctx padded to 256; without ``kv_unified`` each
+  of the n_seq_max streams gets ``n_ctx_seq = pad(n_ctx / n_seq_max, 256)`` cells.
+* **weights** — src/llama-model.cpp, ``load_tensors``: ``i_gpu_start = max(n_layer + 1 - ngl, 0)``; the
+  layer slots are the n_layer repeating blocks plus the output layer (slot n_layer), so ``-ngl k`` puts
+  the output layer and the last k - 1 blocks on the GPU(s); block slots are split between GPUs by
+  ``--tensor-split`` (``upper_bound(splits, (il - i_gpu_start) / act_gpu_layers)``); the input layer
+  (token_embd) always stays on the CPU; a model with tied embeddings gets a second copy of token_embd as its
+  output tensor on the output layer's device (``TENSOR_DUPLICATED``). With mmap the host's model buffer is
+  the file range spanned by the host's tensors (``llama_model_loader::get_mapping_range``).
+* **KV cache** — src/llama-kv-cache.cpp, ``llama_kv_cache::llama_kv_cache``: per layer that has a cache,
+  a K tensor ``[n_embd_k_gqa, kv_size, n_stream]`` of ``type_k`` and a V tensor ``[n_embd_v_gqa, ...]`` of
+  ``type_v``, i.e. ``row_size(type, n_embd_gqa) × cells × streams`` bytes; src/llama-kv-cache-iswa.cpp:
+  sliding-window layers get ``pad(min(kv_size, n_swa × (n_seq if unified else 1) + n_ubatch), 256)`` cells
+  unless ``swa_full``; MLA models (kv_lora_rank) keep K only. The KV of a layer lives on that layer's device.
+* **recurrent state** — src/llama-memory-recurrent.cpp with llama_hparams::n_embd_r / n_embd_s
+  (src/llama-hparams.cpp): per recurrent layer, R ``(d_conv - 1) × (d_inner + 2 × n_group × d_state)`` and
+  S ``d_state × d_inner`` floats (F32) per sequence — independent of n_ctx.
+* **output buffer** — src/llama-context.cpp, ``output_reserve(n_seq_max)``: ``n_vocab × 4 × n_seq_max``
+  bytes of logits, in host memory.
+* **compute buffer** — an estimate of ggml-alloc's peak for the worst-case graph (n_ubatch tokens, all of
+  them outputs), derived below in :func:`compute_bytes_by_phase` and checked against llama.cpp's own
+  "compute buffer size" lines (``benchmarks/bench_memory.py``).
+
+The plan never loads anything; ``benchmarks/bench_memory.py`` compares it with what llama.cpp reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Iterable, Mapping, Sequence
+
+from v100lab.config import RunConfig
+from v100lab.devices import Device
+from v100lab.errors import ConfigError
+from v100lab.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+HOST = "host"
+CTX_PAD = 256            # src/llama-context.cpp: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)
+F32 = 4
+
+# ------------------------------------------------------------------------------------------------
+# type sizes
+# ------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def type_size(type_name: str) -> tuple[int, int]:
+    """(block elements, bytes per block) of a ggml type name ("q8_0", "F16", "Q4_K", ...)."""
+    import gguf
+
+    try:
+        qt = gguf.GGMLQuantizationType[type_name.upper()]
+    except KeyError:
+        raise ConfigError(f"unknown ggml type '{type_name}'") from None
+    return gguf.GGML_QUANT_SIZES[qt]
+
+
+def row_size(type_name: str, n: int) -> int:
+    """ggml_row_size(type, n): bytes of n elements of a type (n must be a multiple of the block size)."""
+    block, size = type_size(type_name)
+    if n % block:
+        raise ConfigError(f"{n} elements cannot be stored as {type_name} (block size {block})")
+    return n // block * size
+
+
+def _pad(x: int, to: int) -> int:
+    return (x + to - 1) // to * to
+
+
+# ------------------------------------------------------------------------------------------------
+# context sizes (src/llama-context.cpp, llama_context::llama_context)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContextSizes:
+    n_ctx: int          # total cells over all streams, after padding (llama.cpp's printed n_ctx)
+    n_ctx_seq: int      # cells per stream (llama.cpp's printed n_ctx_seq)
+    n_batch: int
+    n_ubatch: int
+    n_seq: int          # n_seq_max
+    n_stream: int       # 1 with kv_unified, else n_seq
+
+
+def context_sizes(spec: ModelSpec, cfg: RunConfig) -> ContextSizes:
+    """n_ctx, n_ctx_seq, n_batch, n_ubatch as llama.cpp derives them from the requested values."""
+    n_ctx = cfg.n_ctx or spec.n_ctx_train
+    n_batch = min(n_ctx, cfg.n_batch)            # causal attention: the batch is limited by the context
+    n_ubatch = min(n_batch, cfg.n_ubatch)
+    n_ctx = _pad(n_ctx, CTX_PAD)
+    n_seq = max(1, cfg.n_parallel)
+    if cfg.kv_unified:
+        n_ctx_seq, n_stream = n_ctx, 1
+    else:
+        n_ctx_seq = _pad(n_ctx // n_seq, CTX_PAD)
+        n_ctx, n_stream = n_ctx_seq * n_seq, n_seq
+    return ContextSizes(n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq=n_seq,
+                        n_stream=n_stream)
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache and recurrent state
+# ------------------------------------------------------------------------------------------------
+
+
+def kv_cells(spec: ModelSpec, cfg: RunConfig, swa: bool = False) -> int:
+    """Cells per stream of the full-attention cache, or (``swa=True``) of the sliding-window cache.
+
+    src/llama-kv-cache-iswa.cpp: ``size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1)
+    + n_ubatch), n_pad)``, and ``size_swa = size_base`` with ``swa_full``."""
+    cs = context_sizes(spec, cfg)
+    base = cs.n_ctx_seq
+    if not swa or cfg.swa_full or not spec.sliding_window:
+        return base
+    return min(base, _pad(spec.sliding_window * (cs.n_seq if cfg.kv_unified else 1) + cs.n_ubatch, CTX_PAD))
+
+
+def kv_widths(spec: ModelSpec, il: int) -> tuple[int, int]:
+    """(K width, V width) per cell of layer il. MLA (kv_lora_rank) caches the compressed latent plus the
+    RoPE part in K and no V (src/llama-model.cpp create_memory; llama_hparams::n_embd_k_gqa for MLA)."""
+    if spec.kv_lora_rank:
+        return spec.kv_lora_rank + (spec.rope_dimension_count or 0), 0
+    return spec.n_embd_k_gqa(il), spec.n_embd_v_gqa(il)
+
+
+def kv_layer_bytes(spec: ModelSpec, cfg: RunConfig, il: int) -> int:
+    """Bytes of layer il's KV cache (0 for layers without one: recurrent, or n_head_kv == 0)."""
+    if not spec.has_kv(il):
+        return 0
+    cs = context_sizes(spec, cfg)
+    cells = kv_cells(spec, cfg, swa=spec.is_swa(il))
+    wk, wv = kv_widths(spec, il)
+    per_cell = row_size(cfg.cache_type_k, wk) + (row_size(cfg.cache_type_v, wv) if wv else 0)
+    return per_cell * cells * cs.n_stream
+
+
+def kv_cache_bytes(spec: ModelSpec, cfg: RunConfig, layers: Iterable[int] | None = None) -> int:
+    """Total KV cache bytes over ``layers`` (default: all). Mirrors llama_kv_cache's K/V tensors."""
+    layers = range(spec.n_layer) if layers is None else layers
+    return sum(kv_layer_bytes(spec, cfg, il) for il in layers)
+
+
+def recurrent_layer_bytes(spec: ModelSpec, cfg: RunConfig, il: int) -> int:
+    """Bytes of layer il's recurrent state: F32 R (conv) and S (SSM) rows, one per sequence.
+
+    src/llama-hparams.cpp: n_embd_r = (d_conv - 1)·(d_inner + 2·n_group·d_state), n_embd_s = d_state·d_inner;
+    src/llama-memory-recurrent.cpp allocates them per cell, with max(1, n_seq_max) cells."""
+    if not spec.is_recurrent(il):
+        return 0
+    d_conv = spec.ssm_conv_kernel or 0
+    d_inner = spec.ssm_inner_size or 0
+    d_state = spec.ssm_state_size or 0
+    n_group = spec.ssm_group_count or 0
+    n_embd_r = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
+    n_embd_s = d_state * d_inner
+    return (n_embd_r + n_embd_s) * F32 * max(1, cfg.n_parallel)
+
+
+def recurrent_bytes(spec: ModelSpec, cfg: RunConfig, layers: Iterable[int] | None = None) -> int:
+    layers = range(spec.n_layer) if layers is None else layers
+    return sum(recurrent_layer_bytes(spec, cfg, il) for il in layers)
+
+
+def output_bytes(spec: ModelSpec, cfg: RunConfig) -> int:
+    """The logits buffer llama.cpp reserves up front: output_reserve(n_seq_max) → n_vocab × 4 × n_seq_max."""
+    return spec.n_vocab * F32 * max(1, cfg.n_parallel)
+
+
+# ------------------------------------------------------------------------------------------------
+# placement (src/llama-model.cpp, load_tensors)
+# ------------------------------------------------------------------------------------------------
+
+
+def layer_slots(spec: ModelSpec) -> int:
+    """n_layer + 1: the repeating blocks plus the output layer, as llama.cpp counts "N/M layers"."""
+    return spec.n_layer + 1
+
+
+def place_layers(spec: ModelSpec, n_gpu_layers: int, gpu_ids: Sequence[str],
+                 tensor_split: Sequence[float] = ()) -> dict[int, str]:
+    """Device of every layer slot 0..n_layer (slot n_layer = the output layer), llama.cpp's rule.
+
+    ``i_gpu_start = max(n_layer + 1 - ngl, 0)``; slots from there on go to the GPUs, split by the
+    cumulative, normalised ``tensor_split`` (equal shares when empty — llama.cpp would use free memory).
+    Older llama.cpp builds (before the output layer was counted first) used ``n_layer - ngl``."""
+    n_slots = layer_slots(spec)
+    ngl = n_slots if n_gpu_layers < 0 else n_gpu_layers
+    if not gpu_ids:
+        return {il: HOST for il in range(n_slots)}
+    i_gpu_start = max(n_slots - ngl, 0)
+    act = min(ngl, n_slots)
+    shares = list(tensor_split) if tensor_split and any(tensor_split) else [1.0] * len(gpu_ids)
+    if len(shares) < len(gpu_ids):
+        shares += [0.0] * (len(gpu_ids) - len(shares))
+    shares = shares[: len(gpu_ids)]
+    total = sum(shares)
+    cum, acc = [], 0.0
+    for s in shares:
+        acc += s
+        cum.append(acc / total)
+    out = {}
+    for il in range(n_slots):
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            out[il] = HOST
+            continue
+        frac = (il - i_gpu_start) / act
+        k = next((i for i, c in enumerate(cum) if c > frac), len(cum) - 1)   # std::upper_bound
+        out[il] = gpu_ids[k]
+    return out
+
+
+_INPUT_TENSORS = ("token_embd", "token_types", "pos_embd", "tok_embd", "per_layer_token_embd")
+
+
+def _is_input(name: str) -> bool:
+    return name.split(".")[0] in _INPUT_TENSORS
+
+
+# ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type (x86 with AVX2/AVX-512, the usual host of
+# a GPU): these weight types are re-laid out into interleaved 8x8 blocks in a separate "CPU_REPACK" buffer
+# when the tensor is a matrix multiplied on the CPU (not token_embd, read by GET_ROWS) with ne[1] % 8 == 0.
+REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+
+
+def _repacked(t) -> bool:
+    return (t.type_name.upper() in REPACK_TYPES and len(t.shape) == 2 and t.shape[1] % 8 == 0
+            and not _is_input(t.name))
+
+
+def weights_by_device(spec: ModelSpec, slots: Mapping[int, str], use_mmap: bool = True,
+                      repack: bool = True) -> dict[str, int]:
+    """Weight bytes per device for a slot placement (see :func:`place_layers`).
+
+    Host weights are what llama.cpp's host model buffers add up to: with mmap, ``CPU_Mapped`` is the file
+    span of the host tensors that stay in the plain CPU buffer type (llama_model_loader::get_mapping_range),
+    plus ``CPU_REPACK``, the re-laid-out copies of the repackable ones (``repack=False``: no repacking)."""
+    out_dev = slots[spec.n_layer]
+    out: dict[str, int] = {}
+    host_plain, host_repack = [], 0
+    for t in spec.tensors:
+        if t.layer is not None and 0 <= t.layer < spec.n_layer:
+            dev = slots[t.layer]
+        elif _is_input(t.name):
+            dev = HOST
+        else:
+            dev = out_dev
+        out[dev] = out.get(dev, 0) + t.n_bytes
+        if dev == HOST:
+            if repack and _repacked(t):
+                host_repack += t.n_bytes
+            else:
+                host_plain.append(t)
+    has_output = any(t.name.startswith("output.") for t in spec.tensors)
+    if not has_output and out_dev != HOST:
+        embd = spec.tensor("token_embd.weight")
+        if embd is not None:   # tied embeddings: the output layer gets its own copy (TENSOR_DUPLICATED)
+            out[out_dev] = out.get(out_dev, 0) + embd.n_bytes
+    if HOST in out:
+        plain = sum(t.n_bytes for t in host_plain)
+        if use_mmap and host_plain and len({t.offset for t in host_plain}) == len(host_plain):
+            # llama_model_loader::get_mapping_range: the mapped buffer is the file span of its tensors
+            plain = max(t.offset + t.n_bytes for t in host_plain) - min(t.offset for t in host_plain)
+        out[HOST] = plain + host_repack
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# compute buffer (graph-shape estimate)
+# ------------------------------------------------------------------------------------------------
+
+
+def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *, has_output: bool = True,
+                           attn_layers: bool = True, kv_cells_full: int | None = None,
+                           kv_cells_swa: int | None = None) -> dict[str, int]:
+    """Peak bytes of the worst-case graph's intermediate tensors, phase by phase, on one device.
+
+    llama.cpp reserves its compute buffer by building the graph for a full physical batch (n_ubatch tokens,
+    every token an output) and letting ggml-alloc place every intermediate tensor; the buffer is the
+    allocator's high-water mark. Tensors die after their last use, so the peak is reached in one of three
+    phases, each a sum of what is alive at that moment (F32 activations, u = n_ubatch):
+
+    * ``logits`` (device holding the output layer): logits ``n_vocab × u`` plus the final norm's input and
+      output ``2 × n_embd × u`` (one more ``n_embd × u`` without flash attention or with a quantized cache —
+      measured, a fragment the allocator cannot reuse);
+    * ``attention`` (each device with layers): without flash attention the scores ``KQ = n_kv × u × n_head``
+      (soft_max runs in place) plus the F32 mask ``n_kv × u`` of each cache (full and SWA); with flash
+      attention no scores are materialised and the F16 masks ``n_kv × u × 2`` are all that scales with n_ctx;
+      plus per-token activations: residual, normed input, Q, K, V, attention output
+      ``(3·n_embd + n_head·d_k + 2·(n_kv_heads·d_k + n_kv_heads·d_v)) × u``;
+    * ``ffn``: residual and normed input ``2 × n_embd × u`` plus gate, up and their product ``3 × n_ff × u``
+      (MoE: the router logits ``n_expert × u`` and ``n_expert_used`` copies of the expert activations).
+
+    ``n_kv`` is the cache size one sequence sees in the reserve graph (cells per stream)."""
+    u = context_sizes(spec, cfg).n_ubatch
+    E = spec.n_embd
+    phases: dict[str, int] = {}
+    if has_output:
+        plain_cache = cfg.cache_type_k in ("f16", "bf16", "f32") and cfg.cache_type_v in ("f16", "bf16", "f32")
+        phases["logits"] = (spec.n_vocab * u + (2 if flash_attn and plain_cache else 3) * E * u) * F32
+    if attn_layers:
+        layers = [il for il in range(spec.n_layer)]
+        n_head = max((spec.n_head_at(il) for il in layers), default=0)
+        n_kv_heads = max((spec.n_head_kv(il) for il in layers), default=0)
+        full = kv_cells_full if kv_cells_full is not None else kv_cells(spec, cfg)
+        swa = kv_cells_swa if kv_cells_swa is not None else (kv_cells(spec, cfg, swa=True) if spec.swa_layers else 0)
+        has_full = any(spec.has_kv(il) and not spec.is_swa(il) for il in layers)
+        has_swa = any(spec.has_kv(il) and spec.is_swa(il) for il in layers)
+        mask_cells = (full if has_full else 0) + (swa if has_swa else 0)
+        n_kv = full if has_full else swa
+        act = (3 * E + n_head * spec.head_dim_k + 2 * n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) * u * F32
+        if flash_attn:
+            phases["attention"] = mask_cells * u * 2 + act
+        else:
+            phases["attention"] = (n_kv * u * n_head + mask_cells * u) * F32 + act
+        n_ff = max((spec.n_ff_at(il) for il in layers), default=0)
+        if spec.expert_count:
+            ffn = (2 * E + spec.expert_count + 3 * n_ff * max(1, spec.expert_used_count)) * u * F32
+        else:
+            ffn = (2 * E + 3 * n_ff) * u * F32
+        phases["ffn"] = ffn
+    return phases
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes llama.cpp will hold on one device."""
+
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+    recurrent_bytes: int = 0
+    compute_bytes: int = 0
+    output_bytes: int = 0
+    overhead_bytes: int = 0
+    capacity_bytes: int = 0
+    layers: tuple[int, ...] = ()
+    has_output_layer: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.kv_cache_bytes + self.recurrent_bytes + self.compute_bytes
+                + self.output_bytes + self.overhead_bytes)
+
+    @property
+    def margin_bytes(self) -> int:
+        return self.capacity_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    def as_json(self) -> dict:
+        return {"weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
+                "recurrent_bytes": self.recurrent_bytes, "compute_bytes": self.compute_bytes,
+                "output_bytes": self.output_bytes, "overhead_bytes": self.overhead_bytes,
+                "total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where every byte goes, per device; ``fits`` when every device's total is within its capacity."""
+
+    devices: dict[str, DeviceMemory]
+    fits: bool
+    offloaded_layers: int
+    n_layer_total: int
+    max_ctx: int | None
+    warnings: list[str] = field(default_factory=list)
+    n_ctx: int = 0                # after padding (all streams)
+    n_ctx_seq: int = 0
+    n_ubatch: int = 0
+    flash_attn: bool = True       # as resolved (auto → on, the CPU and CUDA backends support it)
+    model: str = ""
+    quant: str = ""
+
+    def as_json(self) -> dict:
+        """The keys scripts rely on (issue 4): devices, fits, offloaded_layers, n_layer_total, max_ctx, warnings."""
+        return {"devices": {k: v.as_json() for k, v in self.devices.items()}, "fits": self.fits,
+                "offloaded_layers": self.offloaded_layers, "n_layer_total": self.n_layer_total,
+                "max_ctx": self.max_ctx, "warnings": list(self.warnings)}
+
+    @property
+    def gpu_devices(self) -> dict[str, DeviceMemory]:
+        return {k: v for k, v in self.devices.items() if k != HOST}
+
+
+def _as_list(devices: Device | Sequence[Device]) -> list[Device]:
+    if isinstance(devices, Device):
+        return [devices]
+    return list(devices)
+
+
+def _host_capacity() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def resolve_flash_attn(cfg: RunConfig) -> bool:
+    """flash_attn "auto" resolves to on where the backend supports it (CPU, CUDA, Metal all do for the
+    usual head sizes; llama.cpp turns it off with a warning where a layer's device cannot run it)."""
+    return cfg.flash_attn != "off"
+
+
+def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
+    accel = [d for d in devices if d.kind != "cpu"]
+    host_dev = next((d for d in devices if d.kind == "cpu"), None)
+    gpu_ids = [d.id for d in accel]
+    if len(set(gpu_ids)) != len(gpu_ids):   # two cards of the same kind: number them
+        gpu_ids = [f"{d.id}:{i}" for i, d in enumerate(accel)]
+    cs = context_sizes(spec, cfg)
+    fa = resolve_flash_attn(cfg)
+    slots = place_layers(spec, cfg.n_gpu_layers, gpu_ids, cfg.tensor_split)
+    weights = weights_by_device(spec, slots, cfg.use_mmap)
+    warnings: list[str] = []
+
+    # Apple / unified memory: one pool; treat it like a GPU (Metal buffers) whose capacity is the device's.
+    ids = list(dict.fromkeys(gpu_ids + [HOST]))
+    full_cells = kv_cells(spec, cfg)
+    swa_cells = kv_cells(spec, cfg, swa=True) if spec.swa_layers else 0
+    devmem: dict[str, DeviceMemory] = {}
+    for dev_id in ids:
+        layers = tuple(il for il in range(spec.n_layer) if slots[il] == dev_id)
+        has_out = slots[spec.n_layer] == dev_id
+        kv = kv_cache_bytes(spec, cfg, layers)
+        rs = recurrent_bytes(spec, cfg, layers)
+        phases = compute_bytes_by_phase(spec, cfg, fa, has_output=has_out, attn_layers=bool(layers),
+                                        kv_cells_full=full_cells, kv_cells_swa=swa_cells)
+        compute = max(phases.values(), default=0)
+        if dev_id == HOST and not layers and not has_out:
+            # host holds only the input layer: token embeddings for one ubatch (get_rows output) and the
+            # graph inputs (tokens, positions, masks: the masks live in host memory next to the inputs)
+            u = cs.n_ubatch
+            masks = (full_cells + swa_cells) * u * (2 if fa else F32) if gpu_ids else 0
+            compute = 2 * spec.n_embd * u * F32 + masks
+        if dev_id == HOST:
+            cap = host_dev.capacity_bytes if host_dev else _host_capacity()
+            over = host_dev.overhead_bytes if host_dev else 0
+            out_b = output_bytes(spec, cfg)
+        else:
+            d = accel[gpu_ids.index(dev_id)]
+            cap, over, out_b = d.capacity_bytes, d.overhead_bytes, 0
+        w = weights.get(dev_id, 0)
+        if dev_id == HOST and not (w or kv or rs or layers or has_out) and gpu_ids:
+            pass
+        devmem[dev_id] = DeviceMemory(weights_bytes=w, kv_cache_bytes=kv, recurrent_bytes=rs, compute_bytes=compute,
+                                      output_bytes=out_b, overhead_bytes=over, capacity_bytes=cap, layers=layers,
+                                      has_output_layer=has_out)
+
+    offloaded = sum(1 for il in range(layer_slots(spec)) if slots[il] != HOST)
+    gpu_fit = all(m.fits for k, m in devmem.items() if k != HOST)
+    host_fit = devmem[HOST].fits
+    if not host_fit:
+        warnings.append(f"host: {devmem[HOST].total_bytes / 2**30:.2f} GiB needed, "
+                        f"{devmem[HOST].capacity_bytes / 2**30:.2f} GiB of RAM"
+                        + (" (mmap pages can be evicted, but every token re-reads them from disk)" if cfg.use_mmap else ""))
+    for k, m in devmem.items():
+        if k != HOST and not m.fits:
+            warnings.append(f"{k}: needs {m.total_bytes / 2**30:.2f} GiB of {m.capacity_bytes / 2**30:.2f} GiB "
+                            f"({(m.total_bytes - m.capacity_bytes) / 2**20:.0f} MiB over)")
+    if cfg.kv_quantized_v and cfg.flash_attn == "off":
+        warnings.append(f"cache_type_v {cfg.cache_type_v} with flash attention off: llama.cpp refuses this "
+                        "context ('quantized V cache requires flash_attn'); use -fa on or auto")
+    if spec.n_ctx_train and cs.n_ctx_seq > spec.n_ctx_train:
+        warnings.append(f"n_ctx_seq {cs.n_ctx_seq} exceeds the model's training context {spec.n_ctx_train}")
+    if gpu_ids and offloaded < layer_slots(spec):
+        warnings.append(f"only {offloaded}/{layer_slots(spec)} layers on the GPU: "
+                        f"{layer_slots(spec) - offloaded} run on the CPU from host memory")
+    return MemoryPlan(devices=devmem, fits=gpu_fit and host_fit, offloaded_layers=offloaded,
+                      n_layer_total=layer_slots(spec), max_ctx=None, warnings=warnings, n_ctx=cs.n_ctx,
+                      n_ctx_seq=cs.n_ctx_seq, n_ubatch=cs.n_ubatch, flash_attn=fa, model=spec.name,
+                      quant=spec.file_type)
+
+
+def plan(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None,
+         with_max_ctx: bool = True) -> MemoryPlan:
+    """The memory plan of ``spec`` on ``devices`` (one Device or a list; GPUs in --tensor-split order).
+
+    The host appears as device "host" when layers or buffers stay there (always: llama.cpp keeps the input
+    layer and the output buffer in host memory). ``max_ctx`` is the largest n_ctx that fits with every
+    other setting fixed (None when ``with_max_ctx`` is false)."""
+    cfg = cfg or RunConfig()
+    devs = _as_list(devices)
+    p = _plan(spec, devs, cfg)
+    if with_max_ctx:
+        p = replace(p, max_ctx=max_ctx(spec, devs, cfg))
+    return p
+
+
+# ------------------------------------------------------------------------------------------------
+# fit search
+# ------------------------------------------------------------------------------------------------
+
+
+def _fits_gpu(p: MemoryPlan) -> bool:
+    """Fit as the search means it: every accelerator within capacity (host RAM only when it is the device)."""
+    gpus = p.gpu_devices
+    if not gpus:
+        return p.devices[HOST].fits
+    return all(m.fits for m in gpus.values())
+
+
+def max_ctx(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None,
+            limit: int | None = None) -> int:
+    """The largest n_ctx (a multiple of 256, up to ``limit`` or the training context) that fits with
+    everything else fixed; 0 when not even 256 fits."""
+    cfg = cfg or RunConfig()
+    devs = _as_list(devices)
+    hi = limit or spec.n_ctx_train or 131072
+    step = CTX_PAD * max(1, cfg.n_parallel if not cfg.kv_unified else 1)
+    lo_n, hi_n = 1, max(1, hi // step)
+
+    def ok(n: int) -> bool:
+        return _fits_gpu(_plan(spec, devs, cfg.with_(n_ctx=n * step)))
+
+    if not ok(lo_n):
+        return 0
+    if ok(hi_n):
+        return hi_n * step
+    while hi_n - lo_n > 1:          # memory grows monotonically with n_ctx
+        mid = (lo_n + hi_n) // 2
+        if ok(mid):
+            lo_n = mid
+        else:
+            hi_n = mid
+    return lo_n * step
+
+
+def max_gpu_layers(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None) -> int:
+    """The largest -ngl (0 … n_layer + 1) whose GPU share fits; 0 when nothing fits."""
+    cfg = cfg or RunConfig()
+    devs = _as_list(devices)
+    lo, hi = 0, layer_slots(spec)
+    if _fits_gpu(_plan(spec, devs, cfg.with_(n_gpu_layers=hi))):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits_gpu(_plan(spec, devs, cfg.with_(n_gpu_layers=mid))):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def triangle(specs_by_quant: Mapping[str, ModelSpec], device: Device | Sequence[Device],
+             contexts: Sequence[int] = (2048, 4096, 8192), cache_types: Sequence[str] = ("f16", "q8_0"),
+             cfg: RunConfig | None = None):
+    """The VRAM triangle as tidy observations (source "predicted"): for each quant × context × cache type,
+    with all layers requested on the device(s): ``total_bytes`` (the busiest accelerator), ``margin_bytes``,
+    ``fits`` (1/0), ``max_gpu_layers`` and ``layers_spilled`` (layer slots that must stay on the CPU), and per
+    quant × cache type the largest context (``max_ctx``). Lever "n_ctx"; the note says ``cache_type=...``."""
+    from v100lab.results import Observation
+
+    cfg = cfg or RunConfig()
+    devs = _as_list(device)
+    dev_label = "+".join(d.id for d in devs)
+    rows: list[Observation] = []
+    for quant, spec in specs_by_quant.items():
+        label = spec.name or quant
+        for ct in cache_types:
+            base = cfg.with_(cache_type_k=ct, cache_type_v=ct)
+            note = f"cache_type={ct}"
+            for n_ctx in contexts:
+                c = base.with_(n_ctx=n_ctx)
+                p = _plan(spec, devs, c)
+                busiest = max(p.gpu_devices.values() or [p.devices[HOST]], key=lambda m: m.total_bytes - m.capacity_bytes)
+                ngl = max_gpu_layers(spec, devs, c)
+                for metric, value, unit in (("total_bytes", busiest.total_bytes, "bytes"),
+                                            ("margin_bytes", busiest.margin_bytes, "bytes"),
+                                            ("fits", float(_fits_gpu(p)), "bool"),
+                                            ("max_gpu_layers", ngl, "layers"),
+                                            ("layers_spilled", layer_slots(spec) - ngl, "layers")):
+                    rows.append(Observation(model=label, quant=quant, device=dev_label, lever="n_ctx",
+                                            value=str(n_ctx), metric=metric, result=float(value), unit=unit,
+                                            source="predicted", note=note))
+            rows.append(Observation(model=label, quant=quant, device=dev_label, lever="cache_type", value=ct,
+                                    metric="max_ctx", result=float(max_ctx(spec, devs, base)), unit="tokens",
+                                    source="predicted", note=note))
+    return rows
+
+
+def triangle_frame(specs_by_quant: Mapping[str, ModelSpec], device, contexts=(2048, 4096, 8192),
+                   cache_types=("f16", "q8_0"), cfg: RunConfig | None = None):
+    """:func:`triangle` as a wide DataFrame: one row per quant × cache type × n_ctx."""
+    import pandas as pd
+
+    from v100lab.results import tidy_frame
+
+    df = tidy_frame(triangle(specs_by_quant, device, contexts, cache_types, cfg))
+    df["cache_type"] = df["note"].str.replace("cache_type=", "", regex=False)
+    grid = df[df["lever"] == "n_ctx"].pivot_table(index=["quant", "cache_type", "value"], columns="metric",
+                                                  values="result").reset_index()
+    grid = grid.rename(columns={"value": "n_ctx"})
+    grid["n_ctx"] = grid["n_ctx"].astype(int)
+    mc = df[df["metric"] == "max_ctx"][["quant", "cache_type", "result"]].rename(columns={"result": "max_ctx"})
+    grid = grid.merge(mc, on=["quant", "cache_type"], how="left")
+    grid["fits"] = grid["fits"].astype(bool)
+    return pd.DataFrame(grid).sort_values(["quant", "cache_type", "n_ctx"]).reset_index(drop=True)
