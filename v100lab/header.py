@@ -62,7 +62,7 @@ _SCALAR = {
     VT.UINT32: ("<I", 4), VT.INT32: ("<i", 4), VT.FLOAT32: ("<f", 4), VT.BOOL: ("<B", 1),
     VT.UINT64: ("<Q", 8), VT.INT64: ("<q", 8), VT.FLOAT64: ("<d", 8),
 }
-_NP_DTYPE = {
+_NP_DTYPE = {  # numpy reads numeric arrays in one call (then .tolist())
     VT.UINT8: "<u1", VT.INT8: "<i1", VT.UINT16: "<u2", VT.INT16: "<i2", VT.UINT32: "<u4",
     VT.INT32: "<i4", VT.FLOAT32: "<f4", VT.BOOL: "<u1", VT.UINT64: "<u8", VT.INT64: "<i8",
     VT.FLOAT64: "<f8",
@@ -82,9 +82,8 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 class GGUFHeader:
     """The raw header.
 
-    ``metadata``: key → value. Scalars are Python ``int``/``float``/``bool``/``str``; numeric and
-    bool arrays are read-only numpy arrays (their memory is the file's bytes); string arrays are
-    tuples of ``str``. ``value_types``: key → ``GGUFValueType`` (for arrays, ``(ARRAY, element)``).
+    ``metadata``: key → value. Scalars are Python ``int``/``float``/``bool``/``str``; arrays are
+    tuples of those (so metadata compares, hashes and serialises like plain data). ``value_types``: key → ``GGUFValueType`` (for arrays, ``(ARRAY, element)``).
     ``tensors``: in file order, ``offset`` relative to the data section. ``tensor_infos_end`` = end
     of the tensor infos; ``header_bytes`` = ``data_offset`` = where the data section starts (the
     end of the infos padded to ``alignment``). ``file_bytes``: the real size when known. ``bytes_read`` / ``requests``: what it
@@ -208,8 +207,6 @@ class _HTTPSource(_Source):
             resp = urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             if exc.code == 416:
-                if self.size is None and start == 0:
-                    return b""  # empty file
                 raise GGUFError(f"server answered 416 (range not satisfiable) for bytes {start}-"
                                 f"{start + n - 1} of {self.url}", start) from None
             if exc.code == 404:
@@ -267,6 +264,16 @@ class _Reader:
 
     def left(self) -> int:
         return self.limit - self.pos
+
+    def check_fit(self, need: int, what: str, at: int) -> None:
+        """Refuse, before allocating anything, a length or count that cannot fit: in the file's
+        real size (malformed) or under the cap (too large to read)."""
+        size = self.src.size
+        if size is not None and need > size - self.pos:
+            raise GGUFError(f"{what} needs {need} bytes but only {max(size - self.pos, 0)} are left in "
+                            "the file", at)
+        if need > self.cap - self.pos:
+            raise GGUFError(f"header larger than the cap of {self.cap} bytes: {what} needs {need} bytes", at)
 
     def ensure(self, n: int, what: str) -> None:
         end = self.pos + n
@@ -331,8 +338,7 @@ class _Reader:
     def _check_string_len(self, n: int, what: str, at: int) -> None:
         if n > MAX_STRING_BYTES:
             raise GGUFError(f"{what} claims {n} bytes (more than 1 GiB)", at)
-        if n > self.left():
-            raise GGUFError(f"{what} claims {n} bytes but only {self.left()} can follow", at)
+        self.check_fit(n + (at + 8 - self.pos), f"{what} of {n} bytes", at)
 
     def string_array(self, count: int, what: str) -> tuple[str, ...]:
         """``count`` strings, parsed with plain bytes operations (no per-element numpy objects).
@@ -406,22 +412,21 @@ def _read_value(r: _Reader, vtype, key: str):
         count_at = r.pos
         count = r.u64(f"element count of '{key}'")
         elem_min = 8 if etype == VT.STRING else _SCALAR[etype][1]
-        if count > r.left() // elem_min:
-            raise GGUFError(f"'{key}' declares {count} elements of {etype.name}, more than the "
-                            f"{r.left()} bytes that can follow", count_at)
+        r.check_fit(count * elem_min, f"'{key}' with {count} elements of {etype.name}", count_at)
         if etype == VT.STRING:
             return r.string_array(count, f"'{key}'"), (VT.ARRAY, etype)
         size = _SCALAR[etype][1] * count
         r.ensure(size, f"elements of '{key}'")
-        arr = np.frombuffer(bytes(r.buf[r.pos:r.pos + size]), dtype=_NP_DTYPE[etype])
+        arr = np.frombuffer(r.buf, dtype=_NP_DTYPE[etype], count=count, offset=r.pos)
         if etype == VT.BOOL:
             if count and int(arr.max()) > 1:
                 bad = int(np.argmax(arr > 1))
                 raise GGUFError(f"'{key}' holds a bool that is neither 0 nor 1", r.pos + bad)
             arr = arr.astype(bool)
-        arr.setflags(write=False)
+        value = tuple(arr.tolist())   # plain Python values; tolist() is one C loop
+        del arr                       # release the buffer export before the buffer grows again
         r.pos += size
-        return arr, (VT.ARRAY, etype)
+        return value, (VT.ARRAY, etype)
     fmt, size = _SCALAR[vtype]
     r.ensure(size, f"value of '{key}'")
     v = struct.unpack_from(fmt, r.buf, r.pos)[0]
@@ -449,14 +454,12 @@ def _parse(r: _Reader) -> GGUFHeader:
         raise GGUFError(f"unsupported GGUF version {version} (supported: 2, 3)", 4)
     at = r.pos
     n_tensors = r.u64("the tensor count")
-    # smallest tensor info: name length 8 + n_dims 4 + one dim 8 + type 4 + offset 8
-    if n_tensors > r.left() // 32:
-        raise GGUFError(f"tensor count {n_tensors} cannot fit in the {r.left()} bytes that can follow", at)
-    at = r.pos
+    at_kv = r.pos
     n_kv = r.u64("the metadata count")
-    # smallest key/value: key length 8 + type 4 + one byte
-    if n_kv > r.left() // 13:
-        raise GGUFError(f"metadata count {n_kv} cannot fit in the {r.left()} bytes that can follow", at)
+    # smallest tensor info: name length 8 + n_dims 4 + one dim 8 + type 4 + offset 8 = 32;
+    # smallest key/value: key length 8 + type 4 + one byte = 13
+    r.check_fit(n_tensors * 32, f"tensor count {n_tensors}", at)
+    r.check_fit(n_kv * 13 + n_tensors * 32, f"metadata count {n_kv}", at_kv)
 
     metadata: dict[str, object] = {}
     vtypes: dict[str, object] = {}
@@ -660,14 +663,14 @@ class _Meta:
                 raise GGUFError(f"missing metadata key '{k}'")
             return default
         v = self.md[k]
-        if isinstance(v, np.ndarray):
-            if v.dtype.kind not in "iu":
-                raise GGUFError(f"metadata key '{k}' is an array of {v.dtype}, expected integers")
+        if isinstance(v, tuple):
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise GGUFError(f"metadata key '{k}' is an array of non-integers, expected integers")
             if len(v) != n_layer:
                 raise GGUFError(f"metadata key '{k}' has {len(v)} values for {n_layer} layers")
-            if len(v) and int(v.min()) < 0:
+            if v and min(v) < 0:
                 raise GGUFError(f"metadata key '{k}' holds a negative value")
-            return tuple(int(x) for x in v)
+            return v
         return self.int(suffix, default, required)
 
 
@@ -699,7 +702,7 @@ def swa_layers_for(arch: str, n_layer: int, n_swa: int | None, md: Mapping[str, 
     pat = md.get(pattern_key)
     n_pattern = _FIXED_SWA_PERIOD.get(arch)
     if n_pattern is None:
-        if isinstance(pat, np.ndarray) and pat.dtype.kind in "biu":
+        if isinstance(pat, tuple) and all(isinstance(x, int) for x in pat):
             if len(pat) != n_layer:
                 raise GGUFError(f"metadata key '{pattern_key}' has {len(pat)} values for {n_layer} layers")
             return tuple(i for i in range(n_layer) if bool(pat[i]))
@@ -736,7 +739,7 @@ def recurrent_layers_for(arch: str, n_layer: int, n_head_kv, full_attention_inte
         return tuple(range(n_layer))
     if arch in INTERVAL_ARCHS:
         arr = (md or {}).get(f"{arch}.attention.recurrent_layers")
-        if isinstance(arr, np.ndarray) and arr.dtype.kind in "biu":
+        if isinstance(arr, tuple) and all(isinstance(x, int) for x in arr):
             if len(arr) != n_layer:
                 raise GGUFError(f"metadata key '{arch}.attention.recurrent_layers' has {len(arr)} values "
                                 f"for {n_layer} layers")

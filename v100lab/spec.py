@@ -83,7 +83,8 @@ class ModelSpec:
     header_bytes: int = 0      # bytes before the data section (metadata + tensor infos + padding)
     data_offset: int = 0
     file_bytes: int | None = None     # real file size; None for an in-memory description
-    metadata: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    # every header key → value (arrays as tuples); not part of the hash (a mapping is unhashable)
+    metadata: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     # ---- per-layer hyperparameters (llama_hparams) --------------------------------------
     def n_head_at(self, il: int) -> int:
