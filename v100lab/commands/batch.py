@@ -1,0 +1,105 @@
+"""``v100lab batch PARAMS... [--notebooks GLOB] [--out DIR] [--no-input] [--timeout S] [--force]``.
+
+Every notebook once per parameter file (papermill), an HTML report per run and ``DIR/index.html``;
+see :mod:`v100lab.workbook`. A progress bar over the runs with one status line per run goes to
+stderr, the summary table to stdout (or one JSON document with ``--json``). Exit status 1 when any
+run failed, 2 for bad input (a missing or invalid parameter file, no notebook matching).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from v100lab import workbook
+
+NAME = "batch"
+HELP = "run every notebook for each parameter file (papermill) and export HTML reports with an index"
+
+
+def add_arguments(p):
+    p.add_argument("params", nargs="+", metavar="PARAMS", help="parameter files (params/*.yaml)")
+    p.add_argument("--notebooks", action="append", metavar="GLOB",
+                   help=f"notebooks to run, a glob or path; repeatable (default {workbook.DEFAULT_NOTEBOOKS})")
+    p.add_argument("--out", default="reports", metavar="DIR", help="output folder (default reports/)")
+    p.add_argument("--no-input", action="store_true",
+                   help="also export a reader's report without code cells (NAME.reader.html)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="per-cell execution timeout in seconds (default: none)")
+    p.add_argument("--force", action="store_true", help="re-run runs whose inputs are unchanged")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
+
+
+def _status_line(r: workbook.RunResult) -> str:
+    h = r.headline or {}
+    head = ""
+    if h.get("measured_tok_s") is not None or h.get("predicted_tok_s") is not None:
+        head = (f"  {h.get('metric', '')} measured {workbook.format_tps(h.get('measured_tok_s'))} / "
+                f"predicted {workbook.format_tps(h.get('predicted_tok_s'))} tok/s")
+    cached = " (unchanged, not re-run)" if r.cached else ""
+    reason = f"  — {r.reason}" if r.reason else ""
+    return (f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
+            f"{workbook.format_duration(r.duration_s)}{head}{reason}")
+
+
+def _stem(path: str) -> str:
+    from pathlib import Path
+
+    return Path(path).stem
+
+
+def _summary_table(result: workbook.BatchResult) -> str:
+    rows = workbook.summary_rows(result.runs)
+    header = ("scenario", "notebook", "status", "time", "measured", "predicted", "report")
+    table = [header]
+    for row in rows:
+        status = row["status"] + (" (cached)" if row["cached"] else "")
+        table.append((row["scenario"], row["notebook"], status, workbook.format_duration(row["duration_s"]),
+                      workbook.format_tps(row["measured_tok_s"]), workbook.format_tps(row["predicted_tok_s"]),
+                      row["report"] or "-"))
+    widths = [min(max(len(str(r[i])) for r in table), 40) for i in range(len(header))]
+    lines = ["  ".join(str(c)[:40].ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    n_fail = len(result.failed)
+    lines.append("")
+    lines.append(f"{len(rows)} runs, {len(rows) - n_fail} ok, {n_fail} failed; wall time "
+                 f"{workbook.format_duration(result.wall_s)}; index: {result.index}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import logging
+
+    from tqdm.auto import tqdm
+
+    if not args.verbose:
+        # papermill logs each failure as ERROR and nbconvert warns about images without alt text;
+        # the status line and the index already say what failed, so keep the progress bar readable
+        for name in ("papermill", "traitlets", "nbclient"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    patterns = args.notebooks or [workbook.DEFAULT_NOTEBOOKS]
+    notebooks = workbook.find_notebooks(patterns)
+    total = len(args.params) * len(notebooks)
+    bar = tqdm(total=total, unit="run", desc="batch", file=sys.stderr, dynamic_ncols=True)
+
+    def on_start(run, i, n):
+        bar.set_postfix_str(f"{run.scenario.scenario} × {run.notebook.stem}", refresh=True)
+
+    def on_result(r, i, n):
+        bar.write(_status_line(r), file=sys.stderr)
+        bar.update(1)
+
+    try:
+        result = workbook.run_batch(args.params, notebooks, args.out, timeout=args.timeout,
+                                    no_input=args.no_input, force=args.force, on_start=on_start,
+                                    on_result=on_result)
+    finally:
+        bar.close()
+    if args.json:
+        json.dump({"index": str(result.index), "wall_s": round(result.wall_s, 3), "ok": result.ok,
+                   "runs": workbook.summary_rows(result.runs)}, sys.stdout, indent=2)
+        print()
+    else:
+        print(_summary_table(result))
+    return 0 if result.ok else 1

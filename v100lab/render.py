@@ -1,0 +1,157 @@
+"""Safe display helpers: every string from a model file or a parameter file is escaped where it is shown.
+
+Model names, chat templates and any other GGUF metadata, and every value of a parameter file, are
+*untrusted text*: a file downloaded from a hub can carry ``<script>`` or ``<img onerror=...>``. Exported
+reports are meant to be sent to other people, so nothing from those sources may reach HTML unescaped.
+Notebooks display such strings only through these helpers:
+
+* ``md(template, **values)`` — Markdown whose *template* is trusted (written in the notebook) and whose
+  *values* are escaped for both Markdown (backslash before every punctuation character that Markdown
+  gives a meaning to, newlines folded) and HTML (``< > & " '`` as entities; nbconvert's and JupyterLab's
+  Markdown renderers pass raw HTML through, so Markdown escaping alone would not be enough).
+* ``html(template, **values)`` — the same for an HTML template (values HTML-escaped).
+* ``title(text)`` — a heading; ``code(text)`` — a ``<pre>`` block (chat templates); ``table(df)`` —
+  a DataFrame as HTML with every header, index label and cell escaped (pandas ``to_html(escape=True)``);
+  ``kv_table(mapping)`` — metadata as a two-column table.
+* ``mpl_text(value)`` — a string for matplotlib titles, labels and legends. Text drawn into a PNG is
+  pixels, so it cannot run in a browser (the inline backend's default format is PNG, and the
+  workbook keeps it). Matplotlib's SVG backend escapes text too, but ``$`` would still make mathtext
+  parse a model name as math (or fail to draw): ``mpl_text`` escapes ``$``.
+
+Plain ``print()`` output and tracebacks are escaped by nbconvert itself (as ``text/plain``), and so is a
+DataFrame shown as a cell's last expression (pandas escapes by default); raw ``IPython.display.HTML`` or
+``Markdown`` built by string concatenation is what these helpers replace.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import re
+import string
+from typing import Any, Iterable, Mapping
+
+# CommonMark lets a backslash escape any ASCII punctuation character. These are the ones that can
+# start or end Markdown syntax (emphasis, links, images, code, headings, lists, tables, math,
+# autolinks). "&", "<", ">", '"' and "'" are left to the HTML escaping that follows, so the entities
+# it writes are not broken up by backslashes.
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-.!|~$:=^])")
+_NEWLINES = re.compile(r"\s*[\r\n]+\s*")
+
+
+def escape(value: Any) -> str:
+    """HTML-escape ``str(value)``, quotes included (safe in text and in quoted attributes)."""
+    return _html.escape("" if value is None else str(value), quote=True)
+
+
+def md_escape(value: Any) -> str:
+    """Escape ``str(value)`` for use inside Markdown that is rendered to HTML (inline: newlines fold)."""
+    text = _NEWLINES.sub(" ", "" if value is None else str(value))
+    return escape(_MD_PUNCT.sub(r"\\\1", text))
+
+
+class _EscapingFormatter(string.Formatter):
+    """``str.format`` whose substituted fields are escaped after formatting (so ``{x:.1f}`` works)."""
+
+    def __init__(self, escaper):
+        self._escaper = escaper
+
+    def format_field(self, value, format_spec):
+        return self._escaper(format(value, format_spec))
+
+
+_MD = _EscapingFormatter(md_escape)
+_HTML = _EscapingFormatter(escape)
+
+
+def md_text(template: str, /, **values: Any) -> str:
+    """The Markdown text of ``md`` (for callers that assemble a larger document)."""
+    return _MD.format(template, **values)
+
+
+def md(template: str, /, **values: Any):
+    """``IPython.display.Markdown`` of ``template.format(**values)`` with every value escaped.
+
+    Example: ``md("Model **{name}** decodes at {tps:.1f} tok/s", name=spec.name, tps=42.0)``.
+    """
+    from IPython.display import Markdown
+
+    return Markdown(md_text(template, **values))
+
+
+def html_text(template: str, /, **values: Any) -> str:
+    return _HTML.format(template, **values)
+
+
+def html(template: str, /, **values: Any):
+    """``IPython.display.HTML`` of ``template.format(**values)`` with every value HTML-escaped."""
+    from IPython.display import HTML
+
+    return HTML(html_text(template, **values))
+
+
+def title(text: Any, level: int = 2):
+    """A heading whose text is escaped."""
+    from IPython.display import HTML
+
+    if level not in range(1, 7):
+        raise ValueError(f"heading level must be 1..6, got {level}")
+    return HTML(f"<h{level}>{escape(text)}</h{level}>")
+
+
+def code(text: Any, max_chars: int | None = 20000):
+    """A ``<pre>`` block of escaped text (chat templates, logs); long text is cut with a note."""
+    from IPython.display import HTML
+
+    body = "" if text is None else str(text)
+    note = ""
+    if max_chars is not None and len(body) > max_chars:
+        note = f"\n… ({len(body) - max_chars} more characters not shown)"
+        body = body[:max_chars]
+    return HTML(f"<pre>{escape(body)}{escape(note)}</pre>")
+
+
+def table_html(data, *, index: bool = False, caption: Any = None, float_format: str | None = None,
+               max_rows: int | None = None, max_colwidth: int | None = 200) -> str:
+    """Escaped HTML for a DataFrame (or anything ``pandas.DataFrame()`` accepts)."""
+    import pandas as pd
+
+    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
+    fmt = (lambda x: format(x, float_format)) if float_format else None
+    with pd.option_context("display.max_colwidth", max_colwidth):
+        body = df.to_html(escape=True, index=index, float_format=fmt, max_rows=max_rows, border=0,
+                          classes="v100lab-table", render_links=False, notebook=False)
+    head = f"<p><b>{escape(caption)}</b></p>\n" if caption is not None else ""
+    return head + body
+
+
+def table(data, **kwargs):
+    """``IPython.display.HTML`` of ``table_html(data, **kwargs)``."""
+    from IPython.display import HTML
+
+    return HTML(table_html(data, **kwargs))
+
+
+def _short(value: Any, limit: int) -> str:
+    if isinstance(value, (list, tuple)):
+        head = ", ".join(map(str, value[:8]))
+        text = f"[{head}{', …' if len(value) > 8 else ''}] ({len(value)} items)"
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+def kv_table(mapping: Mapping[str, Any] | Iterable[tuple[str, Any]], *, key: str = "key",
+             value: str = "value", limit: int = 300, caption: Any = None):
+    """Metadata as an escaped two-column table; long values and arrays are shortened."""
+    items = mapping.items() if isinstance(mapping, Mapping) else mapping
+    rows = [{key: str(k), value: _short(v, limit)} for k, v in items]
+    return table(rows, caption=caption)
+
+
+def mpl_text(value: Any) -> str:
+    """A string safe for matplotlib text: ``$`` escaped so mathtext never parses it.
+
+    PNG figures (the inline backend's default) are pixels and carry no markup; this guards the
+    figure itself (a model name with two ``$`` would render as math or fail to draw).
+    """
+    return ("" if value is None else str(value)).replace("$", r"\$")
