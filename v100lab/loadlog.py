@@ -42,8 +42,9 @@ from typing import Iterator
 
 HOST = "host"
 
-# ggml/include/ggml.h: enum ggml_log_level
-LOG_NONE, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_DEBUG, LOG_CONT = range(6)
+# ggml/include/ggml.h: enum ggml_log_level (current order; llama-cpp-python's _logger.py comment shows an
+# older one): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line)
+LOG_NONE, LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_CONT = range(6)
 
 BUFFER_KINDS = ("model", "KV", "RS", "compute", "output")
 

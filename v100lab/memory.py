@@ -612,3 +612,59 @@ def triangle_frame(specs_by_quant: Mapping[str, ModelSpec], device, contexts=(20
     grid = grid.merge(mc, on=["quant", "cache_type"], how="left")
     grid["fits"] = grid["fits"].astype(bool)
     return pd.DataFrame(grid).sort_values(["quant", "cache_type", "n_ctx"]).reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# validation against llama.cpp's own numbers (loads the model: CPU build, host only)
+# ------------------------------------------------------------------------------------------------
+
+PRINT_MIB = 0.0051  # llama.cpp prints buffer sizes as %8.2f MiB: ±0.005 MiB of rounding
+
+
+@dataclass(frozen=True)
+class BufferCheck:
+    """Predicted vs llama.cpp-reported bytes of one buffer kind on the host."""
+
+    kind: str               # weights | kv_cache | compute | output | total
+    predicted_bytes: int
+    measured_bytes: int     # from the log's MiB figure (rounded to 0.01 MiB)
+
+    @property
+    def error(self) -> float:
+        """Relative error (predicted / measured - 1); 0 where both are 0."""
+        if not self.measured_bytes:
+            return 0.0 if not self.predicted_bytes else float("inf")
+        return self.predicted_bytes / self.measured_bytes - 1
+
+    def within(self, rel: float) -> bool:
+        """|error| ≤ rel, allowing for the log's two-decimal rounding of MiB."""
+        slack = max(rel * self.measured_bytes, PRINT_MIB * 2**20 * (2 if self.kind == "total" else 1))
+        return abs(self.predicted_bytes - self.measured_bytes) <= slack
+
+
+def check_against_llama(model_path, cfg: RunConfig, spec: ModelSpec | None = None):
+    """Load ``model_path`` with ``cfg`` in llama.cpp (CPU build), read its buffer sizes from the log, and
+    compare them with this module's plan for the host. Returns (checks by kind, LoadFacts, MemoryPlan).
+    Raises RunFailed when llama.cpp refuses the configuration."""
+    from v100lab.header import read_spec
+    from v100lab.loadlog import load_and_capture
+
+    spec = spec or read_spec(model_path)
+    facts, _ = load_and_capture(model_path, cfg)
+    # mirror llama.cpp's own flash-attention decision (auto resolves per backend) for the compute estimate
+    fa = {"enabled": "on", "disabled": "off"}.get(facts.flash_attn or "", cfg.flash_attn)
+    p = plan(spec, [], cfg.with_(flash_attn=fa), with_max_ctx=False)
+    h = p.devices[HOST]
+    m = facts.by_device().get(HOST, {})
+
+    def b(mib: float) -> int:
+        return int(round(mib * 2**20))
+
+    measured = {"weights": b(m.get("model", 0.0)), "kv_cache": b(m.get("KV", 0.0) + m.get("RS", 0.0)),
+                "compute": b(m.get("compute", 0.0)), "output": b(m.get("output", 0.0))}
+    predicted = {"weights": h.weights_bytes, "kv_cache": h.kv_cache_bytes + h.recurrent_bytes,
+                 "compute": h.compute_bytes, "output": h.output_bytes}
+    measured["total"] = sum(measured.values())
+    predicted["total"] = sum(predicted.values())
+    checks = {k: BufferCheck(k, predicted[k], measured[k]) for k in measured}
+    return checks, facts, p

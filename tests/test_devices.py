@@ -1,0 +1,115 @@
+"""The device catalog (data, one source per row) and the measured host."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from v100lab import devices
+from v100lab.errors import DeviceError
+
+APPLE_CSV = Path("/work/shared/data/apple_silicon_llama7b.csv")
+REQUIRED_IDS = ("v100-16gb", "v100-32gb", "v100-sxm2-16gb", "v100-sxm2-32gb", "p40", "p100-16gb", "t4", "a10",
+                "a100-40gb", "a100-80gb", "l4", "l40s", "h100-sxm", "h100-pcie", "h200", "rtx-3090", "rtx-4090",
+                "rtx-5090")
+
+
+def test_catalog_has_the_issue_devices_with_sources_and_units():
+    cat = devices.catalog()
+    for dev_id in REQUIRED_IDS:
+        assert dev_id in cat, dev_id
+    for d in cat.values():
+        assert d.source_url.startswith("https://"), d.id
+        assert d.memory_gib > 0 and d.bandwidth_gbs > 0
+        assert d.kind in devices.KINDS
+        if d.kind == "gpu":
+            assert d.compute_capability and d.host_link_gbs and d.runtime_overhead_mib > 0 and d.fp16_tflops
+    v100 = cat["v100-16gb"]
+    assert v100.capacity_bytes == 16 * 2**30
+    assert v100.bandwidth_bytes_per_s == 900e9
+    assert v100.compute_capability == "7.0"
+    # ids are unique and lower-case (the file is the one source of truth)
+    assert all(k == k.lower() for k in cat)
+
+
+@pytest.mark.skipif(not APPLE_CSV.exists(), reason="shared reference data not present")
+def test_apple_rows_match_the_reference_table():
+    apple = [d for d in devices.catalog().values() if d.kind == "apple"]
+    with APPLE_CSV.open() as f:
+        pairs = {(r["chip"], float(r["bandwidth_gbs"])) for r in csv.DictReader(f)}
+    for chip, bw in pairs:
+        match = [d for d in apple if d.bandwidth_gbs == bw and d.name.startswith(f"Apple {chip} ")]
+        assert match, f"no catalog row for {chip} at {bw} GB/s"
+    for d in apple:   # and no Apple row the table does not back
+        assert any(d.name.startswith(f"Apple {chip} ") and d.bandwidth_gbs == bw for chip, bw in pairs), d.id
+
+
+def test_unknown_id_names_it_and_the_known_ones():
+    with pytest.raises(DeviceError) as exc:
+        devices.get_device("v100-17gb")
+    msg = str(exc.value)
+    assert "v100-17gb" in msg and "v100-16gb" in msg and "host" in msg
+    assert "\n" not in msg
+
+
+def test_device_files_yaml_and_json(tmp_path):
+    y = tmp_path / "mycard.yaml"
+    y.write_text("name: My card\nkind: gpu\nmemory_gib: 12\nbandwidth_gbs: 360\nruntime_overhead_mib: 300\n"
+                 "compute_capability: 8.6\nsource_url: https://example.org/card\n")
+    d = devices.get_device(str(y))
+    assert d.id == "mycard" and d.memory_gib == 12 and d.compute_capability == "8.6"
+    assert d.overhead_bytes == 300 * 2**20
+    j = tmp_path / "card.json"
+    j.write_text(json.dumps({"devices": [{"id": "x", "name": "X", "kind": "apple", "memory_gib": 8,
+                                          "bandwidth_gbs": 100}]}))
+    assert devices.get_device(j).kind == "apple"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("name: A\nkind: gpu\nmemory_gib: 12\n", ["bandwidth_gbs"]),                                # missing field
+    ("name: A\nkind: gpu\nmemory_gib: 12\nbandwidth_gbs: 1\nvram: 3\n", ["unknown", "vram"]),  # unknown key
+    ("name: A\nkind: tpu\nmemory_gib: 12\nbandwidth_gbs: 1\n", ["kind", "tpu"]),
+    ("name: A\nkind: gpu\nmemory_gib: -1\nbandwidth_gbs: 1\n", ["memory_gib"]),
+    ("name: [unclosed\n", ["YAML"]),
+])
+def test_bad_device_files_are_one_line_errors(tmp_path, text, words):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(DeviceError) as exc:
+        devices.get_device(p)
+    for w in words:
+        assert w in str(exc.value)
+
+
+def test_missing_device_file(tmp_path):
+    with pytest.raises(DeviceError):
+        devices.get_device(tmp_path / "nope.yaml")
+
+
+def test_host_is_measured_cached_and_keeps_other_fields(fresh_cache):
+    import psutil
+
+    h = devices.get_device("host")
+    assert h.kind == "cpu" and h.id == "host"
+    assert abs(h.capacity_bytes - psutil.virtual_memory().total) < 2**20 * 2
+    assert h.bandwidth_gbs > 0.5        # measured, whatever the machine
+    bw = h.extra["bandwidth_measurement"]
+    assert bw["threads"] >= 1 and len(bw["samples_gbs"]) >= 3 and bw["cv"] >= 0
+    path = devices.host_profile_path()
+    assert path.parent == fresh_cache and path.exists()
+    # another tool (v100lab calibrate) adds its own fields; reading keeps them, and no re-measurement happens
+    devices.write_host_profile({"calibration": {"tg_efficiency": 0.7}})
+    again = devices.get_device("host")
+    assert again.extra["calibration"] == {"tg_efficiency": 0.7}
+    assert again.bandwidth_gbs == h.bandwidth_gbs
+    assert json.loads(path.read_text())["measured_at"] == h.extra["measured_at"]
+
+
+def test_host_profile_from_another_machine_is_remeasured(fresh_cache):
+    devices.write_host_profile({"id": "host", "name": "other", "kind": "cpu", "memory_gib": 1, "bandwidth_gbs": 1,
+                                "fingerprint": {"hostname": "elsewhere", "cpu_count": 999, "ram_bytes": 1}})
+    h = devices.get_device("host")
+    assert h.extra["fingerprint"]["hostname"] != "elsewhere"

@@ -1,0 +1,98 @@
+"""``v100lab plan MODEL --device D [llama.cpp flags] [--depth N] [--n-prompt N] [--json]``.
+
+Where llama.cpp will put every byte — weights, KV cache, recurrent state, compute and output buffers,
+runtime overhead — on each device, whether it fits, and the largest context that would. Nothing is
+loaded: MODEL is read as a header only (path, http(s) URL, zoo alias) or is a skeleton
+(``skeleton:ARCH:QUANT``, e.g. ``skeleton:qwen35-27b:Q4_K_M``).
+
+JSON keys (a contract): devices (name → weights_bytes, kv_cache_bytes, recurrent_bytes, compute_bytes,
+output_bytes, overhead_bytes, total_bytes, capacity_bytes), fits, offloaded_layers, n_layer_total,
+max_ctx, warnings; plus model, quant, device, n_ctx, n_ctx_seq, n_ubatch, flash_attn, config.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from v100lab import config as config_mod
+from v100lab.errors import ConfigError
+
+NAME = "plan"
+HELP = "predict llama.cpp's memory per device (weights, KV, compute, output), whether it fits, and the largest context"
+
+SKELETON_PREFIX = "skeleton:"
+
+
+def add_arguments(p):
+    p.add_argument("model", metavar="MODEL",
+                   help="path, http(s) URL, alias (default, gemma3-270m, synth-tiny:Q4_0) or skeleton:ARCH:QUANT")
+    p.add_argument("--device", "-d", action="append", metavar="D", required=True,
+                   help="catalog id (v100-16gb, t4, apple-m2-max, ...), 'host', or a YAML/JSON device file; "
+                        "repeat for several GPUs (layers split by --tensor-split)")
+    config_mod.add_flag_arguments(p)
+    p.add_argument("--depth", type=int, default=0, help="tokens already in the context (for the speed prediction)")
+    p.add_argument("--n-prompt", type=int, default=512, help="prompt tokens (for the speed prediction)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def load_spec(model: str):
+    """A ModelSpec from a header (path, URL, alias) or a skeleton (``skeleton:ARCH:QUANT``)."""
+    if model.startswith(SKELETON_PREFIX):
+        from v100lab.skeleton import skeleton_spec
+
+        arch, _, quant = model[len(SKELETON_PREFIX):].partition(":")
+        if not arch or not quant:
+            raise ConfigError(f"skeleton model must be skeleton:ARCH:QUANT, got '{model}'")
+        return skeleton_spec(arch, quant)
+    from v100lab.header import read_spec
+
+    return read_spec(model)
+
+
+def build_document(spec, devices, cfg, mplan, args) -> dict:
+    """The JSON document. Other predictions (speed) are added to it as extra keys by their own code."""
+    doc = mplan.as_json()
+    doc.update({"model": spec.name, "quant": spec.file_type, "device": [d.id for d in devices],
+                "n_ctx": mplan.n_ctx, "n_ctx_seq": mplan.n_ctx_seq, "n_ubatch": mplan.n_ubatch,
+                "flash_attn": mplan.flash_attn, "config": cfg.as_dict()})
+    return doc
+
+
+def _human(doc: dict) -> str:
+    gib = 2**30
+    lines = [f"{doc['model']} ({doc['quant']}) on {' + '.join(doc['device'])}: n_ctx {doc['n_ctx']} "
+             f"(per sequence {doc['n_ctx_seq']}), n_ubatch {doc['n_ubatch']}, flash attention "
+             f"{'on' if doc['flash_attn'] else 'off'}",
+             f"layers on the GPU: {doc['offloaded_layers']}/{doc['n_layer_total']}", "",
+             f"{'device':<16}{'weights':>9}{'KV':>9}{'recur.':>9}{'compute':>9}{'output':>9}{'overhd':>9}"
+             f"{'total':>9}{'capacity':>10}  (GiB)"]
+    for name, d in doc["devices"].items():
+        lines.append(f"{name:<16}" + "".join(f"{d[k] / gib:>9.2f}" for k in (
+            "weights_bytes", "kv_cache_bytes", "recurrent_bytes", "compute_bytes", "output_bytes", "overhead_bytes",
+            "total_bytes")) + f"{d['capacity_bytes'] / gib:>10.2f}")
+    lines += ["", f"fits: {'yes' if doc['fits'] else 'NO'}    largest context that fits: {doc['max_ctx']}"]
+    lines += [f"warning: {w}" for w in doc["warnings"]]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from v100lab.devices import get_device
+    from v100lab.memory import plan
+
+    cfg = config_mod.from_flag_args(args)
+    spec = load_spec(args.model)
+    devices = [get_device(d) for d in args.device]
+    mplan = plan(spec, devices, cfg)
+    doc = build_document(spec, devices, cfg, mplan, args)
+    if args.depth < 0 or args.n_prompt < 0:
+        raise ConfigError("--depth and --n-prompt must be >= 0")
+    if args.depth + args.n_prompt > mplan.n_ctx_seq:
+        doc["warnings"].append(f"depth {args.depth} + n_prompt {args.n_prompt} exceeds the context per sequence "
+                               f"({mplan.n_ctx_seq})")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    else:
+        print(_human(doc))
+    return 0
