@@ -353,7 +353,7 @@ class _Reader:
         unpack = _U64.unpack_from
         pieces = []
         append = pieces.append
-        starts = []
+        first = pos
         for _ in range(count):
             if pos + 8 > blen:
                 self.pos = pos
@@ -361,15 +361,13 @@ class _Reader:
                 blen = len(buf)
             n = unpack(buf, pos)[0]
             end = pos + 8 + n
-            if end > blen:
+            if end > blen or n > MAX_STRING_BYTES:
                 self.pos = pos
                 self._check_string_len(n, f"a string in {what}", pos)
                 self.pos = pos + 8
                 self.ensure(n, f"a string in {what}")
                 blen = len(buf)
-            pos += 8
-            starts.append(pos)
-            append(buf[pos:end])
+            append(buf[pos + 8:end])
             pos = end
         self.pos = pos
         joined = b"\x00".join(pieces)
@@ -380,11 +378,14 @@ class _Reader:
         if text is not None and joined.count(0) == max(count - 1, 0):
             return tuple(text.split("\x00")) if count else ()
         out = []
-        for at, piece in zip(starts, pieces):
+        at = first
+        for piece in pieces:
+            at += 8
             try:
                 out.append(piece.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise GGUFError(f"a string in {what} is not valid UTF-8", at + exc.start) from None
+            at += len(piece)
         return tuple(out)
 
 
