@@ -170,6 +170,12 @@ def test_newer_flash_attention_lines_and_old_buffer_format():
     f2 = loadlog.parse_load_log("sched_reserve: Flash Attention was auto, set to enabled\n"
                                 "llama_context:      Metal compute buffer size =   304.00 MiB\n")
     assert f2.flash_attn == "enabled" and f2.by_device() == {"Metal": {"compute": 304.0}}
+    # src/llama-context.cpp, resolve_fused_ops: "%s: layer %d is assigned to device %s but %s is assigned to
+    # device %s (usually due to missing support)" then "%s: %s not supported, set to disabled"
+    f3 = loadlog.parse_load_log(
+        "resolve_fused_ops: layer 2 is assigned to device CUDA0 but Flash Attention is assigned to device CPU "
+        "(usually due to missing support)\nresolve_fused_ops: Flash Attention not supported, set to disabled\n")
+    assert f3.flash_attn == "disabled" and len(f3.cpu_fallbacks) == 1
 
 
 def test_empty_and_garbage_logs_give_empty_facts():

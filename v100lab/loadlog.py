@@ -201,8 +201,10 @@ _RE_ISWA = re.compile(r"creating +(non-SWA|SWA) KV cache, size = (\d+) cells")
 _RE_CTX_PARAM = re.compile(r"^llama_context: (n_ctx|n_ctx_seq|n_ctx_per_seq|n_batch|n_ubatch|n_seq_max|"
                            r"flash_attn|kv_unified|causal_attn) += (\S+)")
 _RE_FA_AUTO = re.compile(r"Flash Attention was auto, set to (enabled|disabled)")
-_RE_FA_FUSED = re.compile(r"^\w+: Flash Attention (enabled|disabled)\s*$")
-_RE_FA_CPU = re.compile(r"layer \d+ is assigned to device \S+ but the Flash Attention tensor is assigned to device")
+# newer builds (llama_context::resolve_fused_ops): "Flash Attention enabled" /
+# "Flash Attention not supported, set to disabled"
+_RE_FA_FUSED = re.compile(r"^\w+: Flash Attention (?:not supported, set to )?(enabled|disabled)\s*$")
+_RE_FA_CPU = re.compile(r"layer \d+ is assigned to device \S+ but (?:the )?Flash Attention(?: tensor)? is assigned to device")
 _RE_GRAPH_NODES = re.compile(r"graph(?: nodes)? *(?:=|:) *(\d+)|graph: nodes = (\d+), splits = (\d+)")
 _RE_GRAPH_SPLITS = re.compile(r"graph splits = (\d+)")
 _RE_PRINT_INFO = re.compile(r"^print_info: ([\w .()-]+?) += (.*)$")

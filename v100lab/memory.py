@@ -457,8 +457,6 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
             d = accel[gpu_ids.index(dev_id)]
             cap, over, out_b = d.capacity_bytes, d.overhead_bytes, 0
         w = weights.get(dev_id, 0)
-        if dev_id == HOST and not (w or kv or rs or layers or has_out) and gpu_ids:
-            pass
         devmem[dev_id] = DeviceMemory(weights_bytes=w, kv_cache_bytes=kv, recurrent_bytes=rs, compute_bytes=compute,
                                       output_bytes=out_b, overhead_bytes=over, capacity_bytes=cap, layers=layers,
                                       has_output_layer=has_out)
