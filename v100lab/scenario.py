@@ -273,13 +273,13 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def _reject_unknown(data: Mapping[str, Any], where: str) -> None:
+def _reject_unknown(data: Mapping[str, Any], where: str, hint_all: str = "") -> None:
     known = keys()
     for key in data:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{where}: unknown scenario key '{key}'{hint}")
+            raise ConfigError(f"{where}: unknown scenario key '{key}'{hint}{hint_all}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,7 +345,8 @@ def notebook_parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
 
     Ignored: names starting with "_", IPython's own names (``In``, ``Out``, ``get_ipython``, ... and
     whatever the shell lists as hidden), modules, and callables (functions, classes — the notebook's
-    imports). Every other name counts as a scenario key.
+    imports), and a ``Scenario`` (the validation cell's own result, when it is run again by hand).
+    Every other name counts as a scenario key.
     """
     hidden: set[str] = set()
     getter = namespace.get("get_ipython")
@@ -359,8 +360,8 @@ def notebook_parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in namespace.items():
         if name.startswith("_") or name in _IPYTHON_NAMES or (name in hidden and name not in keys()):
             continue
-        if isinstance(value, types.ModuleType) or callable(value):
-            continue
+        if isinstance(value, (types.ModuleType, Scenario)) or callable(value):
+            continue  # imports, and the validated scenario itself (re-running the cell by hand)
         out[name] = value
     return out
 
@@ -369,7 +370,10 @@ def from_notebook(namespace: Mapping[str, Any]) -> Scenario:
     """Validate a notebook's parameters: call ``from_notebook(globals())`` right after the parameters
     cell (papermill's injected cell, if any, sits between them). Unknown name → ConfigError naming it."""
     data = notebook_parameters(namespace)
-    _reject_unknown(data, "notebook parameters")
+    hint = ""
+    if callable(namespace.get("get_ipython")):
+        hint = "; names defined after this cell count too: run the notebook from the top"
+    _reject_unknown(data, "notebook parameters", hint)
     return Scenario(**data)
 
 

@@ -333,11 +333,13 @@ def _mark_failure(executed: Path, reason: str) -> int | None:
     if not started:
         return None
     index = started[-1]
-    style = 'style="color:red; font-family:Helvetica Neue, Helvetica, Arial, sans-serif; font-size:2em;"'
+    # HTML blocks (a <div> on its own line) pass through Markdown renderers intact; inline spans
+    # like papermill's own markers get split up by nbconvert's renderer
+    style = 'style="color:#b00020; font-size:1.5em; font-weight:600;"'
     banner = nbformat.v4.new_markdown_cell(
-        f'<span {style}>Execution stopped at <a href="#{ERROR_ANCHOR}">this cell</a>: {escape(reason)}</span>')
+        f'<div {style}>\nExecution stopped: {escape(reason)}. <a href="#{ERROR_ANCHOR}">Go to the cell.</a>\n</div>')
     anchor = nbformat.v4.new_markdown_cell(
-        f'<span id="{ERROR_ANCHOR}" {style}>Execution stopped here: {escape(reason)}</span>')
+        f'<div id="{ERROR_ANCHOR}" {style}>\nExecution stopped here: {escape(reason)}\n</div>')
     for c in (banner, anchor):
         c.metadata["tags"] = [ERROR_MARKER_TAG]
     nb.cells.insert(index, anchor)
@@ -554,13 +556,14 @@ def _ratio(h: dict | None) -> str:
 
 
 def _href(rel: str) -> str:
-    return escape(quote(rel))
+    return escape(quote(rel, safe="/#"))
 
 
 _INDEX_CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; font-size: 0.92em; }
-th, td { border-bottom: 1px solid #ddd; padding: 0.35em 0.7em; text-align: left; vertical-align: top; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.35em 0.7em; text-align: left; vertical-align: top;
+         max-width: 24em; overflow-wrap: anywhere; }
 th { background: #f4f4f4; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .ok { color: #176f2c; font-weight: 600; }
@@ -607,7 +610,7 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
             f"<td class='num'>{escape(format_tps(h.get('predicted_tok_s')))}</td>"
             f"<td class='num'>{escape(_ratio(h))}</td><td>{' · '.join(links) or '—'}</td>"
             "</tr>")
-    summary = (f"{len(results)} runs, {len(results) - n_fail} ok, {n_fail} failed"
+    summary = (f"{len(results)} run{'s' if len(results) != 1 else ''}, {len(results) - n_fail} ok, {n_fail} failed"
                + (f", {n_cached} unchanged (not re-run)" if n_cached else "")
                + f". Batch wall time {format_duration(wall_s)}; run time of the listed runs "
                f"{format_duration(run_sum)}.")

@@ -62,7 +62,7 @@ def _summary_table(result: workbook.BatchResult) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     n_fail = len(result.failed)
     lines.append("")
-    lines.append(f"{len(rows)} runs, {len(rows) - n_fail} ok, {n_fail} failed; wall time "
+    lines.append(f"{len(rows)} run{'s' if len(rows) != 1 else ''}, {len(rows) - n_fail} ok, {n_fail} failed; wall time "
                  f"{workbook.format_duration(result.wall_s)}; index: {result.index}")
     return "\n".join(lines)
 
