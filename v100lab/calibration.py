@@ -52,14 +52,17 @@ PROFILE_KEY = "speed_calibration"
 # ------------------------------------------------------------------------------------------------
 
 # Weight types: 8 layers of n_embd 1024 (90 M weights in the layers, 50 M in the output matrix): large
-# enough to stream from DRAM (L3 here: 32 MiB), small enough to measure in a second.
+# enough to stream from DRAM (L3 here: 32 MiB), small enough to measure in a second. Each rung is *pure*
+# (every matrix, the output included, of one type) so that one measurement gives one type's cost.
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
 # Per-layer overhead and attention: many thin layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads).
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
-CALIB_QUANTS = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q4_1", "Q5_0", "Q3_K_M", "Q2_K")
+# ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
+CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "Q4_K": "Q4_K_M", "Q4_0": "Q4_0",
+               "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q3_K": "Q3_K_M", "Q2_K": "Q2_K"}
 CALIB_DEPTHS = (1024, 2048)
 CALIB_N_GEN = 16
-CALIB_N_PROMPT = 128
+CALIB_N_PROMPT = 64
 NOISY_CV = 0.10
 
 
@@ -69,31 +72,64 @@ class CalPoint:
 
     label: str
     synth: zoo.SynthSpec
-    quant: str
+    type_name: str
     depth: int = 0
     prompt: bool = True
 
     @property
     def name(self) -> str:
-        return f"{self.label}:{self.quant}" + (f"@d{self.depth}" if self.depth else "")
+        return f"{self.label}:{self.type_name}" + (f"@d{self.depth}" if self.depth else "")
 
 
 def calibration_points() -> list[CalPoint]:
-    pts = [CalPoint("calib-wide", CALIB_WIDE, q) for q in CALIB_QUANTS]
+    pts = [CalPoint("calib-wide", CALIB_WIDE, t) for t in CALIB_TYPES]
     pts += [CalPoint("calib-deep", CALIB_DEEP, "F16"), CalPoint("calib-deep", CALIB_DEEP, "Q4_0")]
     pts += [CalPoint("calib-deep", CALIB_DEEP, "F16", depth=d, prompt=False) for d in CALIB_DEPTHS]
     return pts
 
 
+def pure_quantized_path(src, type_name: str):
+    """``src`` (an F16 synthetic model) with every matrix — output and embeddings included — in
+    ``type_name``: llama.cpp's quantizer with ``pure`` and explicit output/embedding types. Cached."""
+    import gguf
+    import llama_cpp
+
+    if type_name == "F16":
+        return src
+    ftype = CALIB_TYPES.get(type_name)
+    if ftype is None:
+        raise ConfigError(f"no calibration rung for type '{type_name}' (known: {', '.join(CALIB_TYPES)})")
+    stem = src.name.removesuffix(".gguf").removesuffix("-F16")
+    path = zoo.cache_dir() / f"{stem}-pure-{type_name}.gguf"
+    tid = int(gguf.GGMLQuantizationType[type_name])
+    recipe = {"kind": "pure-quantized", "type": type_name, "ftype": ftype, "llama_cpp_python": llama_cpp.__version__,
+              "source": src.name, "source_size": src.stat().st_size}
+
+    def write(tmp):
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = zoo.ftype_of(ftype)
+        params.pure = True
+        params.output_tensor_type = tid
+        params.token_embedding_type = tid
+        import os
+
+        params.nthread = os.cpu_count() or 1
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        if rc != 0:
+            raise V100labError(f"llama.cpp's quantizer failed on {src.name} → pure {type_name} (return code {rc})")
+
+    return zoo.build_atomically(path, recipe, write)
+
+
 def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
-    """Build (once; cached) every calibration model: (label, quant) → path."""
+    """Build (once; cached) every calibration model: (label, type) → path."""
     out = {}
-    for label, synth, quants in (("calib-wide", CALIB_WIDE, CALIB_QUANTS), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0"))):
+    for label, synth, types in (("calib-wide", CALIB_WIDE, tuple(CALIB_TYPES)), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0"))):
         f16 = zoo.synthetic_path(synth)
-        for q in quants:
+        for t in types:
             if progress:
-                progress(f"{label}:{q}")
-            out[(label, q)] = f16 if q == "F16" else zoo.quantized_path(f16, q)
+                progress(f"{label}:{t}")
+            out[(label, t)] = pure_quantized_path(f16, t)
     return out
 
 
@@ -108,7 +144,7 @@ def calibration_stems() -> set[str]:
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per token of one test: median over repetitions, with its coefficient of variation."""
+    """Seconds per token of one test: best of the repetitions, with the coefficient of variation."""
 
     s_per_token: float
     cv: float
@@ -116,8 +152,10 @@ class Timing:
 
 
 def _timing(samples_ns: Sequence[int], n_tokens: int) -> Timing:
+    """Best of the repetitions: on a shared machine another process only ever slows a repetition down,
+    so the fastest is the best estimate of the machine's own speed (the CV says how noisy it was)."""
     per = [ns / 1e9 / n_tokens for ns in samples_ns]
-    med = statistics.median(per)
+    med = min(per)
     tps = [1.0 / p for p in per]
     cv = statistics.stdev(tps) / statistics.fmean(tps) if len(tps) > 1 else 0.0
     return Timing(med, cv, tuple(per))
@@ -210,12 +248,14 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
 
     cfg = RunConfig(flash_attn="auto")
     types = sorted({t for p in points for t in _single_device_work(p["spec"], cfg, p["depth"]).weights})
-    # decode: t = o_tok + o_layer (L + 1) + Σ n_T c_T + attn c_attn + (other bytes) / bandwidth
+    # decode: t = o_layer (L + 1) + Σ n_T c_T + attn c_attn + (other bytes) / bandwidth. A separate
+    # per-token constant is not identifiable from two model shapes; graph and sync costs grow with the
+    # number of layers, so the overhead is per layer (the output layer counting as one).
     rows, y, wts = [], [], []
     for p in points:
         w = _single_device_work(p["spec"], cfg, p["depth"])
         known = (w.other_bytes + w.state_bytes) / (bandwidth_gbs * 1e9)
-        rows.append([1.0, p["spec"].n_layer + 1.0] + [w.weights[t].n_weights if t in w.weights else 0.0 for t in types]
+        rows.append([p["spec"].n_layer + 1.0] + [w.weights[t].n_weights if t in w.weights else 0.0 for t in types]
                     + [w.attn_ops])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
@@ -223,7 +263,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs, c_attn = x[0], x[1], dict(zip(types, x[2:-1])), x[-1]
+    o_tok, o_layer, costs, c_attn = 0.0, x[0], dict(zip(types, x[1:-1])), x[-1]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached, relative to the STREAM figure (>= 1 keeps the
@@ -289,7 +329,10 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         raise ConfigError(f"calibrate: thread counts must be >= 1, got {list(threads)}")
     say = progress or (lambda s: None)
     say("building calibration models (cached after the first run)")
-    paths = calibration_model_paths()
+    from v100lab.loadlog import capture_llama_log
+
+    with capture_llama_log():          # the quantizer's per-tensor log stays out of the terminal
+        paths = calibration_model_paths()
     specs = {k: read_spec(p) for k, p in paths.items()}
     result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
@@ -307,9 +350,9 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         pts = []
         for cp in calibration_points():
             say(f"{cp.name}, {th} thread(s)")
-            tm = measure(paths[(cp.label, cp.quant)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
+            tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
                          n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions)
-            pts.append({"spec": specs[(cp.label, cp.quant)], "depth": cp.depth + CALIB_N_GEN // 2,
+            pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
                         "tg": tm["tg"].s_per_token, "pp": tm["pp"].s_per_token if "pp" in tm else None,
                         "n_prompt": CALIB_N_PROMPT})
             result["points"].append({"config": cp.name, "threads": th, "tg_tps": round(1 / tm["tg"].s_per_token, 2),

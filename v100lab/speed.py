@@ -767,6 +767,7 @@ def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_fi
 
     claims = load_seed_claims(claims_file)
     arch = arch or claims["model"]["arch"]
+    own = {c["quant"]: float(c["claimed_ceiling_tps"]) for c in claims.get("ceiling_table", [])}
     rows: list = []
     for stage in claims["stages"]:
         pred, spec, note = seed_stage_prediction(stage, claims, device, arch)
@@ -779,6 +780,8 @@ def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_fi
             above_plain = v > plain
             why = "impossible: above the strict ceiling" if above else (
                 "above the seed's plain ceiling (bandwidth / file size)" if above_plain else "")
+            if stage["quant"] in own and v > own[stage["quant"]]:
+                why = "; ".join(x for x in (why, f"above the seed's own ceiling ({own[stage['quant']]:g})") if x)
             rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device,
                                     lever="stage", value=label, metric="tg_tps", result=v, unit="tok/s",
                                     source="claimed", above_ceiling=above,

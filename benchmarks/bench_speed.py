@@ -1,0 +1,215 @@
+"""Validate the speed model: (a) this machine, (b) published Apple Silicon rows, (c) the seed's staircase.
+
+    flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_speed.py            # all three parts
+    .venv/bin/python benchmarks/bench_speed.py --part apple,seed                          # no measuring
+
+(a) needs a calibrated host (``v100lab calibrate``). Calibration measured only its own synthetic models
+(``calib-wide`` pure-type rungs, ``calib-deep``); every configuration judged here uses other models —
+the synth-750m quant ladder (llama.cpp's usual mixes), the default model (SmolLM2-135M Q4_1) and
+gemma3-270m (Q4_K_M, sliding window) — and the script refuses to judge a calibration model.
+Measured: llama-bench's method through the in-process backend (warmup, then the best of ``-r``
+repetitions, CV recorded, a noisy test rerun once). tg is predicted at depth + n_gen / 2 (the middle of
+the generated tokens).
+
+(b) each chip predicted by a fit on the *other* chips (leave-one-chip-out); in-sample figures are printed
+only to show how optimistic they would be. (c) predicted tok/s on v100-16gb per stage beside the claims;
+claims above the strict ceiling are marked impossible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from v100lab import calibration, speed, zoo
+from v100lab.config import RunConfig
+from v100lab.devices import get_device
+from v100lab.header import read_spec
+
+N_GEN = 32
+N_PROMPT = 512
+
+# (alias, threads, depth, with pp512) — the validation set; none of these models is used by calibration
+VALIDATION = (
+    [(f"synth-750m:{q}", 2, 0, True) for q in ("F16",) + zoo.LADDER]
+    + [(f"synth-750m:{q}", 1, 0, False) for q in ("Q8_0", "Q4_K_M", "Q4_0", "Q2_K")]
+    + [("synth-750m:Q4_K_M", 2, 1024, False), ("synth-750m:Q4_0", 2, 2048, False)]
+    + [("default", 2, d, d == 0) for d in (0, 1024, 4096)] + [("default", 1, 0, True)]
+    + [("gemma3-270m", 2, d, d == 0) for d in (0, 1024, 4096)] + [("gemma3-270m", 1, 0, True)]
+)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def host_part(quick: bool, repetitions: int) -> dict:
+    cal = calibration.stored_calibration()
+    if not cal:
+        sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
+    stems = calibration.calibration_stems()
+    host = get_device("host")
+    rows = []
+    configs = VALIDATION[::3] if quick else VALIDATION
+    for alias, threads, depth, with_pp in configs:
+        path = zoo.resolve(alias)
+        if any(path.name.startswith(s) for s in stems):
+            sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
+        spec = read_spec(path)
+        n_ctx = max(1024, ((depth + max(N_GEN, N_PROMPT) + 256) // 256 + 1) * 256)
+        t0 = time.perf_counter()
+        m = calibration.measure(path, threads, depth=depth, n_gen=N_GEN, n_prompt=N_PROMPT if with_pp else 0,
+                                repetitions=repetitions, n_ctx=n_ctx)
+        cfg = RunConfig(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=0)
+        p_tg = speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2)
+        p_pp = speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT) if with_pp else None
+        for test, meas, pred in (("tg", m["tg"], p_tg.tg_tps), ("pp", m.get("pp"), p_pp.pp_tps if p_pp else None)):
+            if meas is None:
+                continue
+            mt = 1.0 / meas.s_per_token
+            rows.append({"model": alias, "file_type": spec.file_type, "threads": threads, "depth": depth,
+                         "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
+                         "cv": round(meas.cv, 4), "predicted_tps": round(pred, 2), "error": pred / mt - 1,
+                         "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
+                         "ceiling_tg_tps": round(p_tg.ceiling_tg_tps, 1) if test == "tg" else None,
+                         "above_ceiling": bool(test == "tg" and mt > p_tg.strict_ceiling_tg_tps)})
+        print(f"  {alias:<20} t{threads} d{depth:<5} tg {rows[-1 - (1 if with_pp else 0)]['measured_tps']:>7} "
+              f"pred {p_tg.tg_tps:7.2f}  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    out = {"rows": rows, "calibration_points": [p["config"] for p in cal.get("points", [])][:20],
+           "calibration_measured_at": cal.get("measured_at")}
+    for test in ("tg", "pp"):
+        errs = [abs(r["error"]) for r in rows if r["test"].startswith(test)]
+        if errs:
+            out[f"{test}_median_abs_error"] = statistics.median(errs)
+            out[f"{test}_worst_abs_error"] = max(errs)
+            out[f"{test}_n"] = len(errs)
+    return out
+
+
+def print_host(res: dict) -> None:
+    print("### (a) this machine: measured vs predicted (configurations never used in calibration)\n")
+    print("| model | type | threads | depth | test | measured t/s | cv | predicted t/s | error | bound |")
+    print("|---|---|--:|--:|---|--:|--:|--:|--:|---|")
+    for r in res["rows"]:
+        flag = " **above ceiling**" if r["above_ceiling"] else ""
+        print(f"| {r['model']} | {r['file_type']} | {r['threads']} | {r['depth']} | {r['test']} | {r['measured_tps']}{flag} "
+              f"| {100 * r['cv']:.1f} % | {r['predicted_tps']} | {_pct(r['error'])} | {r['bound']} |")
+    for test in ("tg", "pp"):
+        if f"{test}_n" in res:
+            print(f"\n{test}: median |error| {100 * res[f'{test}_median_abs_error']:.1f} %, worst "
+                  f"{100 * res[f'{test}_worst_abs_error']:.1f} % over {res[f'{test}_n']} configurations")
+    print()
+
+
+def apple_part() -> dict:
+    loco = calibration.apple_rows("leave-one-chip-out")
+    insample = calibration.apple_rows("none")
+    out = {"rows": loco.to_dict("records")}
+    for name, df in (("loco", loco), ("in_sample", insample)):
+        d = df[df["comparable"]]
+        for test in ("tg128", "pp512"):
+            e = d[d["test"] == test]["error"].abs()
+            out[f"{name}_{test}_median_abs_error"] = float(e.median())
+            out[f"{name}_{test}_worst_abs_error"] = float(e.max())
+            out[f"{name}_{test}_n"] = int(len(e))
+    newer = loco[~loco["comparable"]]
+    out["newer_build_rows"] = newer[["chip", "quant", "test", "published", "predicted", "error", "build"]].to_dict("records")
+    fit = calibration.gpu_class_fit("apple")
+    out["fit_all_rows"] = {"efficiency": fit.efficiency, "overhead_layer_ms": fit.overhead_layer_s * 1e3,
+                           "pp_efficiency": dict(fit.pp_efficiency)}
+    return out
+
+
+def print_apple(res: dict) -> None:
+    print("### (b) Apple Silicon, LLaMA 2 7B (llama.cpp discussion #4167, build 8e672ef rows)\n")
+    f = res["fit_all_rows"]
+    print(f"Fit on all {res['loco_tg128_n']} comparable rows: decode efficiency {f['efficiency']:.3f} of peak bandwidth, "
+          f"overhead {f['overhead_layer_ms']:.3f} ms per layer, prompt efficiency (of the FP16 ALU peak) "
+          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f["pp_efficiency"].items())) + ".\n")
+    print("| split | test | median abs error | worst | rows |")
+    print("|---|---|--:|--:|--:|")
+    for name, label in (("loco", "leave-one-chip-out (judged)"), ("in_sample", "in-sample (not judged)")):
+        for test in ("tg128", "pp512"):
+            print(f"| {label} | {test} | {100 * res[f'{name}_{test}_median_abs_error']:.1f} % "
+                  f"| {100 * res[f'{name}_{test}_worst_abs_error']:.1f} % | {res[f'{name}_{test}_n']} |")
+    print("\nNewer-build rows (not comparable, not judged; predicted with the all-rows fit):\n")
+    print("| chip | quant | test | published | predicted | error | build |")
+    print("|---|---|---|--:|--:|--:|---|")
+    for r in res["newer_build_rows"]:
+        print(f"| {r['chip']} | {r['quant']} | {r['test']} | {r['published']:.1f} | {r['predicted']:.1f} | {_pct(r['error'])} "
+              f"| {str(r['build'])[:40]} |")
+    print()
+
+
+def seed_part() -> dict:
+    rows = speed.seed_staircase("v100-16gb")
+    claims = calibration.load_seed_claims()
+    anchors = []
+    for a in claims.get("anchors", []):
+        spec = calibration._arch_spec(a["arch"], a["quant"])
+        dev = get_device(a["device"])
+        cfg = RunConfig.from_mapping(a.get("config") or {"flash_attn": a.get("flash_attn", "auto"), "n_ctx": 4096})
+        depth = int(a.get("depth", calibration.APPLE_TG_DEPTH))
+        p = speed.predict(spec, [dev], cfg, depth=depth if a["test"] != "pp512" else 0, n_prompt=512)
+        pred = p.pp_tps if a["test"] == "pp512" else p.tg_tps
+        anchors.append({"id": a["id"], "role": a["role"], "published": a["tps"], "predicted": pred,
+                        "error": pred / a["tps"] - 1, "source": a["source"]})
+    return {"rows": [r.__dict__ for r in rows], "anchors": anchors, "ceiling_table": claims.get("ceiling_table", [])}
+
+
+def print_seed(res: dict) -> None:
+    print("### (c) the seed's staircase on v100-16gb (qwen35-27b skeleton; host CPU assumed, see seed_claims.yaml)\n")
+    by_stage: dict[str, dict] = {}
+    for r in res["rows"]:
+        s = by_stage.setdefault(r["value"], {"quant": r["quant"], "claimed": [], "impossible": False})
+        if r["source"] == "claimed":
+            s["claimed"].append(r["result"])
+            s["impossible"] |= bool(r["above_ceiling"])
+        elif r["metric"] == "tg_tps":
+            s["predicted"], s["note"] = r["result"], r["note"]
+        else:
+            s[r["metric"]] = r["result"]
+    print("| stage | quant | claimed t/s | predicted t/s | seed's ceiling | strict ceiling | verdict | prediction note |")
+    print("|---|---|--:|--:|--:|--:|---|---|")
+    for stage, s in by_stage.items():
+        cl = "–".join(f"{v:g}" for v in sorted(set(s["claimed"])))
+        verdict = "**impossible** (above the strict ceiling)" if s["impossible"] else "possible"
+        print(f"| {stage} | {s['quant']} | {cl} | {s['predicted']:.1f} | {s['ceiling_tg_tps']:.1f} | "
+              f"{s['strict_ceiling_tg_tps']:.1f} | {verdict} | {s['note']} |")
+    print("\nIndependent published V100 rows:\n")
+    print("| row | role | published | predicted | error |")
+    print("|---|---|--:|--:|--:|")
+    for a in res["anchors"]:
+        print(f"| {a['id']} | {a['role']} | {a['published']:g} | {a['predicted']:.1f} | {_pct(a['error'])} |")
+    print()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", default="host,apple,seed", help="comma-separated: host, apple, seed")
+    ap.add_argument("--quick", action="store_true", help="every third host configuration only")
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    parts = [p.strip() for p in args.part.split(",") if p.strip()]
+    res = {}
+    if "host" in parts:
+        res["host"] = host_part(args.quick, args.repetitions)
+        print_host(res["host"])
+    if "apple" in parts:
+        res["apple"] = apple_part()
+        print_apple(res["apple"])
+    if "seed" in parts:
+        res["seed"] = seed_part()
+        print_seed(res["seed"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The speed model: structure, the ceiling formula, monotonicity, placement, flags, the seed's staircase.
+
+No speed is asserted here (speed targets live in benchmarks/bench_speed.py and RESULTS.md); predictions are
+checked for the relationships they must keep whatever the calibration says.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from v100lab import speed
+from v100lab.config import RunConfig
+from v100lab.devices import get_device
+from v100lab.errors import V100labError
+from v100lab.header import read_spec
+from v100lab.results import Observation, tidy_frame
+from v100lab.skeleton import skeleton_spec
+from v100lab.speed import Placed
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return {q: skeleton_spec("qwen35-27b", q) for q in ("Q8_0", "Q4_K_M", "Q4_0", "Q3_K_M")}
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return skeleton_spec("llama2-7b", "Q4_0")
+
+
+def _all_on(spec, dev_id):
+    dev = get_device(dev_id)
+    return {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
+
+
+# ---- the seed's ceiling ------------------------------------------------------------------------
+
+def test_ceiling_formula_on_the_seeds_numbers():
+    # DIGEST.md §2/§6: 900 GB/s over 14 GB ≈ 64 tok/s; Q4_0 14.5 GB → ~62; Q4_K_M 16.5 GB → ~54–55
+    assert speed.ceiling_tps(14e9, 900) == pytest.approx(64.29, abs=0.01)
+    assert speed.ceiling_tps(14.5e9, 900) == pytest.approx(62.07, abs=0.01)
+    assert speed.ceiling_tps(16.5e9, 900) == pytest.approx(54.55, abs=0.01)
+    # llama.cpp's V100 scoreboard model: Llama 2 7B Q4_0, 3.56 GiB
+    assert speed.ceiling_tps(3.56 * 2**30, 900) == pytest.approx(235.4, abs=0.1)
+
+
+@pytest.mark.parametrize("b, bw", [(0, 900), (-1, 900), (1e9, 0), (1e9, -5), (None, 900)])
+def test_ceiling_rejects_nonsense(b, bw):
+    with pytest.raises(V100labError):
+        speed.ceiling_tps(b, bw)
+
+
+def test_fewer_bytes_higher_ceiling(qwen):
+    ordered = sorted(qwen.values(), key=lambda s: s.weight_bytes)
+    ceilings = [speed.predict(s, ["v100-32gb"], RunConfig(n_ctx=2048)).ceiling_tg_tps for s in ordered]
+    assert ceilings == sorted(ceilings, reverse=True)
+    preds = [speed.predict(s, ["v100-32gb"], RunConfig(n_ctx=2048)).tg_tps for s in ordered]
+    assert preds == sorted(preds, reverse=True)
+
+
+# ---- KV cells, as llama.cpp counts them ----------------------------------------------------------
+
+@pytest.mark.parametrize("used, size, expect", [(1, 4096, 256), (10, 4096, 256), (300, 4096, 512),
+                                                (2049, 4096, 2304), (5000, 4096, 4096), (100, 128, 128)])
+def test_n_kv_cells_mirrors_get_n_kv(used, size, expect):
+    assert speed.n_kv_cells(used, size) == expect
+
+
+def test_flash_attention_reads_only_used_cells(default_model):
+    spec = read_spec(default_model)
+    on = speed.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="on"), used=10)
+    off = speed.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="off"), used=10)
+    assert on == 10 and off == 256
+
+
+def test_sliding_window_layers_cap_cells(gemma_model):
+    spec = read_spec(gemma_model)
+    swa = next(il for il in range(spec.n_layer) if spec.is_swa(il))
+    full = next(il for il in range(spec.n_layer) if not spec.is_swa(il))
+    cfg = RunConfig(n_ctx=8192)
+    assert speed.kv_cells_read(spec, swa, cfg, used=5000) == spec.sliding_window
+    assert speed.kv_cells_read(spec, full, cfg, used=5000) == 5000
+
+
+def test_causal_cells_closed_form():
+    for depth, n, w in ((0, 512, None), (100, 64, None), (0, 512, 128), (1000, 300, 512), (10, 5, 3)):
+        brute = sum(min(depth + i + 1, w) if w else depth + i + 1 for i in range(n))
+        assert speed.causal_cells(depth, n, w) == pytest.approx(brute)
+
+
+# ---- bytes and work per token ------------------------------------------------------------------
+
+def test_decode_work_counts_what_llama_cpp_reads(default_model):
+    spec = read_spec(default_model)       # SmolLM2: tied embeddings, Q8_0 token_embd as output
+    w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048), depth=0)["v100-32gb"]
+    embd = spec.tensor("token_embd.weight")
+    layer_bytes = sum(spec.layer_bytes)
+    assert w.weights["Q8_0"].n_bytes == embd.n_bytes            # tied output read in full
+    assert w.weight_bytes_read == pytest.approx(layer_bytes + embd.n_bytes + spec.tensor("output_norm.weight").n_bytes)
+    assert w.placed_weight_bytes == spec.weight_bytes            # the seed's ceiling: the whole file
+    assert w.state_bytes == 0 and w.kv_bytes > 0
+
+
+def test_untied_embedding_is_a_row_lookup(tiny_f16):
+    spec = read_spec(tiny_f16)
+    from v100lab.devices import device_from_mapping
+
+    dev = get_device("v100-32gb")
+    host = device_from_mapping({"id": "host", "name": "h", "kind": "cpu", "memory_gib": 8, "bandwidth_gbs": 20}, "t")
+    placement = {"host": Placed(host, (), False), dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
+    work = speed.decode_work(spec, placement, RunConfig(n_ctx=512))
+    embd = spec.tensor("token_embd.weight")
+    assert work["host"].other_bytes == pytest.approx(embd.n_bytes / spec.n_vocab)
+    assert "F16" in work[dev.id].weights
+    assert work[dev.id].weights["F16"].n_bytes < spec.weight_bytes - embd.n_bytes + 1
+
+
+def test_recurrent_state_read_and_written(qwen):
+    spec = qwen["Q4_0"]
+    # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (shared/seed/MODELS.md log lines)
+    assert speed.recurrent_state_elements(spec) == 3 * 10240 + 128 * 6144
+    w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048))["v100-32gb"]
+    assert w.state_bytes == pytest.approx(2 * 48 * (3 * 10240 + 128 * 6144) * 4)
+
+
+def test_more_depth_slower_decode(llama7b):
+    preds = [speed.predict(llama7b, ["v100-32gb"], RunConfig(n_ctx=8192), depth=d) for d in (0, 1024, 4096)]
+    tgs = [p.tg_tps for p in preds]
+    kv = [p.by_device["v100-32gb"].kv_bytes for p in preds]
+    assert tgs[0] > tgs[1] > tgs[2]
+    assert kv[0] < kv[1] < kv[2]
+    # the ceiling of the seed does not move with depth; the strict one does
+    assert preds[0].ceiling_tg_tps == preds[2].ceiling_tg_tps
+    assert preds[0].strict_ceiling_tg_tps > preds[2].strict_ceiling_tg_tps
+
+
+def test_quantized_kv_reads_fewer_bytes(llama7b):
+    f16 = speed.predict(llama7b, ["v100-32gb"], RunConfig(n_ctx=8192), depth=4096)
+    q8 = speed.predict(llama7b, ["v100-32gb"], RunConfig(n_ctx=8192, cache_type_k="q8_0", cache_type_v="q8_0"), depth=4096)
+    assert q8.by_device["v100-32gb"].kv_bytes < f16.by_device["v100-32gb"].kv_bytes
+    assert q8.tg_tps > f16.tg_tps
+
+
+# ---- predictions --------------------------------------------------------------------------------
+
+def test_prediction_structure_and_json(llama7b):
+    p = speed.predict(llama7b, "v100-16gb", RunConfig(n_ctx=4096), depth=0, n_prompt=512)
+    doc = json.loads(json.dumps(p.as_json()))
+    for key in ("tg_tps", "pp_tps", "ceiling_tg_tps", "bound", "by_device"):
+        assert key in doc
+    assert doc["bound"] in speed.BOUNDS
+    assert set(doc["by_device"]) >= {"v100-16gb"}
+    assert 0 < p.tg_tps <= p.strict_ceiling_tg_tps
+    assert p.pp_tps > p.tg_tps                   # a batch amortises the weight reads
+    with pytest.raises(Exception):
+        p.tg_tps = 1.0                           # frozen
+
+
+def test_gpu_decode_is_memory_bound_and_pp_compute_bound(llama7b):
+    p = speed.predict(llama7b, ["v100-32gb"], RunConfig(n_ctx=4096))
+    assert p.bound == "memory"
+    assert p.pp_bound == "compute"
+
+
+def test_partial_offload_is_slower_and_uses_the_host(llama7b):
+    host = {"id": "test-host", "name": "test host", "kind": "cpu", "memory_gib": 64, "bandwidth_gbs": 50,
+            "source_url": "test"}
+    from v100lab.devices import device_from_mapping
+
+    cpu = device_from_mapping(host, "test")
+    full = speed.predict(llama7b, ["v100-32gb", cpu], RunConfig(n_ctx=4096))
+    half = speed.predict(llama7b, ["v100-32gb", cpu], RunConfig(n_ctx=4096, n_gpu_layers=16))
+    none = speed.predict(llama7b, ["v100-32gb", cpu], RunConfig(n_ctx=4096, n_gpu_layers=0))
+    assert full.tg_tps > half.tg_tps > none.tg_tps
+    assert half.by_device["host"].n_layers == 17 and half.by_device["v100-32gb"].n_layers == 15
+    assert half.t_link_s > 0
+    # prompt with layers left on the CPU: their weights cross PCIe every ubatch
+    assert half.pp_bound in ("host-link", "compute")
+    assert none.pp_tps < full.pp_tps
+
+
+def test_two_gpus_add_up_per_layer(llama7b):
+    one = speed.predict(llama7b, ["v100-32gb"], RunConfig(n_ctx=4096))
+    two = speed.predict(llama7b, ["v100-32gb", "v100-32gb"], RunConfig(n_ctx=4096))
+    assert len([k for k, d in two.by_device.items() if d.n_layers]) == 2
+    # layer split: each token still passes every layer, one GPU after the other, so no faster
+    assert two.tg_tps <= one.tg_tps
+
+
+def test_uncalibrated_cpu_says_so(llama7b):
+    from v100lab.devices import device_from_mapping
+
+    cpu = device_from_mapping({"id": "x", "name": "x", "kind": "cpu", "memory_gib": 64, "bandwidth_gbs": 50,
+                               "source_url": "test"}, "test")
+    p = speed.predict(llama7b, [cpu], RunConfig(n_ctx=2048))
+    assert any("uncalibrated" in n for n in p.notes)
+
+
+# ---- flags and the staircase --------------------------------------------------------------------
+
+def test_flag_above_ceiling_marks_only_decode_rows():
+    rows = [Observation("m", "Q4_0", "v100-16gb", "stage", "6", "tg_tps", 65.0, "tok/s", "claimed"),
+            Observation("m", "Q4_0", "v100-16gb", "stage", "4", "tg_tps", 55.0, "tok/s", "claimed"),
+            Observation("m", "Q4_0", "v100-16gb", "", "", "pp_tps", 900.0, "tok/s", "measured"),
+            Observation("m", "Q8_0", "v100-16gb", "", "", "tg_tps", 99.0, "tok/s", "measured")]
+    df = speed.flag_above_ceiling(tidy_frame(rows), {("m", "Q4_0", "v100-16gb"): 62.07})
+    assert list(df["above_ceiling"][:2]) == [True, False]
+    assert df["above_ceiling"][2] is None or math.isnan(df["above_ceiling"][2])     # pp never flagged
+    assert df["above_ceiling"][3] is None or math.isnan(df["above_ceiling"][3])     # no ceiling known
+
+
+def test_seed_staircase_rows_are_consistent():
+    rows = speed.seed_staircase("v100-16gb")
+    stages = {r.value for r in rows}
+    assert len(stages) >= 6
+    for st in stages:
+        srcs = {r.source for r in rows if r.value == st}
+        assert srcs == {"claimed", "predicted"}
+        strict = next(r.result for r in rows if r.value == st and r.metric == "strict_ceiling_tg_tps")
+        for r in rows:
+            if r.value == st and r.metric == "tg_tps":
+                assert r.above_ceiling == (r.result > strict)
+                if r.above_ceiling and r.source == "claimed":
+                    assert "impossible" in r.note
+    # the seed's own Q4_0 ceiling is 62 tok/s: stage 6's 63–65 must be noted as above it
+    st6 = [r for r in rows if r.value.startswith("6 ") and r.source == "claimed"]
+    assert st6 and all("seed's own ceiling" in r.note for r in st6)
+    tidy_frame(rows)   # valid tidy rows

@@ -1,0 +1,78 @@
+"""``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
+
+About a minute on a 2-core machine (plus building the calibration models once). Run it with nothing else
+busy: llama.cpp's threads spin while they wait, so any other process collapses throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+NAME = "calibrate"
+HELP = "measure this host (bandwidth, llama.cpp's cost per weight type and thread count) for --device host"
+
+
+def add_arguments(p):
+    p.add_argument("-t", "--threads", default="",
+                   help="comma-separated thread counts to calibrate (default: 1 and all cores)")
+    p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
+    p.add_argument("--show", action="store_true", help="print the stored calibration and exit")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def _threads(text: str) -> list[int] | None:
+    from v100lab.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"--threads: not a list of integers: '{text}'") from None
+    if not out or any(t < 1 for t in out):
+        raise ConfigError(f"--threads: thread counts must be >= 1, got '{text}'")
+    return out
+
+
+def _summary(cal: dict) -> list[str]:
+    lines = [f"calibrated in {cal.get('seconds', '?')} s, llama-cpp-python {cal.get('llama_cpp_python')}, "
+             f"build {cal.get('build_commit')}"]
+    for th, p in sorted(cal.get("threads", {}).items(), key=lambda kv: int(kv[0])):
+        costs = p.get("tg_s_per_weight", {})
+        rates = ", ".join(f"{t} {1e-9 / c:.1f}" for t, c in sorted(costs.items(), key=lambda kv: kv[1]))
+        lines.append(f"{th} thread(s): bandwidth {p['bandwidth_gbs']:.1f} GB/s (efficiency {p['efficiency']:.2f}), "
+                     f"overhead {1e3 * p['overhead_token_s']:.2f} ms/token + {1e3 * p['overhead_layer_s']:.3f} ms/layer")
+        lines.append(f"   decode rate, G weights/s: {rates}")
+        errs = [abs(e) for e in p.get("tg_fit_rel_err", [])]
+        if errs:
+            lines.append(f"   fit residual |err|: max {100 * max(errs):.1f} % over {len(errs)} points")
+    noisy = [pt for pt in cal.get("points", []) if pt.get("tg_cv", 0) > 0.10 or pt.get("pp_cv", 0) > 0.10]
+    if noisy:
+        lines.append(f"noisy points (cv > 10 %): {', '.join(pt['config'] + '/' + str(pt['threads']) + 't' for pt in noisy)}"
+                     " — rerun with the machine idle")
+    return lines
+
+
+def run(args) -> int:
+    from v100lab import calibration
+    from v100lab.devices import host_profile_path
+    from v100lab.errors import ConfigError, V100labError
+
+    if args.show:
+        cal = calibration.stored_calibration()
+        if not cal:
+            raise V100labError("no calibration stored for this host: run `v100lab calibrate`")
+    else:
+        if args.repetitions < 1:
+            raise ConfigError(f"--repetitions must be >= 1, got {args.repetitions}")
+        say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
+        cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say)
+    if args.json:
+        json.dump({"profile": str(host_profile_path()), "speed_calibration": cal}, sys.stdout, indent=2)
+        print()
+        return 0
+    for line in _summary(cal):
+        print(line)
+    print(f"stored in {host_profile_path()} (used by --device host)")
+    return 0
