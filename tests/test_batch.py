@@ -8,6 +8,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -70,6 +72,9 @@ def test_ok_run_keeps_executed_notebook_reports_and_headline(batch):
         assert 'http-equiv="Content-Security-Policy"' in html
         assert not re.search(r"""(src|href)=["']https?://""", html)        # nothing fetched
     assert (out / r.kernel_log).exists()
+    # the kernel ran in the batch's own interpreter (the venv's python3 kernel spec)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.output_type == "stream")
+    assert Path(sys.executable).resolve() in {Path(x).resolve() for x in printed.split()}
     record = json.loads((out / "bt" / "ok.run.json").read_text())
     assert record["status"] == "ok" and record["digest"] == workbook.inputs_digest(batch["params"], NB / "ok.ipynb")
 
@@ -215,3 +220,20 @@ def test_read_headline_takes_the_last_one():
     nb.cells = [cell]
     assert workbook.read_headline(nb)["measured_tok_s"] == 3.0
     assert workbook.read_headline(nbformat.v4.new_notebook()) is None
+
+
+def test_plain_papermill_with_a_params_file(tmp_path):
+    """The notebooks also run with papermill's own CLI and `-f params/...yaml` (the README shows it)."""
+    papermill = Path(sys.executable).with_name("papermill")
+    if not papermill.exists():
+        pytest.skip("papermill's command is not installed beside this interpreter")
+    out = tmp_path / "out.ipynb"
+    ci = Path(__file__).resolve().parents[1] / "params" / "ci.yaml"
+    proc = subprocess.run([str(papermill), str(NB / "ok.ipynb"), str(out), "-f", str(ci), "--no-progress-bar"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from v100lab.scenario import load_scenario
+
+    scn = load_scenario(ci)
+    h = workbook.read_headline(nbformat.read(out, as_version=4))
+    assert h["measured_tok_s"] == scn.n_gen and h["predicted_tok_s"] == scn.n_prompt

@@ -198,6 +198,30 @@ def test_render_helpers_escape_every_payload():
     assert render.mpl_text("$x$") == r"\$x\$"
 
 
+@pytest.mark.parametrize("fonttype", ["path", "none"])
+def test_svg_figures_escape_text(fonttype):
+    """Were a notebook to switch the inline backend to SVG, the markup would be embedded as is."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"svg.fonttype": fonttype}):
+        fig, ax = plt.subplots()
+        label = render.mpl_text("--> " + P_SCRIPT + P_IMG + P_ATTR)
+        ax.set_title(label)
+        ax.set_xlabel(label)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        plt.close(fig)
+    dom = _Dom()
+    dom.feed(buf.getvalue())
+    assert "script" not in dom.tags and "img" not in dom.tags and not dom.handlers
+    assert dom.tags.count("svg") == 1  # matplotlib's own root element only
+
+
 @pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 def test_no_script_runs_in_chromium(hostile_batch, tmp_path):
     chromium = _chromium()

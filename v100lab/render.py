@@ -15,8 +15,10 @@ Notebooks display such strings only through these helpers:
   ``kv_table(mapping)`` — metadata as a two-column table.
 * ``mpl_text(value)`` — a string for matplotlib titles, labels and legends. Text drawn into a PNG is
   pixels, so it cannot run in a browser (the inline backend's default format is PNG, and the
-  workbook keeps it). Matplotlib's SVG backend escapes text too, but ``$`` would still make mathtext
-  parse a model name as math (or fail to draw): ``mpl_text`` escapes ``$``.
+  workbook keeps it). An SVG figure is embedded in the report as markup; matplotlib's SVG backend
+  escapes text and the comments it writes beside glyph paths (checked by a test with matplotlib
+  3.11). Either way ``$`` would make mathtext parse a model name as math (or fail to draw):
+  ``mpl_text`` escapes it.
 
 Plain ``print()`` output and tracebacks are escaped by nbconvert itself (as ``text/plain``), and so is a
 DataFrame shown as a cell's last expression (pandas escapes by default); raw ``IPython.display.HTML`` or

@@ -525,14 +525,18 @@ def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results: list[RunResult] = []
-    for i, run in enumerate(runs):
-        if on_start:
-            on_start(run, i, len(runs))
-        result = execute_run(run, out, timeout=timeout, no_input=no_input, force=force)
-        log.info("%s × %s: %s %s", run.params, run.notebook, result.status, result.reason)
-        results.append(result)
-        if on_result:
-            on_result(result, i, len(runs))
+    try:
+        for i, run in enumerate(runs):
+            if on_start:
+                on_start(run, i, len(runs))
+            result = execute_run(run, out, timeout=timeout, no_input=no_input, force=force)
+            log.info("%s × %s: %s %s", run.params, run.notebook, result.status, result.reason)
+            results.append(result)
+            if on_result:
+                on_result(result, i, len(runs))
+    except KeyboardInterrupt:
+        write_index(out, results, time.perf_counter() - t0)  # what finished stays reachable
+        raise
     wall = time.perf_counter() - t0
     index = write_index(out, results, wall)
     return BatchResult(runs=tuple(results), out_dir=out, index=index, wall_s=wall)
