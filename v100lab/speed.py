@@ -492,7 +492,13 @@ def placement_from_plan(mplan, devices: Sequence = ()) -> dict[str, Placed]:
     out: dict[str, Placed] = {}
     for name, dm in mplan.devices.items():
         if name == "host":
-            dev = cpu or get_device("host")
+            if cpu is None and not dm.layers and not dm.has_output_layer:
+                # only the input layer (a row lookup): no need to measure this machine for it
+                from v100lab.devices import Device
+
+                dev = Device(id="host", name="host (input layer only)", kind="cpu", memory_gib=1, bandwidth_gbs=1)
+            else:
+                dev = cpu or get_device("host")
         elif name in by_id:
             dev = by_id[name]
         else:

@@ -59,6 +59,15 @@ def build_document(spec, devices, cfg, mplan, args) -> dict:
     return doc
 
 
+def _predicted(spec, devices, cfg, mplan, args) -> dict:
+    """The speed model's prediction for the same placement (v100lab.speed, issue 5): "predicted"."""
+    from v100lab import speed
+
+    pred = speed.predict(spec, devices, cfg, depth=args.depth, n_prompt=max(1, args.n_prompt),
+                         placement=speed.placement_from_plan(mplan, devices))
+    return pred.as_json()
+
+
 def _human(doc: dict) -> str:
     gib = 2**30
     lines = [f"{doc['model']} ({doc['quant']}) on {' + '.join(doc['device'])}: n_ctx {doc['n_ctx']} "
@@ -73,6 +82,10 @@ def _human(doc: dict) -> str:
             "total_bytes")) + f"{d['capacity_bytes'] / gib:>10.2f}")
     lines += ["", f"fits: {'yes' if doc['fits'] else 'NO'}    largest context that fits: {doc['max_ctx']}"]
     lines += [f"warning: {w}" for w in doc["warnings"]]
+    p = doc.get("predicted")
+    if p:
+        lines.append(f"speed at depth {p['depth']}: tg {p['tg_tps']} tok/s ({p['bound']}-bound; the seed's ceiling "
+                     f"{p['ceiling_tg_tps']}), pp{p['n_prompt']} {p['pp_tps']} tok/s")
     return "\n".join(lines)
 
 
@@ -90,6 +103,7 @@ def run(args) -> int:
     if args.depth + args.n_prompt > mplan.n_ctx_seq:
         doc["warnings"].append(f"depth {args.depth} + n_prompt {args.n_prompt} exceeds the context per sequence "
                                f"({mplan.n_ctx_seq})")
+    doc["predicted"] = _predicted(spec, devices, cfg, mplan, args)
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         print()
