@@ -1,0 +1,42 @@
+"""``v100lab doctor LOGFILE [--device D] [--json]``: diagnose a llama.cpp log, item by item.
+
+LOGFILE is what llama-server, llama-cli or llama-bench printed (stderr and stdout together; for llama-server
+``-lv 4`` adds the load lines), or one of v100lab's raw logs. Each finding gives the numbers from the log,
+the line that shows them and a one-line fix (see :mod:`v100lab.doctor`). Exit status 0 when the log was read
+(findings or not), 2 when the file is missing, unreadable or not a llama.cpp log.
+
+JSON keys (a contract): source, kind, device, device_guessed, model_bytes, ceiling_tg_tps, host_free_bytes,
+n_loads, findings (code, severity, title, evidence, line, fix, numbers), speeds, gpus, offloaded_layers,
+offloadable_layers, flash_attn, buffers_mib, notes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+NAME = "doctor"
+HELP = "diagnose a llama.cpp log (llama-server, llama-cli, llama-bench): findings with evidence and fixes"
+
+
+def add_arguments(p):
+    p.add_argument("logfile", metavar="LOGFILE", help="a llama.cpp log file")
+    p.add_argument("--device", "-d", metavar="D", default=None,
+                   help="catalog id, 'host' or a device file: the memory and bandwidth to judge by "
+                        "(default: the GPU the log names, when the catalog knows it)")
+    p.add_argument("--free-ram-gib", type=float, default=None,
+                   help="free host RAM when the log does not say (llama-server -lv 4 does)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def run(args) -> int:
+    from v100lab.doctor import diagnose_file
+
+    free = int(args.free_ram_gib * 2**30) if args.free_ram_gib is not None else None
+    d = diagnose_file(args.logfile, args.device, free_ram_bytes=free)
+    if args.json:
+        json.dump(d.as_json(), sys.stdout, indent=2)
+        print()
+    else:
+        print(d.format_text())
+    return 0
