@@ -377,3 +377,14 @@ def test_inspect_text_and_errors(capsys, tmp_path, default_model):
     assert main(["inspect", "--json", str(tmp_path / "missing.gguf")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "does not exist" in captured.err
+
+
+@pytest.mark.server
+def test_inspect_url(serve, capsys):
+    from v100lab.cli import main
+
+    url, requests = serve("ok")
+    assert main(["inspect", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["n_layer"] == 30 and doc["n_head_kv"] == 3 and doc["file_bytes"] > doc["header_bytes"]
+    assert len(requests) <= 3
