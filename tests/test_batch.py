@@ -237,3 +237,14 @@ def test_plain_papermill_with_a_params_file(tmp_path):
     scn = load_scenario(ci)
     h = workbook.read_headline(nbformat.read(out, as_version=4))
     assert h["measured_tok_s"] == scn.n_gen and h["predicted_tok_s"] == scn.n_prompt
+
+
+def test_unreadable_notebook_is_a_failed_run_not_a_crash(tmp_path):
+    bad = tmp_path / "broken.ipynb"
+    bad.write_text("{ this is not a notebook")
+    out = tmp_path / "out"
+    res = workbook.run_batch([_params(tmp_path / "p.yaml")], [bad], out)
+    (r,) = res.runs
+    assert r.status == "failed" and r.reason and r.report is None and r.executed is None
+    html = (out / "index.html").read_text()
+    assert "failed" in html and "broken" in html and not res.ok

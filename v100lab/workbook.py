@@ -451,7 +451,8 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
     executed = out / run.rel(".ipynb")
     executed.unlink(missing_ok=True)
     kernel_log = out / run.rel(".kernel.log")
-    kernel_log.unlink(missing_ok=True)
+    for stale in (kernel_log, out / run.rel(".html"), out / run.rel(".reader.html")):
+        stale.unlink(missing_ok=True)  # a run that fails early must not leave an old report behind
     started = _now()
     t0 = time.perf_counter()
     status, reason, failed_cell = "ok", "", None
@@ -462,8 +463,10 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
                             kernel_manager_class=_kernel_manager_class(kernel_log))
     except PapermillExecutionError as exc:
         status, reason = "error", f"{exc.ename}: {exc.evalue}"
-    except CellTimeoutError:
-        status, reason = "timeout", f"a cell ran longer than the {timeout:g} s cell timeout"
+    except CellTimeoutError as exc:
+        status = "timeout"
+        reason = (f"a cell ran longer than the {timeout:g} s cell timeout" if timeout
+                  else f"timed out waiting for the kernel ({_one_line(exc)})")
     except DeadKernelError as exc:
         status, reason = "dead kernel", f"the kernel died while a cell ran ({_one_line(exc) or 'no reason given'})"
     except Exception as exc:  # kernel did not start, unreadable notebook, ...: record, go on
