@@ -411,7 +411,12 @@ class ServerSession:
 
     # ---- measuring ---------------------------------------------------------------------------
     def _died(self, what: str, exc: Exception) -> MeasureFailed:
-        rc = self.proc.poll() if self.proc is not None else None
+        rc = None
+        if self.proc is not None:
+            try:  # a reset connection can arrive before the dead process is reaped
+                rc = self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                rc = None
         if rc is not None:
             msg = f"server died during {what} (exit status {rc})"
             reason = self._log_reason("")
