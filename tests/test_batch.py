@@ -172,7 +172,7 @@ def test_cli_summary_table(batch, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, words", [
     (["--notebooks", "no/such/*.ipynb"], "no notebook matches"),
-    (["--timeout", "0"], "timeout"),
+    (["--timeout", "-1"], "timeout"),
 ])
 def test_cli_bad_input_exits_2(tmp_path, capsys, args, words):
     params = _params(tmp_path / "p.yaml")

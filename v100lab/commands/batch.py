@@ -12,9 +12,11 @@ import json
 import sys
 
 from v100lab import workbook
+from v100lab.errors import ConfigError
 
 NAME = "batch"
 HELP = "run every notebook for each parameter file (papermill) and export HTML reports with an index"
+DEFAULT_TIMEOUT_S = 1200.0
 
 
 def add_arguments(p):
@@ -24,8 +26,9 @@ def add_arguments(p):
     p.add_argument("--out", default="reports", metavar="DIR", help="output folder (default reports/)")
     p.add_argument("--no-input", action="store_true",
                    help="also export a reader's report without code cells (NAME.reader.html)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="per-cell execution timeout in seconds (default: none)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"per-cell execution timeout in seconds; 0 = none (default {DEFAULT_TIMEOUT_S:g}: "
+                        "a hung cell must not hold the batch forever)")
     p.add_argument("--force", action="store_true", help="re-run runs whose inputs are unchanged")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
 
@@ -80,7 +83,10 @@ def run(args) -> int:
 
     patterns = args.notebooks or [workbook.DEFAULT_NOTEBOOKS]
     notebooks = workbook.find_notebooks(patterns)
-    total = len(args.params) * len(notebooks)
+    if args.timeout < 0:
+        raise ConfigError(f"--timeout must be >= 0 seconds (0 = none), got {args.timeout:g}")
+    timeout = args.timeout or None
+    total = len(workbook.plan_runs(args.params, notebooks))  # validates every parameter file first
     bar = tqdm(total=total, unit="run", desc="batch", file=sys.stderr, dynamic_ncols=True)
 
     def on_start(run, i, n):
@@ -91,7 +97,7 @@ def run(args) -> int:
         bar.update(1)
 
     try:
-        result = workbook.run_batch(args.params, notebooks, args.out, timeout=args.timeout,
+        result = workbook.run_batch(args.params, notebooks, args.out, timeout=timeout,
                                     no_input=args.no_input, force=args.force, on_start=on_start,
                                     on_result=on_result)
     finally:
