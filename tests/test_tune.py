@@ -1,0 +1,188 @@
+"""v100lab tune: the search, the margin, the reasons, the seed's command, and --measure on real runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from v100lab import advisor, memory
+from v100lab.advisor import TIE, margin_bytes, seed_verdict, tune
+from v100lab.cli import main
+from v100lab.config import RunConfig
+from v100lab.devices import get_device
+from v100lab.errors import ConfigError
+from v100lab.skeleton import skeleton_spec
+
+
+@pytest.fixture(scope="module")
+def seed_tune():
+    return tune("qwen35-27b", "v100-16gb", min_ctx=2048)
+
+
+def _flags(argv):
+    return [a for a in argv if a.startswith("--")]
+
+
+def test_seed_scenario_choice_is_the_fastest_that_fits(seed_tune):
+    r = seed_tune
+    dev = get_device("v100-16gb")
+    best = r.best
+    assert best.fits and best.margin_bytes >= margin_bytes(dev)
+    fitting = [c for c in r.candidates if c.fits]
+    assert best.tg_tps >= max(c.tg_tps for c in fitting) * (1 - TIE)
+    # every better-quality quant either fits only partially / not at all, or is slower beyond the tie band
+    bpw = {q: skeleton_spec("qwen35-27b", q).bits_per_weight for q in advisor.DEFAULT_QUANTS}
+    for q in advisor.DEFAULT_QUANTS:
+        if bpw[q] <= bpw[best.quant]:
+            continue
+        full = [c for c in fitting if c.quant == q and c.offloaded_layers == c.n_layer_total]
+        assert all(c.tg_tps < best.tg_tps * (1 - TIE) for c in full)
+    # the memory plan agrees that the chosen configuration leaves the margin
+    p = memory.plan(skeleton_spec("qwen35-27b", best.quant), dev, best.config, with_max_ctx=False)
+    assert p.devices["v100-16gb"].margin_bytes >= margin_bytes(dev)
+    assert p.offloaded_layers == p.n_layer_total
+
+
+def test_command_spelling_and_one_reason_per_flag(seed_tune):
+    r = seed_tune
+    assert r.argv[0] == "llama-server" and r.argv[1] == "-m"
+    flags = _flags(r.argv)
+    for f in ("--gpu-layers", "--ctx-size", "--ubatch-size", "--cache-type-k", "--cache-type-v", "--flash-attn",
+              "--parallel"):
+        assert f in flags
+    assert "-ngl" not in r.argv and "-fa" not in r.argv and "--n-gpu-layers" not in r.argv
+    assert r.argv[r.argv.index("--ctx-size") + 1] == "2048"
+    reason_flags = [x.flag.split()[0] for x in r.reasons]
+    assert reason_flags[0] == "-m"
+    assert sorted(reason_flags[1:]) == sorted(flags)
+    for x in r.reasons:
+        assert x.why and "\n" not in x.why
+    # the offload reason carries a real prediction delta against --gpu-layers 0
+    gl = next(x for x in r.reasons if x.flag.startswith("--gpu-layers"))
+    assert gl.delta_tps is not None and gl.delta_tps > 0
+
+
+def test_quantized_v_always_with_flash_attention(seed_tune):
+    for c in seed_tune.candidates:
+        if c.config.kv_quantized_v:
+            assert c.config.flash_attn == "on"
+
+
+def test_quantized_cache_when_only_it_fits(tmp_path):
+    """llama2-7b (32 KV heads) at a 32k context: f16 KV (16 GiB) cannot fit a 14 GiB card, q8_0/q4_0 can."""
+    dev = tmp_path / "card14.yaml"
+    dev.write_text("id: card14\nname: a 14 GB card\nkind: gpu\nmemory_gib: 14\nbandwidth_gbs: 900\n"
+                   "runtime_overhead_mib: 512\nhost_link_gbs: 15.75\nfp16_tflops: 112\n")
+    r = tune("skeleton:llama2-7b:Q4_0", dev, min_ctx=32768)
+    assert r.best.fits and r.best.offloaded_layers == r.best.n_layer_total
+    assert r.config.cache_type_v != "f16" and r.config.flash_attn == "on"
+    assert r.argv[r.argv.index("--flash-attn") + 1] == "on"
+    fa = next(x for x in r.reasons if x.flag.startswith("--flash-attn"))
+    assert "required" in fa.why
+    f16_full = [c for c in r.candidates if c.config.cache_type_v == "f16" and c.offloaded_layers == c.n_layer_total]
+    assert not any(c.fits for c in f16_full)
+
+
+def test_margin_excludes_a_config_that_fits_only_without_it(tmp_path):
+    spec = skeleton_spec("qwen35-27b", "Q4_0")
+    cfg = RunConfig(n_ctx=2048, flash_attn="auto")
+    probe = tmp_path / "probe.yaml"
+    probe.write_text("id: probe\nname: probe\nkind: gpu\nmemory_gib: 64\nbandwidth_gbs: 900\n")
+    total = memory.plan(spec, get_device(probe), cfg, with_max_ctx=False).devices["probe"].total_bytes
+    # a card whose memory is the plan's total plus 100 MiB: the plan fits, the 256 MiB+ margin does not
+    gib = (total + 100 * 2**20) / 2**30
+    card = tmp_path / "tight.yaml"
+    card.write_text(f"id: tight\nname: tight\nkind: gpu\nmemory_gib: {gib}\nbandwidth_gbs: 900\nhost_link_gbs: 15.75\nfp16_tflops: 112\n")
+    assert memory.plan(spec, get_device(card), cfg, with_max_ctx=False).fits
+    r = tune("skeleton:qwen35-27b:Q4_0", card, min_ctx=2048)
+    same = [c for c in r.candidates if c.config == cfg.with_(n_ubatch=512, n_batch=2048) and c.quant == "Q4_0"]
+    assert r.best.margin_bytes >= margin_bytes(get_device(card))
+    assert all(not c.fits or c.offloaded_layers < c.n_layer_total or c.margin_bytes >= margin_bytes(get_device(card))
+               for c in r.candidates)
+    assert not any(c.fits and c.config.n_ubatch == 512 and c.config.cache_type_v == "f16"
+                   and c.offloaded_layers == c.n_layer_total for c in same)
+
+
+def test_seed_verdict_reproduces_or_corrects_the_command():
+    v = seed_verdict()
+    assert not v.seed_runs and "flash attention" in v.seed_problem   # q8_0 V, -fa left off
+    tuned = v.tuned.config
+    assert not (tuned.kv_quantized_v and tuned.flash_attn == "off")  # the tuned command runs
+    flags = [row[0] for row in v.rows]
+    for f in ("-m (quant)", "--gpu-layers", "--ctx-size", "--cache-type-k/v", "--flash-attn", "--mlock"):
+        assert f in flags
+    df = v.frame()
+    assert list(df.columns) == ["flag", "seed", "tuned", "verdict"] and len(df) == len(v.rows)
+    obs = v.observations()
+    claimed = [o for o in obs if o.source == "claimed"]
+    ceiling = v.seed_candidate.ceiling_tg_tps
+    assert [o.above_ceiling for o in claimed] == [x > ceiling for x in v.claimed_tps]
+    assert "seed:" in v.format_text() and "tuned:" in v.format_text()
+
+
+def test_tidy_table_of_candidates(seed_tune):
+    df = seed_tune.frame()
+    assert set(df["source"]) == {"predicted"}
+    assert set(df["metric"]) >= {"tg_tps", "pp_tps", "fits", "margin_bytes", "ceiling_tg_tps"}
+    assert df["value"].nunique() == len(seed_tune.candidates)
+
+
+def test_synthetic_ladder_on_the_host():
+    r = tune("synth-tiny", "host", min_ctx=256, quants=["Q8_0", "Q4_0"])
+    assert {c.quant for c in r.candidates} == {"Q8_0", "Q4_0"}
+    assert r.best.fits and r.argv[r.argv.index("--gpu-layers") + 1] == "0"
+    assert r.argv[2].endswith(".gguf")
+
+
+def test_measure_chooses_by_real_runs(default_model):
+    r = tune("default", "host", min_ctx=512, measure=True, measure_top=2, n_gen=8, repetitions=2)
+    assert r.measured
+    timed = [c for c in r.candidates if c.measured_tg_tps is not None]
+    assert 1 <= len(timed) <= 2
+    assert r.best.measured_tg_tps is not None and r.best.measured_tg_tps > 0
+    # the choice is the fastest measured one, or a tie inside the measurements' own noise
+    tol = min(0.5, max([TIE] + [c.measured_cv or 0 for c in timed]))
+    assert r.best.measured_tg_tps >= max(c.measured_tg_tps for c in timed) * (1 - tol)
+    measured_rows = [o for o in r.observations() if o.source == "measured"]
+    assert len(measured_rows) == len(timed)
+
+
+def test_bad_input():
+    with pytest.raises(ConfigError, match="architecture description"):
+        tune("qwen35-27b", "host", measure=True)
+    with pytest.raises(ConfigError, match="min-ctx"):
+        tune("qwen35-27b", "v100-16gb", min_ctx=0)
+    with pytest.raises(ConfigError, match="parallel"):
+        tune("qwen35-27b", "v100-16gb", parallel=0)
+
+
+def test_quants_with_a_single_file(default_model):
+    with pytest.raises(ConfigError, match="--quants"):
+        tune(str(default_model), "host", quants=["Q4_0"])
+
+
+def test_measure_on_a_gpu_this_build_cannot_reach():
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama-cpp-python can offload to a GPU")
+    with pytest.raises(ConfigError, match="GPU build"):
+        tune("default", "v100-16gb", measure=True)
+
+
+def test_cli(capsys):
+    assert main(["tune", "qwen35-27b", "--device", "v100-16gb", "--min-ctx", "2048", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for k in ("model", "device", "quant", "argv", "command", "reasons", "candidates", "predicted_tg_tps",
+              "margin_bytes", "config"):
+        assert k in doc
+    assert doc["command"] == " ".join(doc["argv"])
+    assert all(set(r) == {"flag", "why", "delta_tps", "delta_bytes"} for r in doc["reasons"])
+    assert main(["tune", "qwen35-27b", "--device", "v100-16gb", "--min-ctx", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("llama-server -m") == 1 and "why each flag:" in out
+    assert main(["tune", "qwen35-27b", "--device", "no-such-card"]) == 2
+    assert main(["tune", "qwen35-27b", "--device", "v100-16gb", "--quants", " , "]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2
