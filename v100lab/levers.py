@@ -163,6 +163,12 @@ class Study:
         return self.measured is not None
 
     @property
+    def same_model_here(self) -> bool:
+        """The scenario predicts for this machine and measures its own model: one set of predictions."""
+        return self.measuring and self.device.id == HOST and not self.sc.is_stand_in and \
+            self.measured_spec == self.spec
+
+    @property
     def skeleton(self) -> bool:
         return self.sc.model.startswith(SKELETON_PREFIX)
 
@@ -531,7 +537,7 @@ def memory_breakdown(sc: Scenario):
     st = study(sc)
     cfg = sc.run_config()
     rows: list[Observation] = []
-    if not (st.measuring and st.device.id == HOST and st.measured_spec == st.spec):
+    if not st.same_model_here:
         rows += _plan_rows(st.spec, st.label, _devices_for(st.device), cfg, f"{st.label} on {st.device.id}")
     failures = []
     if st.measuring:
@@ -724,7 +730,7 @@ def baseline(sc: Scenario):
     st = study(sc)
     cfg = _ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
     rows = []
-    if st.device.id != HOST or not st.measuring:
+    if not st.same_model_here:
         rows += predict_rows(st.spec, st.label, st.device, cfg, lever="config", value="baseline",
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
                              metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
@@ -979,7 +985,7 @@ def kv_memory(sc: Scenario):
     st = study(sc)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []
-    models = [(st.spec, st.label, st.device.id, False)]
+    models = [] if st.same_model_here else [(st.spec, st.label, st.device.id, False)]
     if st.measuring:
         models.append((st.measured_spec, st.measured_label, HOST, True))
     for spec, label, dev, measure in models:
@@ -1012,11 +1018,12 @@ def depth_sweep(sc: Scenario):
     cfg = _ctx_for(sc.run_config(), max(depths) + sc.n_gen + 1)
     rows: list[Observation] = []
     for d in depths:
-        rows += predict_rows(st.spec, st.label, st.device, cfg, lever="n_depth", value=d, n_gen=sc.n_gen,
-                             metrics=("tg_tps", "strict_ceiling_tg_tps"))
-        if st.measuring and (st.device.id != HOST or st.spec is not st.measured_spec):
-            rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="n_depth", value=d,
+        if not st.same_model_here:
+            rows += predict_rows(st.spec, st.label, st.device, cfg, lever="n_depth", value=d, depth=d,
                                  n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
+        if st.measuring:
+            rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="n_depth", value=d,
+                                 depth=d, n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
     obs, failures = measure_sweep(st, "n_depth", depths, cfg, _tests(sc, pp=False))
     rows += obs
     return _frame(rows, failures, why_not_measured=st.why_not_measured)
@@ -1067,7 +1074,7 @@ def _lever_rows(sc: Scenario, lever: str, values: Sequence[Any], cfg_of, tests: 
     for v in values:
         cfg = cfg_of(v)
         if predict:
-            if st.device.id != HOST or not st.measuring:
+            if not st.same_model_here:
                 rows += predict_rows(st.spec, st.label, st.device, cfg, lever=lever, value=v, depth=depth,
                                      n_prompt=sc.n_prompt, n_gen=sc.n_gen, metrics=metrics + ("strict_ceiling_tg_tps",))
             if st.measuring:
@@ -1149,8 +1156,9 @@ def parallel_sweep(sc: Scenario):
         for r in got:
             if r.get("status") != "ok":
                 continue
-            slot_ts = (r.get("extra") or {}).get("slot_ts") or []
-            per = [float(x) for x in slot_ts if x] if slot_ts else [float(r["avg_ts"])]
+            slot_ts = (r.get("extra") or {}).get("slot_ts") or []   # per repetition: each slot's tok/s
+            flat = [x for rep in slot_ts for x in (rep if isinstance(rep, list) else [rep])]
+            per = [float(x) for x in flat if x] or [float(r["avg_ts"]) / max(1, int(r.get("value") or 1))]
             rows.append(Observation(st.measured_label, r.get("model_file_type") or "", HOST, "n_parallel",
                                     str(r.get("value")), "tg_tps_per_stream", sum(per) / len(per), TPS, "measured",
                                     note=f"mean of {len(per)} slot(s); llama-server"))
@@ -1486,13 +1494,20 @@ def summary_gpu_layers(sc: Scenario, ngl, spill_df):
         s_large = _one(spill_df, metric="layers_spilled", value=large["value"])
         kv_s = _one(spill_df, metric="kv_bytes_read_per_token", value=small["value"])
         kv_l = _one(spill_df, metric="kv_bytes_read_per_token", value=large["value"])
-        lines.append(_md("With -ngl 999, -c {cl} leaves {sl} layer slot(s) on the CPU and predicts {tl} tok/s; "
-                         "-c {cs} leaves {ss} and predicts {ts} tok/s ({ratio}× faster). The KV cache a token reads "
-                         "at depth {d} is {kl} vs {ks} KiB: the step comes from the spilled layers, not from "
-                         "reading less KV.", cl=large["value"], sl=int(s_large or 0), tl=_fmt(large["result"]),
-                         cs=small["value"], ss=int(s_small or 0), ts=_fmt(small["result"]),
-                         ratio=_fmt(small["result"] / large["result"] if large["result"] else None, 2),
-                         d=spill_df.attrs.get("depth"), kl=_fmt((kv_l or 0) / 1024), ks=_fmt((kv_s or 0) / 1024)))
+        if s_small == s_large:
+            lines.append(_md("With -ngl 999 the same {n} layer slot(s) stay on the CPU at every context from {cs} to "
+                             "{cl} tokens on {dev}: predicted {ts} → {tl} tok/s, no spill step here.",
+                             n=int(s_small or 0), cs=small["value"], cl=large["value"], dev=study(sc).device.id,
+                             ts=_fmt(small["result"]), tl=_fmt(large["result"])))
+        else:
+            lines.append(_md("With -ngl 999, -c {cl} leaves {sl} layer slot(s) on the CPU and predicts {tl} tok/s; "
+                             "-c {cs} leaves {ss} and predicts {ts} tok/s ({ratio}×). The KV cache a token reads at "
+                             "depth {d} is {kl} KiB vs {ks} KiB ({kd}) while the layers on the CPU go from {sl} to "
+                             "{ss}.", cl=large["value"], sl=int(s_large or 0), tl=_fmt(large["result"]),
+                             cs=small["value"], ss=int(s_small or 0), ts=_fmt(small["result"]),
+                             ratio=_fmt(small["result"] / large["result"] if large["result"] else None, 2),
+                             d=spill_df.attrs.get("depth"), kl=_fmt((kv_l or 0) / 1024), ks=_fmt((kv_s or 0) / 1024),
+                             kd=_pct(kv_s, kv_l)))
     lines.append(_failures_line(ngl))
     return _markdown(lines)
 
@@ -1517,12 +1532,12 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
     m = _pick(depth_df, metric="tg_tps", source="measured")
     if len(m) > 1:
         m = m.assign(v=m["value"].astype(int)).sort_values("v")
-        lines.append(_md("Measured decode falls from {a} tok/s at depth {da} to {b} at depth {db} ({d}); "
+        lines.append(_md("Measured decode: {a} tok/s at depth {da}, {b} at depth {db} ({d}); "
                          "measured vs predicted: {agree}.", a=_fmt(m["result"].iloc[0]), da=m["value"].iloc[0],
                          b=_fmt(m["result"].iloc[-1]), db=m["value"].iloc[-1],
                          d=_pct(m["result"].iloc[-1], m["result"].iloc[0]), agree=_agreement(_pairs(depth_df, "tg_tps"))))
     p = _pick(depth_df, metric="tg_tps", source="predicted", device=study(sc).device.id, model=study(sc).label)
-    if len(p) > 1:
+    if len(p) > 1 and not study(sc).same_model_here:
         p = p.assign(v=p["value"].astype(int)).sort_values("v")
         lines.append(_md("Predicted for {model} on {dev}: {a} → {b} tok/s from depth {da} to {db}.",
                          model=study(sc).label, dev=study(sc).device.id, a=_fmt(p["result"].iloc[0]),

@@ -166,6 +166,8 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
         ax.set_title(mpl_text(METRIC_LABELS.get(metric, metric)), fontsize=10)
         ax.set_xlabel(LEVER_LABELS.get(lev, lev))
         ax.set_ylabel("tokens per second (tok/s)")
+        if bars:
+            ax.set_xlim(-0.75, len(order) - 0.25)
         if not numeric:
             ax.set_xticks(list(range(len(order))))
             ax.set_xticklabels([mpl_text(v) for v in order], rotation=30 if len(order) > 4 else 0, ha="right"
@@ -593,8 +595,9 @@ def kv_memory(df):
         for (ct, source), s in g.groupby(["cache type", "source"], sort=False):
             color = palette[list(dict.fromkeys(d["cache type"])).index(ct) % len(palette)]
             s = s.assign(x=s["value"].astype(float)).sort_values("x")
+            hollow = dict(markerfacecolor="none", markersize=11, markeredgewidth=1.5) if source == "predicted" else {}
             ax.plot(s["x"], s["result"] / scale, SOURCE_LINES[source], marker=SOURCE_MARKERS[source], color=color,
-                    label=mpl_text(f"{ct}, {source}"))
+                    label=mpl_text(f"{ct}, {source}"), **hollow)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context size -c (tokens)")
         ax.set_ylabel(f"KV cache + recurrent state ({unit})")
