@@ -10,8 +10,7 @@ import pytest
 
 from v100lab import doctor
 from v100lab.cli import main
-from v100lab.devices import get_device
-from v100lab.doctor import LogError, diagnose, diagnose_file, guess_device, normalize_line, GpuFact
+from v100lab.doctor import GpuFact, LogError, diagnose, diagnose_file, guess_device, normalize_line
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
