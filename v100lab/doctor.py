@@ -45,6 +45,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab import loadlog
+from v100lab.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
 from v100lab.errors import V100labError
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,6 @@ class LogError(V100labError):
 # ------------------------------------------------------------------------------------------------
 
 # common/log.cpp (llama-server, llama-cli): "<t> <L> " prefix, then an optional module tag (srv, cmn, slot, ...)
-_RE_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [IWEDT] ")
-_RE_TAG = re.compile(r"^(?:srv|cmn|slot|spec|que|res|mtmd|log|ctx) +(?=[\w~]+:)")
 # tools/server/server-context.cpp print_timing: "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token,
 # %8.2f tokens per second)", "       eval time = ..."; src/llama-context.cpp llama_perf_context_print:
 # "%s: prompt eval time = ... tokens (...)" and "%s:        eval time = %10.2f ms / %5d runs   (%8.2f ms per
@@ -253,15 +252,6 @@ def read_log(path: str | os.PathLike) -> str:
     if b"\x00" in data[:65536]:
         raise LogError(f"{p}: not a llama.cpp log (binary data)")
     return data.decode("utf-8", errors="replace")
-
-
-def normalize_line(raw: str) -> str:
-    """One log line without llama-server's ``<time> <level> [tag ]`` prefix and without progress dots."""
-    line = raw.rstrip()
-    line = _RE_PREFIX.sub("", line, count=1)
-    line = _RE_TAG.sub("", line, count=1)
-    stripped = line.strip()
-    return stripped.lstrip(".") if stripped.startswith(".") else stripped
 
 
 def _lines(text: str) -> list[tuple[int, str]]:

@@ -240,16 +240,23 @@ def _to_bool(v: str) -> bool | None:
     return None
 
 
+# tools/server and common/log.cpp: with timestamps and prefixes on (llama-server's default), every line
+# starts "<h>.<mm>.<ss>.<us> <level> " and server-side lines add a tag such as "srv  " before "func:".
+_RE_SERVER_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [IWEDT] ")
+_RE_SERVER_TAG = re.compile(r"^(?:srv|cmn|slot|spec|que|res|mtmd|log|ctx) +(?=[\w~]+:)")
+
+
+def normalize_line(raw: str) -> str:
+    """One log line without llama-server's ``<time> <level> [tag ]`` prefix and without progress dots."""
+    line = _RE_SERVER_PREFIX.sub("", raw.rstrip(), count=1)
+    line = _RE_SERVER_TAG.sub("", line, count=1)
+    stripped = line.strip()
+    return stripped.lstrip(".") if stripped.startswith(".") else stripped
+
+
 def split_lines(text: str) -> list[str]:
-    """Log text → lines; progress dots that llama.cpp prints without newlines are stripped."""
-    out = []
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        stripped = line.lstrip(".")
-        if not stripped.strip():
-            continue
-        out.append(stripped)
-    return out
+    """Log text → normalized lines (see :func:`normalize_line`); empty lines are dropped."""
+    return [line for line in (normalize_line(raw) for raw in text.splitlines()) if line]
 
 
 def parse_load_log(text: str, records: list[tuple[int, str]] | None = None) -> LoadFacts:
