@@ -145,7 +145,7 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
                 ax.bar(agg["x"] + shift, agg["result"], width=width * 0.95, color=SOURCE_COLORS.get(source),
                        alpha=0.9 - 0.25 * (k // 3), label=label)
                 for x, y in zip(agg["x"] + shift, agg["result"]):
-                    ax.annotate(f"{y:,.1f}", (x, y), xytext=(0, 2), textcoords="offset points", ha="center",
+                    ax.annotate(f"{y:,.3g}", (x, y), xytext=(0, 2), textcoords="offset points", ha="center",
                                 fontsize=7)
                 g = g.assign(x=g["x"] + shift)
             else:
@@ -318,7 +318,7 @@ def fit_heatmap(grid):
         t = g[g["cache type"] == ct]
         wide = t.pivot_table(index="quant", columns="value", values="result", aggfunc="max") / 2**30
         wide = wide[_order(list(wide.columns))].reindex(list(dict.fromkeys(t["quant"])))
-        sns.heatmap(wide, ax=ax, cmap="RdYlGn", center=0, vmin=-lim, vmax=lim, annot=True, fmt=".1f",
+        sns.heatmap(wide, ax=ax, cmap="RdYlGn", center=0, vmin=-lim, vmax=lim, annot=True, fmt=".2f",
                     cbar=i == len(types) - 1, cbar_kws={"label": "margin left on the device (GiB)"},
                     annot_kws={"fontsize": 8}, linewidths=0.5, linecolor="white")
         ax.set_title(mpl_text(f"KV cache {ct}"), fontsize=10)
