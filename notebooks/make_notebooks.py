@@ -204,6 +204,32 @@ CPU threads."""),
     (C, "levers.headline(threads, lever=\"n_threads\")"),
 ]
 
+NOTEBOOKS["08_final_config"] = [
+    (M, """# 08 · The final configuration
+
+Everything before, put together by `v100lab tune`: every combination of quant (4 bits and more), KV cache
+type, flash attention and micro-batch is predicted for the scenario's device at the context the scenario
+needs; those that fit with a margin are ranked by predicted decode speed (measured and chosen by measurement
+when the device is this machine). The result is a llama-server command with a reason for every flag."""),
+    (M, "## The tuned command"),
+    (C, "render.code(levers.tuned_command(sc))"),
+    (M, "## Why each flag is there, and what it buys"),
+    (C, "render.table(levers.command_reasons(sc))"),
+    (M, """## This scenario's own staircase
+
+From llama.cpp's defaults to the tuned configuration, one change per stage: predicted on the scenario's
+device, and each stage's flags measured here with the measured model."""),
+    (C, "stairs = levers.own_staircase(sc)\nplots.sweep(stairs, \"From llama.cpp's defaults to the tuned command\", "
+        "lever=\"stage\", metrics=(\"tg_tps\",))"),
+    (M, """## The seed's final command, flag by flag
+
+The seed's own command for its V100, against the tuned one for the same device and assumed model."""),
+    (C, "verdict = levers.seed_verdict_table(sc)\nrender.table(verdict)"),
+    (M, "## What this run showed"),
+    (C, "levers.summary_final(sc, stairs, verdict)"),
+    (C, "levers.headline(stairs, lever=\"stage\")"),
+]
+
 
 def build(name: str, cells: list[tuple[str, str]]):
     nb = nbformat.v4.new_notebook()
