@@ -18,7 +18,7 @@ from v100lab.backends import BenchTest
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 
-CFG = RunConfig(n_ctx=256, n_threads=2)
+CFG = RunConfig(n_ctx=256, n_threads=1)
 
 
 # ---- tests and statistics -------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_cli_json_one_document(capsys, tmp_path):
     from v100lab.cli import main
 
     res = tmp_path / "r.jsonl"
-    rc = main(["bench", "default", "-c", "256", "-t", "2", "--tests", "tg8", "-r", "2", "--json",
+    rc = main(["bench", "default", "-c", "256", "-t", "1", "--tests", "tg8", "-r", "2", "--json",
                "--results", str(res)])
     out = capsys.readouterr().out
     assert rc == 0
@@ -197,7 +197,7 @@ def test_cli_json_one_document(capsys, tmp_path):
     assert len(doc) == 1 and doc[0]["test"] == "tg8" and doc[0]["status"] == "ok"
     assert "raw_log" not in doc[0]
     assert len(res.read_text().splitlines()) == 1
-    rc = main(["bench", "default", "-c", "256", "-t", "2", "--tests", "tg8", "-r", "2", "--json",
+    rc = main(["bench", "default", "-c", "256", "-t", "1", "--tests", "tg8", "-r", "2", "--json",
                "--results", str(res)])
     again = json.loads(capsys.readouterr().out)
     assert rc == 0 and again[0]["run_id"] == doc[0]["run_id"]
@@ -207,7 +207,7 @@ def test_cli_json_one_document(capsys, tmp_path):
 @pytest.mark.parametrize("argv,status", [
     (["bench", "default", "--tests", "qq12"], 2),
     (["bench", "/no/such/model.gguf"], 2),
-    (["bench", "default", "-c", "256", "-t", "2", "--tests", "tg8", "-r", "1", "-ctv", "q8_0", "-fa", "off"], 1),
+    (["bench", "default", "-c", "256", "-t", "1", "--tests", "tg8", "-r", "1", "-ctv", "q8_0", "-fa", "off"], 1),
 ])
 def test_cli_errors(argv, status, capsys):
     from v100lab.cli import main

@@ -20,13 +20,13 @@ from v100lab.backends.server import ServerBackend, find_llama_server
 from v100lab.config import RunConfig
 from v100lab.store import ResultsStore
 
-CFG = RunConfig(n_ctx=256, n_threads=2)
+CFG = RunConfig(n_ctx=256, n_threads=1)
 
 SWEEP_SCRIPT = """
 import sys
 from v100lab import bench
 from v100lab.config import RunConfig
-bench.sweep("default", RunConfig(n_ctx=256, n_threads=2), "n_ubatch", [int(v) for v in sys.argv[2].split(",")],
+bench.sweep("default", RunConfig(n_ctx=256, n_threads=1), "n_ubatch", [int(v) for v in sys.argv[2].split(",")],
             tests="tg8", repetitions=2, results=sys.argv[1], progress=False, monitor=False)
 """
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import pytest
 
@@ -16,7 +14,7 @@ from v100lab.backends.llamabench import (export_llama_bench_json, find_llama_ben
 from v100lab.backends.server import ServerBackend, find_llama_server
 from v100lab.config import RunConfig
 
-CFG = RunConfig(n_ctx=256, n_threads=2)
+CFG = RunConfig(n_ctx=256, n_threads=1)
 pytestmark = pytest.mark.server
 
 
@@ -127,8 +125,8 @@ def test_real_llama_bench_json_jsonl_csv(llama_bench_bin, default_model, tmp_pat
     for r in rows:
         assert r["status"] == "ok" and len(r["samples_ns"]) == 2 and r["avg_ts"] > 0
         assert r["model_header_sha256"] and r["model_type"].startswith("llama")
-        assert r["n_threads"] == 2 and r["flash_attn"] == "auto"
-    base = [str(llama_bench_bin), "-m", str(default_model), "-p", "16", "-n", "0", "-r", "1", "-t", "2"]
+        assert r["n_threads"] == 1 and r["flash_attn"] == "auto"
+    base = [str(llama_bench_bin), "-m", str(default_model), "-p", "16", "-n", "0", "-r", "1", "-t", "1"]
     for fmt in ("json", "csv"):
         out = subprocess.run(base + ["-o", fmt], capture_output=True, text=True, timeout=300).stdout
         (tmp_path / f"lb.{fmt}").write_text(out)

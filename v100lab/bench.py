@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import logging
-import math
 import os
 import platform
 import statistics
@@ -454,6 +453,3 @@ def format_markdown(rows: Iterable[Mapping[str, Any]]) -> str:
         lines.append(f"build: {', '.join(builds)}")
     return "\n".join(lines)
 
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
