@@ -114,7 +114,10 @@ def pure_quantized_path(src, type_name: str):
         import os
 
         params.nthread = os.cpu_count() or 1
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        from v100lab.loadlog import capture_llama_log
+
+        with capture_llama_log():          # the quantizer's per-tensor log stays out of the terminal
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
         if rc != 0:
             raise V100labError(f"llama.cpp's quantizer failed on {src.name} → pure {type_name} (return code {rc})")
 
@@ -149,16 +152,40 @@ class Timing:
     s_per_token: float
     cv: float
     samples: tuple[float, ...]
+    busy: float = 0.0          # share of all CPUs other processes used just before the test
 
 
-def _timing(samples_ns: Sequence[int], n_tokens: int) -> Timing:
+def wait_for_quiet(max_wait_s: float = 30.0, busy_frac: float = 0.25) -> float:
+    """Wait (up to ``max_wait_s``) until other processes use less than ``busy_frac`` of the CPUs; returns
+    the share last seen. llama.cpp's threads spin while they wait, so on a 2-core machine any other busy
+    process collapses a 2-thread measurement (DESIGN.md) — better to wait, and to record it when waiting
+    did not help."""
+    import os
+
+    import psutil
+
+    me = psutil.Process()
+    ncpu = os.cpu_count() or 1
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        me.cpu_percent(None)
+        psutil.cpu_percent(None)
+        time.sleep(0.5)
+        total, own = psutil.cpu_percent(None), me.cpu_percent(None) / ncpu
+        busy = max(total - own, 0.0) / 100.0
+        if busy < busy_frac or time.monotonic() > deadline:
+            return busy
+        time.sleep(1.0)
+
+
+def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timing:
     """Best of the repetitions: on a shared machine another process only ever slows a repetition down,
     so the fastest is the best estimate of the machine's own speed (the CV says how noisy it was)."""
     per = [ns / 1e9 / n_tokens for ns in samples_ns]
     med = min(per)
     tps = [1.0 / p for p in per]
     cv = statistics.stdev(tps) / statistics.fmean(tps) if len(tps) > 1 else 0.0
-    return Timing(med, cv, tuple(per))
+    return Timing(med, cv, tuple(per), busy)
 
 
 def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prompt: int = 0,
@@ -181,11 +208,13 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
         if n_prompt:
             tests.append(("pp", BenchTest(n_prompt=n_prompt, n_depth=depth)))
         for key, test in tests:
+            busy = wait_for_quiet()
             m = session.run(test, repetitions, warmup=True)
-            t = _timing(m.samples_ns, test.n_tokens)
+            t = _timing(m.samples_ns, test.n_tokens, busy)
             if retry_noisy and t.cv > NOISY_CV:
+                busy = wait_for_quiet()
                 m2 = session.run(test, repetitions, warmup=False)
-                t2 = _timing(m2.samples_ns, test.n_tokens)
+                t2 = _timing(m2.samples_ns, test.n_tokens, busy)
                 log.info("noisy %s (cv %.1f%%): rerun cv %.1f%%", key, 100 * t.cv, 100 * t2.cv)
                 if t2.cv < t.cv:
                     t = t2
@@ -329,10 +358,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         raise ConfigError(f"calibrate: thread counts must be >= 1, got {list(threads)}")
     say = progress or (lambda s: None)
     say("building calibration models (cached after the first run)")
-    from v100lab.loadlog import capture_llama_log
-
-    with capture_llama_log():          # the quantizer's per-tensor log stays out of the terminal
-        paths = calibration_model_paths()
+    paths = calibration_model_paths()
     specs = {k: read_spec(p) for k, p in paths.items()}
     result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
@@ -344,19 +370,30 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         result["build_commit"] = info.get("build_commit")
     except Exception as exc:  # build info is a nicety, never a reason to fail
         log.debug("build info unavailable: %s", exc)
+    first: dict[str, float] = {}
     for th in threads:
         say(f"memory bandwidth, {th} thread(s)")
+        wait_for_quiet()
         bw = devices.measure_memory_bandwidth(threads=th)
         pts = []
         for cp in calibration_points():
             say(f"{cp.name}, {th} thread(s)")
-            tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
-                         n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions)
+            for attempt in range(3):
+                tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
+                             n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions)
+                # more threads slower than fewer: another process took the cores (llama.cpp's threads
+                # spin and collapse); measure again after waiting for quiet
+                base = first.get(cp.name)
+                if base is None or tm["tg"].s_per_token < 1.5 * base:
+                    break
+                say(f"{cp.name}: {th} threads slower than {threads[0]} (contended?); measuring again")
+                time.sleep(2.0)
+            first.setdefault(cp.name, tm["tg"].s_per_token)
             pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
                         "tg": tm["tg"].s_per_token, "pp": tm["pp"].s_per_token if "pp" in tm else None,
                         "n_prompt": CALIB_N_PROMPT})
             result["points"].append({"config": cp.name, "threads": th, "tg_tps": round(1 / tm["tg"].s_per_token, 2),
-                                     "tg_cv": round(tm["tg"].cv, 4),
+                                     "tg_cv": round(tm["tg"].cv, 4), "busy": round(tm["tg"].busy, 3),
                                      **({"pp_tps": round(1 / tm["pp"].s_per_token, 2), "pp_cv": round(tm["pp"].cv, 4)}
                                         if "pp" in tm else {})})
         fit = fit_cpu(pts, bw["bandwidth_gbs"])
