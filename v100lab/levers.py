@@ -337,24 +337,32 @@ def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, 
     return _measured(rows, st.measured_label)
 
 
-def _flag(df, ceilings: Mapping[tuple[str, str, str], float]):
-    """Mark measured and claimed tok/s rows above the strict ceiling of their model, quant and device."""
+def _flag(df, ceilings: Mapping[tuple, float]):
+    """Mark measured and claimed decode rows (tok/s) above the strict ceiling of their model, quant and device
+    — the ceiling of the same lever value when there is one, else the loosest of that model's."""
     if not len(df) or not ceilings:
         return df
-    from v100lab.speed import flag_above_ceiling
-
-    mask = df["source"].isin(["measured", "claimed"])
-    flagged = flag_above_ceiling(df[mask], ceilings)
     df = df.copy()
-    df.loc[mask, "above_ceiling"] = flagged["above_ceiling"]
+    flags = []
+    for _, r in df.iterrows():
+        flag = r["above_ceiling"]
+        if r["source"] in ("measured", "claimed") and r["unit"] == TPS and str(r["metric"]).startswith("tg_tps"):
+            c = ceilings.get((r["model"], r["quant"], r["device"], r["lever"], r["value"]),
+                             ceilings.get((r["model"], r["quant"], r["device"])))
+            if c is not None:
+                flag = bool(r["result"] > c)
+        flags.append(flag)
+    df["above_ceiling"] = flags
     return df
 
 
-def _ceilings_of(rows: Iterable[Observation]) -> dict[tuple[str, str, str], float]:
-    """(model, quant, device) → the largest strict ceiling among predicted rows (the loosest bound)."""
-    out: dict[tuple[str, str, str], float] = {}
+def _ceilings_of(rows: Iterable[Observation]) -> dict[tuple, float]:
+    """Strict ceilings of the predicted rows: by (model, quant, device, lever, value), and by (model, quant,
+    device) the largest of them (the loosest bound, for rows measured at a value nothing predicted)."""
+    out: dict[tuple, float] = {}
     for o in rows:
         if o.source == "predicted" and o.metric == "strict_ceiling_tg_tps":
+            out[(o.model, o.quant, o.device, o.lever, o.value)] = o.result
             k = (o.model, o.quant, o.device)
             out[k] = max(out.get(k, 0.0), o.result)
     return out
@@ -363,11 +371,6 @@ def _ceilings_of(rows: Iterable[Observation]) -> dict[tuple[str, str, str], floa
 def _frame(rows: list[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
     df = _flag(tidy_frame(rows), _ceilings_of(rows))
     df.attrs["failures"] = list(failures)
-    df.attrs.update(attrs)
-    return df
-
-
-def _with_attrs(df, **attrs):
     df.attrs.update(attrs)
     return df
 
@@ -829,8 +832,8 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
 # ================================================================================================
 
 def quant_ladder(sc: Scenario):
-    """The quant ladder. When measuring: ``ladder_model``'s real ladder built here by llama.cpp's quantizer and measured
-    (decode, prompt, file size) beside the prediction from each file's own header; otherwise the scenario's
+    """The quant ladder. When measuring: ``ladder_model``'s real ladder, built here by llama.cpp's quantizer
+    and measured (decode, prompt, file size) beside the prediction from each file's own header; otherwise the scenario's
     model predicted on its device per quant (decode, prompt, file bytes). Lever "quant"."""
     from dataclasses import replace
 
@@ -1271,6 +1274,20 @@ def _failures_line(*frames) -> str:
                lever=first["lever"], value=first["value"], reason=first["reason"])
 
 
+def _above_line(*frames) -> str:
+    """How many measured decode figures of this run exceed the strict ceiling of their model and device."""
+    n = k = 0
+    for df in frames:
+        m = df[(df["source"] == "measured") & (df["unit"] == TPS) & df["metric"].astype(str).str.startswith("tg")] \
+            if len(df) and "source" in df else df.iloc[0:0]
+        n += len(m)
+        k += int(m["above_ceiling"].fillna(False).astype(bool).sum()) if len(m) else 0
+    if not k:
+        return ""
+    return _md("{k} of {n} measured decode figures are above the strict bandwidth ceiling of their model and device "
+               "(marked ✕ in the plots).", k=k, n=n)
+
+
 def _not_measured_line(df) -> str:
     why = df.attrs.get("why_not_measured")
     return _md("Nothing was measured for this step: {why}.", why=why) if why else ""
@@ -1323,7 +1340,7 @@ def summary_overview(sc: Scenario, stairs):
         lines.append(_md("On this machine {model} decoded at {lo}–{hi} tok/s across the stages' flags; "
                          "measured vs predicted: {agree}.", model=here["model"].iloc[0], lo=_fmt(min(ms)),
                          hi=_fmt(max(ms)), agree=_agreement(pairs)))
-    lines += [_failures_line(stairs), _not_measured_line(stairs)]
+    lines += [_above_line(stairs), _failures_line(stairs), _not_measured_line(stairs)]
     return _markdown(lines)
 
 
@@ -1411,7 +1428,7 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
         if pairs:
             lines.append(_md("Apple Silicon {name}, predicted vs published: {agree}.", name=name,
                              agree=_agreement([(v, m, p) for v, m, p in pairs])))
-    lines.append(_failures_line(roof))
+    lines += [_above_line(roof), _failures_line(roof)]
     return _markdown(lines)
 
 
@@ -1433,7 +1450,7 @@ def summary_baseline(sc: Scenario, base, diag):
     off = diag[diag["fact"].str.startswith("layers")]
     if len(off):
         lines.append(_md("Load log: {fact} — {value}.", fact=off["fact"].iloc[0], value=off["value"].iloc[0]))
-    lines += [_failures_line(base), _not_measured_line(base)]
+    lines += [_above_line(base), _failures_line(base), _not_measured_line(base)]
     return _markdown(lines)
 
 
@@ -1469,7 +1486,7 @@ def summary_quantization(sc: Scenario, ladder, qual):
                          "F16 (nats per token): {kls}.", r=_fmt(ref, 2), q=worst["value"], w=_fmt(worst["result"], 2),
                          d=_pct(worst["result"], ref), kls=kls or "—"))
         lines.append(_md("Text scored: {corpus}.", corpus=qual.attrs.get("corpus", "")))
-    lines += [_failures_line(ladder, qual), _not_measured_line(qual)]
+    lines += [_above_line(ladder), _failures_line(ladder, qual), _not_measured_line(qual)]
     return _markdown(lines)
 
 
@@ -1547,7 +1564,7 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
         if len(row):
             lines.append(_md("q8_0 V with flash attention off — predicted: {p}; llama.cpp here: {m}.",
                              p=row["predicted"].iloc[0], m=row["llama.cpp here"].iloc[0]))
-    lines += [_failures_line(kv, depth_df), _not_measured_line(depth_df)]
+    lines += [_above_line(depth_df), _failures_line(kv, depth_df), _not_measured_line(depth_df)]
     return _markdown(lines)
 
 
@@ -1584,7 +1601,7 @@ def summary_levers(sc: Scenario, batch, fa, par, load, threads):
         f = _pick(load, metric="first_token_s").groupby("value")["result"].median()
         lines.append(_md("Loading (median): {modes}.", modes="; ".join(
             f"{k} {g[k]:.2f} s to load, {f.get(k, float('nan')):.2f} s to the first token" for k in g.index)))
-    lines += [_failures_line(batch, fa, par, load, threads)]
+    lines += [_above_line(batch, fa, par, threads), _failures_line(batch, fa, par, load, threads)]
     return _markdown(lines)
 
 
@@ -1754,5 +1771,5 @@ def summary_final(sc: Scenario, stairs, verdict):
                          lo=f"{a['claimed'][0]:g}", hi=f"{a['claimed'][1]:g}", c=_fmt(a.get("ceiling")),
                          p=f" — {a['seed_problem']}" if a.get("seed_problem") else "", t=_fmt(a.get("tuned_predicted")),
                          diff=", ".join(verdict[verdict["seed"] != verdict["tuned"]]["flag"]) or "none"))
-    lines += [_failures_line(stairs), _not_measured_line(stairs)]
+    lines += [_above_line(stairs), _failures_line(stairs), _not_measured_line(stairs)]
     return _markdown(lines)

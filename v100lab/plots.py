@@ -30,7 +30,7 @@ METRIC_LABELS = {"tg_tps": "decode (tg), tok/s", "pp_tps": "prompt processing (p
 LEVER_LABELS = {"n_gpu_layers": "-ngl (layers offloaded)", "n_ctx": "context size -c (tokens)",
                 "n_depth": "tokens already in the context (depth)", "n_ubatch": "-ub physical batch (tokens)",
                 "flash_attn": "-fa flash attention", "n_parallel": "-np parallel slots",
-                "n_threads": "-t threads", "quant": "quantization", "stage": "stage of the seed's staircase",
+                "n_threads": "-t threads", "quant": "quantization", "stage": "stage",
                 "device": "device", "config": "configuration", "load_mode": "how the model is loaded"}
 
 
