@@ -1324,9 +1324,9 @@ def summary_overview(sc: Scenario, stairs):
         stages_above = list(dict.fromkeys(above["value"]))
         dev = claimed["device"].iloc[0]
         lines.append(_md("Of the seed's {n} claimed figures, {k} exceed the strict ceiling of its assumed model on "
-                         "{dev} — stage(s) {stages}: a measurement above the bandwidth ceiling means the "
-                         "measurement or the model size is wrong.", n=len(claimed), k=len(above), dev=dev,
-                         stages=", ".join(stages_above) or "none"))
+                         "{dev}{stages}.", n=len(claimed), k=len(above), dev=dev,
+                         stages=(" — stage(s) " + ", ".join(stages_above) + ": no card decodes faster than it reads "
+                                 "the weights, so the measurement or the model size is wrong") if stages_above else ""))
     for stage in dict.fromkeys(_pick(seed, metric="tg_tps", source="predicted")["value"]):
         c = _pick(claimed, value=stage)["result"]
         p = _one(seed, metric="tg_tps", source="predicted", value=stage)
