@@ -55,14 +55,17 @@ PROFILE_KEY = "speed_calibration"
 # enough to stream from DRAM (L3 here: 32 MiB), small enough to measure in a second. Each rung is *pure*
 # (every matrix, the output included, of one type) so that one measurement gives one type's cost.
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
-# Per-layer overhead and attention: many thin layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads).
+# Per-layer overhead and attention: many thin layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads),
+# and the same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
+# 64 elements (v100lab.speed.F16_SIMD_STEP), which makes such heads several times dearer per element.
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
+CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
 CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "Q4_K": "Q4_K_M", "Q4_0": "Q4_0",
                "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q3_K": "Q3_K_M", "Q2_K": "Q2_K"}
 CALIB_DEPTHS = (1024, 2048)
 CALIB_N_GEN = 16
-CALIB_N_PROMPT = 64
+CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 NOISY_CV = 0.10
 
 
@@ -85,6 +88,7 @@ def calibration_points() -> list[CalPoint]:
     pts = [CalPoint("calib-wide", CALIB_WIDE, t) for t in CALIB_TYPES]
     pts += [CalPoint("calib-deep", CALIB_DEEP, "F16"), CalPoint("calib-deep", CALIB_DEEP, "Q4_0")]
     pts += [CalPoint("calib-deep", CALIB_DEEP, "F16", depth=d, prompt=False) for d in CALIB_DEPTHS]
+    pts += [CalPoint("calib-deep96", CALIB_DEEP96, "F16", depth=d, prompt=False) for d in (0,) + CALIB_DEPTHS]
     return pts
 
 
@@ -127,7 +131,8 @@ def pure_quantized_path(src, type_name: str):
 def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path."""
     out = {}
-    for label, synth, types in (("calib-wide", CALIB_WIDE, tuple(CALIB_TYPES)), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0"))):
+    for label, synth, types in (("calib-wide", CALIB_WIDE, tuple(CALIB_TYPES)), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
+                                ("calib-deep96", CALIB_DEEP96, ("F16",))):
         f16 = zoo.synthetic_path(synth)
         for t in types:
             if progress:
@@ -138,7 +143,7 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
-    return {CALIB_WIDE.stem, CALIB_DEEP.stem}
+    return {CALIB_WIDE.stem, CALIB_DEEP.stem, CALIB_DEEP96.stem}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -285,14 +290,14 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
         w = _single_device_work(p["spec"], cfg, p["depth"])
         known = (w.other_bytes + w.state_bytes) / (bandwidth_gbs * 1e9)
         rows.append([p["spec"].n_layer + 1.0] + [w.weights[t].n_weights if t in w.weights else 0.0 for t in types]
-                    + [w.attn_ops])
+                    + [w.attn_ops, w.attn_tail_ops])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
     A = np.array(rows) * np.array(wts)[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs, c_attn = 0.0, x[0], dict(zip(types, x[1:-1])), x[-1]
+    o_tok, o_layer, costs, c_attn, c_tail = 0.0, x[0], dict(zip(types, x[1:-2])), x[-2], x[-1]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached, relative to the STREAM figure (>= 1 keeps the
@@ -307,7 +312,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     out: dict[str, Any] = {
         "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4),
         "tg_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0},
-        "attn_s_per_op": float(c_attn), "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
+        "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention_pp(per token) c_attn + o_pp / n_prompt
@@ -324,10 +329,14 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
             for t in spec.tensors:
                 if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1:
                     per_type[t.type_name] += t.n_elements
-            attn = sum(causal_cells(p["depth"], n) * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-                       for il in range(spec.n_layer) if spec.has_kv(il)) / n
+            from v100lab.speed import head_tail
+
+            pairs = sum(causal_cells(p["depth"], n) * spec.n_head_at(il)
+                        for il in range(spec.n_layer) if spec.has_kv(il)) / n
+            attn_t = pairs * ((spec.head_dim_k + spec.head_dim_v) * c_attn
+                              + (head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)) * c_tail)
             rows.append([1.0 / n] + [per_type[t] for t in ptypes])
-            y.append(p["pp"] - attn * c_attn)
+            y.append(p["pp"] - attn_t)
             wts.append(1.0 / p["pp"])
         A = np.array(rows) * np.array(wts)[:, None]
         scale = np.abs(A).max(axis=0)
@@ -438,7 +447,7 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     for key in ("tg_s_per_weight", "pp_s_per_weight"):
         mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
                       for t in set(a.get(key, {})) & set(b.get(key, {}))}
-    for key in ("attn_s_per_op", "pp_attn_s_per_op"):
+    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op"):
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
     for key in ("overhead_token_s", "overhead_layer_s", "pp_overhead_s", "bandwidth_gbs", "efficiency"):
@@ -457,7 +466,8 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         attn_s_per_op=float(p.get("attn_s_per_op", 0.0)) / speedup, pp_s_per_weight=MappingProxyType(pp),
         pp_default_s_per_weight=default_pp, pp_attn_s_per_op=float(p.get("pp_attn_s_per_op", 0.0)) / speedup,
         overhead_token_s=float(p.get("overhead_token_s", 0.0)), overhead_layer_s=float(p.get("overhead_layer_s", 0.0)),
-        pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source)
+        pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source,
+        attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -52,6 +52,10 @@ LINK_LATENCY_S = 10e-6
 UNCALIBRATED_CPU_EFFICIENCY = 0.7
 UNCALIBRATED_CPU_PP_GFLOPS_PER_THREAD = 20.0
 UNCALIBRATED_CPU_OVERHEAD_S = 1e-3
+# ggml-cpu simd-mappings.h, AVX512: GGML_F16_STEP 64. ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU
+# flash-attention kernel per KV cell) run SIMD over the largest multiple of the step and a scalar loop over
+# the rest, so a head_dim of 96 costs far more per element than 64 or 256. (AVX2 builds: step 32.)
+F16_SIMD_STEP = 64
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,6 +165,7 @@ class DeviceWork:
     attn_ops: float                   # attention multiply-adds: Σ query heads × cells × (head_dim_k + head_dim_v)
     state_bytes: float                # recurrent state read + written (f32)
     placed_weight_bytes: float        # the device's share of the file's weight bytes (the seed's ceiling uses these)
+    attn_tail_ops: float = 0.0        # the part of attn_ops in each head's scalar tail (head_dim mod F16_SIMD_STEP)
 
     @property
     def weight_bytes_read(self) -> float:
@@ -257,7 +262,8 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
                 w[1] += t.n_bytes * frac
             else:
                 other += t.n_bytes
-        kv = attn = state = 0.0
+        kv = attn = tail = state = 0.0
+        dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
         for il in sorted(layers):
             if spec.is_recurrent(il):
                 state += 2.0 * state_el
@@ -268,11 +274,18 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             kv += cells * (row_bytes(cfg.cache_type_k, spec.n_embd_k_gqa(il)) +
                            row_bytes(cfg.cache_type_v, spec.n_embd_v_gqa(il)))
             attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
+            tail += cells * spec.n_head_at(il) * dtail
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
             weights=MappingProxyType({k: TypeWork(v[0], v[1]) for k, v in sorted(weights.items())}),
-            other_bytes=other, kv_bytes=kv, attn_ops=attn, state_bytes=state, placed_weight_bytes=stored)
+            other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, state_bytes=state,
+            placed_weight_bytes=stored)
     return out
+
+
+def head_tail(head_dim: int) -> int:
+    """Elements of a head past the last full SIMD step (scalar in ggml's f16 vector kernels)."""
+    return head_dim % F16_SIMD_STEP
 
 
 def _input_device(placement: Mapping[str, Placed]) -> str:
@@ -306,6 +319,13 @@ class DeviceRates:
     pp_overhead_s: float                      # per ubatch of prompt processing
     host_link_gbs: float | None
     source: str
+    attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
+
+    @property
+    def peak_bandwidth(self) -> float:
+        """Bytes/s no decode can beat: the catalog peak, or for a calibrated host the larger of its
+        STREAM-like figure and the best bandwidth llama.cpp itself reached in calibration."""
+        return self.bandwidth_gbs * 1e9 * max(1.0, self.efficiency)
 
     @property
     def effective_bandwidth(self) -> float:
@@ -555,7 +575,7 @@ def _combine(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             else:
                 t_mem += tm
         t_mem += w.other_bytes / bw + w.state_bytes / bw
-        tm, tc = w.kv_bytes / bw, w.attn_ops * r.attn_s_per_op
+        tm, tc = w.kv_bytes / bw, w.attn_ops * r.attn_s_per_op + w.attn_tail_ops * r.attn_tail_s_per_op
         if tc > tm:
             t_cmp += tc
         else:
@@ -567,7 +587,7 @@ def _combine(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             t_mem_all += t_mem
             t_cmp_all += t_cmp
             t_ovh_all += t_ovh
-        bw_peak = r.bandwidth_gbs * 1e9
+        bw_peak = r.peak_bandwidth
         ceil = bw_peak / w.placed_weight_bytes if w.placed_weight_bytes else math.inf
         by[k] = DevicePrediction(
             device_id=k, kind=r.kind, n_layers=n_lay, has_output=w.has_output,
@@ -582,8 +602,8 @@ def _combine(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
     parts = {"memory": t_mem_all, "compute": t_cmp_all, "overhead": t_ovh_all + t_tok, "host-link": t_link}
     bound = max(parts, key=parts.get)
     # the seed's ceiling: all placed weights at peak bandwidth; strict: what must be read per token
-    t_plain = sum(w.placed_weight_bytes / (rates[k].bandwidth_gbs * 1e9) for k, w in work.items())
-    t_strict = sum(w.bytes_read / (rates[k].bandwidth_gbs * 1e9) for k, w in work.items())
+    t_plain = sum(w.placed_weight_bytes / rates[k].peak_bandwidth for k, w in work.items())
+    t_strict = sum(w.bytes_read / rates[k].peak_bandwidth for k, w in work.items())
     pp_total, pp_bound = _pp_total(spec, placement, by, rates, cfg, n_prompt)
     for k, r in rates.items():
         if k in active and r.source.startswith("uncalibrated"):
@@ -657,7 +677,8 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
         if out_t is not None:
             t_cmp += out_t.n_elements * r.pp_cost(out_t.type_name)
     # attention: the i-th prompt token sees depth + i + 1 cells (causal); per cell heads × (dk + dv)
-    attn = 0.0
+    attn = tail = 0.0
+    dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
     for il in layer_set:
         if spec.is_recurrent(il) or not spec.has_kv(il) or il >= spec.n_layer - (spec.nextn_layers or 0):
             continue
@@ -667,7 +688,8 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
             # KQ over all n_kv cells of each ubatch
             cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cache_cells(cfg, spec))
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-    t_cmp += attn * r.pp_attn_s_per_op
+        tail += cells * spec.n_head_at(il) * dtail
+    t_cmp += attn * r.pp_attn_s_per_op + tail * r.attn_tail_s_per_op
     t_ovh = n_ub * r.pp_overhead_s
     t = max(t_cmp, t_mem) + t_ovh
     bound = "compute" if t_cmp >= t_mem else "memory"
