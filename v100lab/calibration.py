@@ -195,7 +195,7 @@ def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timi
 
 def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prompt: int = 0,
             repetitions: int = 3, flash_attn: str = "auto", retry_noisy: bool = True,
-            n_ctx: int | None = None) -> dict[str, Timing]:
+            n_ctx: int | None = None, pp_repetitions: int | None = None) -> dict[str, Timing]:
     """Decode (tg ``n_gen`` at ``depth``) and prompt (pp ``n_prompt``) time per token, llama-bench's way.
 
     A test whose coefficient of variation exceeds 10 % is run once more and the quieter run is kept."""
@@ -213,12 +213,13 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
         if n_prompt:
             tests.append(("pp", BenchTest(n_prompt=n_prompt, n_depth=depth)))
         for key, test in tests:
+            reps = pp_repetitions if (key == "pp" and pp_repetitions) else repetitions
             busy = wait_for_quiet()
-            m = session.run(test, repetitions, warmup=True)
+            m = session.run(test, reps, warmup=True)
             t = _timing(m.samples_ns, test.n_tokens, busy)
             if retry_noisy and t.cv > NOISY_CV:
                 busy = wait_for_quiet()
-                m2 = session.run(test, repetitions, warmup=False)
+                m2 = session.run(test, reps, warmup=False)
                 t2 = _timing(m2.samples_ns, test.n_tokens, busy)
                 log.info("noisy %s (cv %.1f%%): rerun cv %.1f%%", key, 100 * t.cv, 100 * t2.cv)
                 if t2.cv < t.cv:
@@ -329,23 +330,20 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
             for t in spec.tensors:
                 if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1:
                     per_type[t.type_name] += t.n_elements
-            from v100lab.speed import head_tail
-
-            pairs = sum(causal_cells(p["depth"], n) * spec.n_head_at(il)
-                        for il in range(spec.n_layer) if spec.has_kv(il)) / n
-            attn_t = pairs * ((spec.head_dim_k + spec.head_dim_v) * c_attn
-                              + (head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)) * c_tail)
-            rows.append([1.0 / n] + [per_type[t] for t in ptypes])
-            y.append(p["pp"] - attn_t)
+            # prompt attention is fitted on its own: llama.cpp's CPU flash attention over a batch of
+            # queries costs far less per multiply-add than one query at a time
+            ops = sum(causal_cells(p["depth"], n) * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
+                      for il in range(spec.n_layer) if spec.has_kv(il)) / n
+            rows.append([1.0 / n, ops] + [per_type[t] for t in ptypes])
+            y.append(p["pp"])
             wts.append(1.0 / p["pp"])
         A = np.array(rows) * np.array(wts)[:, None]
         scale = np.abs(A).max(axis=0)
         scale[scale == 0] = 1.0
         xp = nnls(A / scale, np.array(y) * np.array(wts)) / scale
         predp = np.array(rows) @ xp + (np.array([p["pp"] for p in pp_pts]) - np.array(y))
-        out.update({"pp_overhead_s": float(xp[0]),
-                    "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[1:]) if c > 0},
-                    "pp_attn_s_per_op": float(c_attn),
+        out.update({"pp_overhead_s": float(xp[0]), "pp_attn_s_per_op": float(xp[1]),
+                    "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[2:]) if c > 0},
                     "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array([p["pp"] for p in pp_pts]) - 1]})
     return out
 
@@ -389,7 +387,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
             say(f"{cp.name}, {th} thread(s)")
             for attempt in range(3):
                 tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
-                             n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions)
+                             n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
+                             pp_repetitions=max(1, repetitions - 1))
                 # more threads slower than fewer: another process took the cores (llama.cpp's threads
                 # spin and collapse); measure again after waiting for quiet
                 base = first.get(cp.name)

@@ -677,8 +677,7 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
         if out_t is not None:
             t_cmp += out_t.n_elements * r.pp_cost(out_t.type_name)
     # attention: the i-th prompt token sees depth + i + 1 cells (causal); per cell heads × (dk + dv)
-    attn = tail = 0.0
-    dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
+    attn = 0.0
     for il in layer_set:
         if spec.is_recurrent(il) or not spec.has_kv(il) or il >= spec.n_layer - (spec.nextn_layers or 0):
             continue
@@ -688,8 +687,7 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
             # KQ over all n_kv cells of each ubatch
             cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cache_cells(cfg, spec))
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-        tail += cells * spec.n_head_at(il) * dtail
-    t_cmp += attn * r.pp_attn_s_per_op + tail * r.attn_tail_s_per_op
+    t_cmp += attn * r.pp_attn_s_per_op
     t_ovh = n_ub * r.pp_overhead_s
     t = max(t_cmp, t_mem) + t_ovh
     bound = "compute" if t_cmp >= t_mem else "memory"
