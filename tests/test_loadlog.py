@@ -182,3 +182,19 @@ def test_empty_and_garbage_logs_give_empty_facts():
     assert loadlog.parse_load_log("") == loadlog.LoadFacts()
     f = loadlog.parse_load_log("....\n\x00binary?\nllama_kv_cache: size = not a number\n")
     assert f.kv_caches == () and f.buffers == ()
+
+
+def test_nested_captures_each_get_their_lines_and_unwind_cleanly(default_model):
+    import llama_cpp
+
+    from v100lab.loadlog import capture_llama_log
+
+    with capture_llama_log() as outer:
+        with capture_llama_log() as inner:
+            pass  # identical (empty) captures: removing the inner one must not remove the outer
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        model = llama_cpp.llama_model_load_from_file(str(default_model).encode(), params)
+        llama_cpp.llama_model_free(model)
+    assert inner.text == ""
+    assert "llama_model_loader" in outer.text

@@ -391,7 +391,7 @@ def parse_load_log(text: str, records: list[tuple[int, str]] | None = None) -> L
 # capture
 # ------------------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(eq=False)  # identity, not equality: nested captures remove themselves by identity
 class LogCapture:
     """The text llama.cpp logged inside a :func:`capture_llama_log` block."""
 
