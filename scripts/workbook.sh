@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The main job: set up (first run only), then run every notebook on params/default.yaml and write
-# HTML reports under reports/ (open reports/index.html). Extra arguments go to `v100lab batch`.
+# The main job: set up (first run only), calibrate this machine for `--device host` (first run only,
+# about 1.5 minutes), then run every notebook on params/default.yaml and write HTML reports under
+# reports/ (open reports/index.html). Extra arguments go to `v100lab batch`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
+if ! .venv/bin/python -c 'import sys; from v100lab.calibration import stored_calibration; sys.exit(not stored_calibration())'; then
+  echo "workbook: calibrating this machine once (v100lab calibrate)" >&2
+  .venv/bin/v100lab calibrate
+fi
 exec .venv/bin/v100lab batch params/default.yaml --out reports "$@"
