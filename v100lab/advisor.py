@@ -48,7 +48,6 @@ MARGIN_FRACTION = 0.03
 MIN_MARGIN_MIB = 256
 TIE = 0.01
 MEASURE_TOP = 3
-SKELETON_PREFIX = "skeleton:"
 _KV_RANK = {"f32": 5, "f16": 4, "bf16": 4, "q8_0": 3, "q5_1": 2, "q5_0": 2, "q4_1": 1, "q4_0": 1, "iq4_nl": 1}
 _FA_RANK = {"auto": 2, "on": 1, "off": 0}
 
@@ -232,11 +231,10 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
     from v100lab.header import read_spec
 
     text = os.fspath(model)
-    if text.startswith(SKELETON_PREFIX):
-        arch, _, q = text[len(SKELETON_PREFIX):].partition(":")
-        if not arch or not q:
-            raise ConfigError(f"skeleton model must be skeleton:ARCH:QUANT, got '{text}'")
-        return [_Model(arch, q.upper(), skeleton.skeleton_spec(arch, q), None, f"{arch}-{q.upper()}.gguf")]
+    parsed = skeleton.parse_skeleton_name(text)
+    if parsed is not None:
+        arch, q = parsed
+        return [_Model(arch, q, skeleton.skeleton_spec(arch, q), None, f"{arch}-{q}.gguf")]
     if text in skeleton.arch_names():
         qs = [q.upper() for q in (quants or DEFAULT_QUANTS)]
         return [_Model(text, q, skeleton.skeleton_spec(text, q), None, f"{text}-{q}.gguf") for q in qs]

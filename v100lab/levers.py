@@ -37,11 +37,11 @@ from v100lab.config import ALL_LAYERS, RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.results import TPS, Observation, concat, tidy_frame
 from v100lab.scenario import Scenario
+from v100lab.skeleton import SKELETON_PREFIX, is_skeleton_name, load_spec, parse_skeleton_name
 from v100lab.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
-SKELETON_PREFIX = "skeleton:"
 HOST = "host"
 GIB = 2**30
 MIB = 2**20
@@ -70,22 +70,6 @@ NOTEBOOKS = (
 # ================================================================================================
 # resolving the scenario
 # ================================================================================================
-
-def load_spec(model: str | os.PathLike) -> ModelSpec:
-    """The ModelSpec of a model: ``skeleton:ARCH:QUANT`` (a shipped architecture spec or a YAML path,
-    quantized by description), else a header read from a path, zoo alias or http(s) URL."""
-    text = os.fspath(model)
-    if text.startswith(SKELETON_PREFIX):
-        from v100lab.skeleton import skeleton_spec
-
-        arch, _, quant = text[len(SKELETON_PREFIX):].rpartition(":")
-        if not arch or not quant:
-            raise ConfigError(f"model: a skeleton is written skeleton:ARCH:QUANT, got '{text}'")
-        return skeleton_spec(arch, quant.upper())
-    from v100lab.header import read_spec
-
-    return read_spec(text)
-
 
 def arch_of(spec: ModelSpec) -> dict[str, Any] | None:
     """An architecture spec (:mod:`v100lab.skeleton`'s schema) for the shapes in ``spec``'s header, so the
@@ -125,9 +109,9 @@ def _spec_at_quant_cached(model: str, quant: str) -> ModelSpec:
 
     from v100lab.skeleton import skeleton_spec
 
-    if model.startswith(SKELETON_PREFIX):
-        arch = model[len(SKELETON_PREFIX):].rpartition(":")[0]
-        return skeleton_spec(arch, quant)
+    parsed = parse_skeleton_name(model)
+    if parsed is not None:
+        return skeleton_spec(parsed[0], quant)
     spec = load_spec(model)
     if spec.file_type.upper() == quant:
         return spec
@@ -170,7 +154,7 @@ class Study:
 
     @property
     def skeleton(self) -> bool:
-        return self.sc.model.startswith(SKELETON_PREFIX)
+        return is_skeleton_name(self.sc.model)
 
 
 def _label(spec: ModelSpec, model: str) -> str:
@@ -193,7 +177,7 @@ def study(sc: Scenario) -> Study:
     mpath = mspec = None
     if not sc.measure:
         why = "the scenario says measure: false"
-    elif measured.startswith(SKELETON_PREFIX):
+    elif is_skeleton_name(measured):
         why = f"{sc.model} is a header-only skeleton (no weights) and the scenario names no stand_in_model"
     elif measured.lower().startswith(("http://", "https://")):
         why = "the model is a URL: only its header is read here, the weights are not downloaded"
@@ -1624,7 +1608,7 @@ def final_config(sc: Scenario):
     # Q3_K_M; notebook 04 measures what lower ones cost)
     family = tuple(q.upper() for q in sc.quants if q.upper() in advisor.DEFAULT_QUANTS) or None
     if st.skeleton:
-        model = model[len(SKELETON_PREFIX):].rpartition(":")[0]
+        model = parse_skeleton_name(model)[0]
         quants = family
     elif model.partition(":")[0].startswith("synth-") and ":" not in model:
         quants = family

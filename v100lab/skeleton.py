@@ -350,6 +350,49 @@ def skeleton_spec(arch: dict | str | os.PathLike, file_type: str) -> ModelSpec:
     return replace(spec, file_bytes=None)
 
 
+# ------------------------------------------------------------------------------------------------
+# the ``skeleton:ARCH:QUANT`` model spelling (the one parser of it)
+# ------------------------------------------------------------------------------------------------
+
+SKELETON_PREFIX = "skeleton:"
+
+
+def is_skeleton_name(model) -> bool:
+    """Whether ``model`` is spelled ``skeleton:...`` (a model described, not downloaded)."""
+    return isinstance(model, (str, os.PathLike)) and os.fspath(model).startswith(SKELETON_PREFIX)
+
+
+def parse_skeleton_name(model: str | os.PathLike) -> tuple[str, str] | None:
+    """``(ARCH, QUANT)`` of ``skeleton:ARCH:QUANT`` (QUANT upper-cased), None for any other model name.
+
+    ARCH is a shipped architecture name or a YAML path; the quant is after the *last* colon, so a path
+    that holds a colon still parses."""
+    if not is_skeleton_name(model):
+        return None
+    text = os.fspath(model)
+    rest = text[len(SKELETON_PREFIX):]
+    arch, sep, quant = rest.rpartition(":")
+    if not sep:
+        raise ConfigError(f"model '{text}': a skeleton is written skeleton:ARCH:QUANT; no ':QUANT' after '{rest}'")
+    if not arch:
+        raise ConfigError(f"model '{text}': a skeleton is written skeleton:ARCH:QUANT; ARCH is empty")
+    if not quant:
+        raise ConfigError(f"model '{text}': a skeleton is written skeleton:ARCH:QUANT; QUANT is empty")
+    return arch, quant.upper()
+
+
+def load_spec(model) -> ModelSpec:
+    """The ModelSpec of any model name: ``skeleton:ARCH:QUANT`` (described in memory by
+    :func:`skeleton_spec`), else a header read by :func:`v100lab.header.read_spec` from a path, zoo alias
+    or http(s) URL. Every command and notebook resolves MODEL through here."""
+    parsed = parse_skeleton_name(model)
+    if parsed is not None:
+        return skeleton_spec(*parsed)
+    from v100lab.header import read_spec
+
+    return read_spec(os.fspath(model) if isinstance(model, os.PathLike) else model)
+
+
 def write_skeleton(arch: dict | str | os.PathLike, file_type: str, path: str | os.PathLike) -> Path:
     """Write a header-only GGUF (no tensor data) that :func:`v100lab.header.read_spec` accepts."""
     data = skeleton_header(arch, file_type)

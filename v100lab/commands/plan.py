@@ -21,9 +21,6 @@ from v100lab.errors import ConfigError
 NAME = "plan"
 HELP = "predict llama.cpp's memory per device (weights, KV, compute, output), whether it fits, and the largest context"
 
-SKELETON_PREFIX = "skeleton:"
-
-
 def add_arguments(p):
     p.add_argument("model", metavar="MODEL",
                    help="path, http(s) URL, alias (default, gemma3-270m, synth-tiny:Q4_0) or skeleton:ARCH:QUANT")
@@ -34,20 +31,6 @@ def add_arguments(p):
     p.add_argument("--depth", type=int, default=0, help="tokens already in the context (for the speed prediction)")
     p.add_argument("--n-prompt", type=int, default=512, help="prompt tokens (for the speed prediction)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-
-
-def load_spec(model: str):
-    """A ModelSpec from a header (path, URL, alias) or a skeleton (``skeleton:ARCH:QUANT``)."""
-    if model.startswith(SKELETON_PREFIX):
-        from v100lab.skeleton import skeleton_spec
-
-        arch, _, quant = model[len(SKELETON_PREFIX):].partition(":")
-        if not arch or not quant:
-            raise ConfigError(f"skeleton model must be skeleton:ARCH:QUANT, got '{model}'")
-        return skeleton_spec(arch, quant)
-    from v100lab.header import read_spec
-
-    return read_spec(model)
 
 
 def build_document(spec, devices, cfg, mplan, args) -> dict:
@@ -92,6 +75,7 @@ def _human(doc: dict) -> str:
 def run(args) -> int:
     from v100lab.devices import get_device
     from v100lab.memory import plan
+    from v100lab.skeleton import load_spec
 
     cfg = config_mod.from_flag_args(args)
     spec = load_spec(args.model)
