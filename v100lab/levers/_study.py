@@ -1,0 +1,347 @@
+"""The core every notebook step shares: a scenario resolved once (:func:`study` → :class:`Study`: the model
+studied, the device predicted for, the model measured on this machine or why none is), and the helpers that
+turn predictions and measurements into tidy rows (:func:`predict_rows`, :func:`measure_sweep`,
+:func:`capture_load`) and rows into a frame whose measured decode figures are flagged against their strict
+ceiling (``_frame``).
+
+Names with a leading underscore here are internal to :mod:`v100lab.levers` (its step modules import them);
+they are not part of the workbook's API.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError, V100labError
+from v100lab.results import TPS, Observation, tidy_frame
+from v100lab.scenario import Scenario
+from v100lab.skeleton import is_skeleton_name, load_spec, parse_skeleton_name
+from v100lab.spec import ModelSpec
+
+
+HOST = "host"
+GIB = 2**30
+MIB = 2**20
+
+
+# Memory components: MemoryPlan/DeviceMemory field → llama.cpp's buffer kind in the load log
+COMPONENTS = (("weights", "weights_bytes", "model"), ("KV cache", "kv_cache_bytes", "KV"),
+              ("recurrent state", "recurrent_bytes", "RS"), ("compute", "compute_bytes", "compute"),
+              ("output", "output_bytes", "output"), ("runtime overhead", "overhead_bytes", None))
+
+
+def arch_of(spec: ModelSpec) -> dict[str, Any] | None:
+    """An architecture spec (:mod:`v100lab.skeleton`'s schema) for the shapes in ``spec``'s header, so the
+    same model can be described at other quants without building their files; None when the skeleton
+    writer has no tensor layout for the architecture (or the shapes vary per layer in a way it cannot say)."""
+    from v100lab.skeleton import ARCHS
+
+    if spec.architecture not in ARCHS or not isinstance(spec.n_ff, int) or not isinstance(spec.n_head, int):
+        return None
+    a: dict[str, Any] = {
+        "architecture": spec.architecture, "name": spec.name or spec.architecture,
+        "n_layer": spec.n_layer, "n_embd": spec.n_embd, "n_ff": spec.n_ff, "n_head": spec.n_head,
+        "n_head_kv": list(spec.n_head_kv_arr) if isinstance(spec.n_head_kv_arr, tuple) else spec.n_head_kv_arr,
+        "head_dim_k": spec.head_dim_k, "head_dim_v": spec.head_dim_v, "n_ctx_train": spec.n_ctx_train or 4096,
+        "n_vocab": spec.n_vocab, "tied_embeddings": spec.tensor("output.weight") is None, "source_type": "F16",
+    }
+    if spec.rope_freq_base:
+        a["rope_freq_base"] = float(spec.rope_freq_base)
+    if spec.rope_dimension_count:
+        a["rope_dimension_count"] = int(spec.rope_dimension_count)
+    if spec.sliding_window:
+        a["sliding_window"] = int(spec.sliding_window)
+    if spec.full_attention_interval:
+        a["full_attention_interval"] = int(spec.full_attention_interval)
+    if spec.nextn_layers:
+        a["nextn_layers"] = int(spec.nextn_layers)
+    if spec.architecture == "qwen35":
+        a["ssm"] = {"conv_kernel": spec.ssm_conv_kernel, "state_size": spec.ssm_state_size,
+                    "group_count": spec.ssm_group_count, "time_step_rank": spec.ssm_time_step_rank,
+                    "inner_size": spec.ssm_inner_size}
+    return a
+
+
+@lru_cache(maxsize=256)
+def _spec_at_quant_cached(model: str, quant: str) -> ModelSpec:
+    import json
+
+    from v100lab.skeleton import skeleton_spec
+
+    parsed = parse_skeleton_name(model)
+    if parsed is not None:
+        return skeleton_spec(parsed[0], quant)
+    spec = load_spec(model)
+    if spec.file_type.upper() == quant:
+        return spec
+    a = arch_of(spec)
+    if a is None:
+        raise ConfigError(f"model '{model}': architecture '{spec.architecture}' cannot be described at other "
+                          "quants here; use its own quant only")
+    return skeleton_spec(json.loads(json.dumps(a)), quant)
+
+
+def spec_at_quant(model: str, quant: str) -> ModelSpec:
+    """``model`` as llama-quantize would make it at ``quant`` (its own header when the quant is its own)."""
+    return _spec_at_quant_cached(os.fspath(model), quant.upper())
+
+
+@dataclass(frozen=True)
+class Study:
+    """A scenario, resolved: what is predicted, on which device, and what is measured here."""
+
+    sc: Scenario
+    spec: ModelSpec                  # the scenario's model
+    label: str                       # its label in tables and plots
+    device: Any                      # v100lab.devices.Device the predictions are for
+    host: Any                        # this machine (measured)
+    measured: str | None             # alias or path measured on this machine (None: nothing is measured)
+    measured_path: Path | None
+    measured_spec: ModelSpec | None
+    measured_label: str              # "" when nothing is measured
+    why_not_measured: str            # "" when measuring
+
+    @property
+    def measuring(self) -> bool:
+        return self.measured is not None
+
+    @property
+    def same_model_here(self) -> bool:
+        """The scenario predicts for this machine and measures its own model: one set of predictions."""
+        return self.measuring and self.device.id == HOST and not self.sc.is_stand_in and \
+            self.measured_spec == self.spec
+
+    @property
+    def skeleton(self) -> bool:
+        return is_skeleton_name(self.sc.model)
+
+
+def _label(spec: ModelSpec, model: str) -> str:
+    """A model's label in tables and plots: its name (the quant is a column of its own)."""
+    return (spec.name or Path(model).stem or model).strip()
+
+
+@lru_cache(maxsize=16)
+def study(sc: Scenario) -> Study:
+    """Resolve ``sc`` once per kernel (cached; a Scenario is immutable)."""
+    from v100lab import zoo
+    from v100lab.devices import get_device
+
+    spec = load_spec(sc.model)
+    label = _label(spec, sc.model)
+    device = get_device(sc.device)
+    host = get_device(HOST)
+    measured = sc.measured_model
+    why = ""
+    mpath = mspec = None
+    if not sc.measure:
+        why = "the scenario says measure: false"
+    elif is_skeleton_name(measured):
+        why = f"{sc.model} is a header-only skeleton (no weights) and the scenario names no stand_in_model"
+    elif measured.lower().startswith(("http://", "https://")):
+        why = "the model is a URL: only its header is read here, the weights are not downloaded"
+    else:
+        try:
+            mpath = zoo.resolve(measured)
+            mspec = load_spec(str(mpath))
+        except V100labError as exc:
+            why = f"the model cannot be loaded here: {exc}"
+            mpath = mspec = None
+        if mpath is not None and mpath.stat().st_size > 0.7 * host.capacity_bytes:
+            why = (f"{mpath.name} ({mpath.stat().st_size / GIB:.1f} GiB) is too big for this machine's "
+                   f"{host.memory_gib:.0f} GiB of RAM")
+            mpath = mspec = None
+    if mspec is None:
+        return Study(sc, spec, label, device, host, None, None, None, "", why)
+    mlabel = _label(mspec, measured) + (" (stand-in)" if sc.is_stand_in else "")
+    return Study(sc, spec, label, device, host, measured, mpath, mspec, mlabel, "")
+
+
+def gpu_backend() -> str | None:
+    """The GPU(s) llama-cpp-python's build can use here, or None for a CPU-only build."""
+    from v100lab.backends.inprocess import cpu_gpu_info
+
+    gpu = cpu_gpu_info()[1]
+    return gpu or None
+
+
+def _tests(sc: Scenario, pp: bool = True, tg: bool = True) -> list[str]:
+    out = []
+    if pp and sc.n_prompt:
+        out.append(f"pp{sc.n_prompt}")
+    if tg and sc.n_gen:
+        out.append(f"tg{sc.n_gen}")
+    return out
+
+
+def _ctx_for(cfg: RunConfig, need: int) -> RunConfig:
+    """``cfg`` with a context large enough for ``need`` tokens per sequence (0 = the model's own is kept)."""
+    if cfg.n_ctx and cfg.n_ctx < need * max(1, cfg.n_parallel):
+        return cfg.with_(n_ctx=int(math.ceil(need * max(1, cfg.n_parallel) / 256) * 256))
+    return cfg
+
+
+def _fitting(spec: ModelSpec, devices: Sequence, cfg: RunConfig) -> tuple[RunConfig, str]:
+    """``cfg`` as llama.cpp's --fit would run it on GPUs: the most layers that fit when all do not."""
+    from v100lab import memory
+
+    if all(d.kind == "cpu" for d in devices):
+        return cfg, ""
+    p = memory.plan(spec, list(devices), cfg, with_max_ctx=False)
+    gpus = p.gpu_devices
+    if all(m.fits for m in gpus.values()):
+        return cfg, ""
+    ngl = memory.max_gpu_layers(spec, list(devices), cfg)
+    if ngl < min(cfg.n_gpu_layers, memory.layer_slots(spec)):
+        return cfg.with_(n_gpu_layers=ngl), f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl}"
+    return cfg, ""
+
+
+@lru_cache(maxsize=1)
+def gpu_host():
+    """The CPU beside a catalog GPU, for layers that do not fit: the seed's assumed server CPU
+    (``seed_claims.yaml`` host: 6 channels of DDR4-2666, uncalibrated) — not this machine, whose CPU
+    says nothing about a V100 server's."""
+    from v100lab.calibration import load_seed_claims, seed_host_device
+
+    return seed_host_device(load_seed_claims())
+
+
+def _devices_for(device) -> list:
+    """A GPU is predicted together with a host CPU (layers that do not fit run there): :func:`gpu_host`."""
+    return [device] if device.kind == "cpu" else [device, gpu_host()]
+
+
+def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: str, value: Any,
+                 depth: int = 0, n_prompt: int = 512, n_gen: int = 0, metrics: Iterable[str] = ("tg_tps", "pp_tps"),
+                 fit: bool = True, note: str = "") -> list[Observation]:
+    """Predicted rows for one configuration: decode (at the middle of ``n_gen`` tokens after ``depth``),
+    prompt processing (``n_prompt`` tokens after ``depth``), the seed's plain ceiling and the strict one.
+
+    ``fit``: on a GPU, a configuration that does not fit is predicted with the layers that do (and says so)."""
+    from v100lab import speed
+
+    devs = _devices_for(device)
+    why = ""
+    if fit:
+        cfg, why = _fitting(spec, devs, cfg)
+    pred_tg = speed.predict(spec, devs, cfg, depth=depth + n_gen // 2, n_prompt=max(1, n_prompt))
+    pred_pp = speed.predict(spec, devs, cfg, depth=depth, n_prompt=max(1, n_prompt)) if "pp_tps" in metrics else None
+    base_note = "; ".join(x for x in (note, why, f"bound: {pred_tg.bound}") if x)
+    rows = []
+    dev_id = device.id
+    for metric in metrics:
+        if metric == "tg_tps":
+            val, n = pred_tg.tg_tps, base_note
+        elif metric == "pp_tps":
+            val, n = pred_pp.pp_tps, "; ".join(x for x in (note, why, f"bound: {pred_pp.pp_bound}") if x)
+        elif metric == "ceiling_tg_tps":
+            val, n = pred_tg.ceiling_tg_tps, "the seed's ceiling: bandwidth / weight bytes placed"
+        elif metric == "strict_ceiling_tg_tps":
+            val, n = pred_tg.strict_ceiling_tg_tps, "bytes that must be read per token at peak bandwidth"
+        else:
+            raise ConfigError(f"unknown predicted metric '{metric}'")
+        if not math.isfinite(val):
+            continue
+        rows.append(Observation(model=label, quant=spec.file_type, device=dev_id, lever=lever, value=str(value),
+                                metric=metric, result=float(val), unit=TPS, source="predicted",
+                                above_ceiling=(bool(val > pred_tg.strict_ceiling_tg_tps * 1.0001)
+                                               if metric == "tg_tps" else None), note=n))
+    return rows
+
+
+def _failure(row: Mapping[str, Any]) -> dict[str, str]:
+    return {"lever": str(row.get("lever") or ""), "value": str(row.get("value") or ""),
+            "test": str(row.get("test") or ""), "reason": str(row.get("reason") or "failed")}
+
+
+def _measured(rows: Sequence[Mapping[str, Any]], label: str) -> tuple[list[Observation], list[dict[str, str]]]:
+    from v100lab.bench import rows_to_observations
+
+    return rows_to_observations(rows, label, HOST), [_failure(r) for r in rows if r.get("status") != "ok"]
+
+
+def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, tests: Sequence[str],
+                  depths: Sequence[int] = (0,), backend: str | None = None, model: str | None = None):
+    """Measured rows of a bench sweep of the measured model on this machine (one model load per value).
+
+    Returns (observations, failures)."""
+    from v100lab import bench
+
+    if not st.measuring or not tests:
+        return [], []
+    rows = bench.sweep(str(model or st.measured_path), cfg, lever, list(values), tests=list(tests),
+                       depths=list(depths), repetitions=st.sc.repetitions, backend=backend, results=None,
+                       progress=False, monitor=False)
+    return _measured(rows, st.measured_label)
+
+
+def _flag(df, ceilings: Mapping[tuple, float]):
+    """Mark measured and claimed decode rows (tok/s) above the strict ceiling of their model, quant and device
+    — the ceiling of the same lever value when there is one, else the loosest of that model's."""
+    if not len(df) or not ceilings:
+        return df
+    df = df.copy()
+    flags = []
+    for _, r in df.iterrows():
+        flag = r["above_ceiling"]
+        if r["source"] in ("measured", "claimed") and r["unit"] == TPS and str(r["metric"]).startswith("tg_tps"):
+            c = ceilings.get((r["model"], r["quant"], r["device"], r["lever"], r["value"]),
+                             ceilings.get((r["model"], r["quant"], r["device"])))
+            if c is not None:
+                flag = bool(r["result"] > c)
+        flags.append(flag)
+    df["above_ceiling"] = flags
+    return df
+
+
+def _ceilings_of(rows: Iterable[Observation]) -> dict[tuple, float]:
+    """Strict ceilings of the predicted rows: by (model, quant, device, lever, value), and by (model, quant,
+    device) the largest of them (the loosest bound, for rows measured at a value nothing predicted)."""
+    out: dict[tuple, float] = {}
+    for o in rows:
+        if o.source == "predicted" and o.metric == "strict_ceiling_tg_tps":
+            out[(o.model, o.quant, o.device, o.lever, o.value)] = o.result
+            k = (o.model, o.quant, o.device)
+            out[k] = max(out.get(k, 0.0), o.result)
+    return out
+
+
+def _frame(rows: list[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
+    df = _flag(tidy_frame(rows), _ceilings_of(rows))
+    df.attrs["failures"] = list(failures)
+    df.attrs.update(attrs)
+    return df
+
+
+def _stage_model(st: Study, quant: str) -> tuple[str, str]:
+    """The file measured for a stage at ``quant``: the measured model's ladder rung when it has one
+    (``default:Q4_0``, ``synth-1b:Q4_0``), else the measured model itself (note says so)."""
+    from v100lab import zoo
+
+    base = (st.measured or "").partition(":")[0]
+    if base in zoo.aliases() and base != zoo.GEMMA_ALIAS:
+        return f"{base}:{quant}", ""
+    return str(st.measured_path), f"measured at the stand-in's own quant {st.measured_spec.file_type}"
+
+
+def _renote(o: Observation, note: str) -> Observation:
+    from dataclasses import replace
+
+    return replace(o, note="; ".join(x for x in (o.note, note) if x)) if note else o
+
+
+def capture_load(st: Study, cfg: RunConfig):
+    """Load the measured model with ``cfg`` and return llama.cpp's load facts (None when not measuring)."""
+    from v100lab.loadlog import load_and_capture
+
+    if not st.measuring:
+        return None
+    facts, _ = load_and_capture(st.measured_path, cfg)
+    return facts

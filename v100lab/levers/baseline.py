@@ -1,0 +1,108 @@
+"""Notebook 03, the baseline: a real run with llama.cpp's defaults, what its load log says, and the headline measured-vs-predicted figure every notebook quotes.
+"""
+
+from __future__ import annotations
+
+from v100lab.scenario import Scenario
+from v100lab.levers._study import capture_load, COMPONENTS, _ctx_for, _devices_for, _frame, gpu_backend, HOST, measure_sweep, MIB, predict_rows, study, _tests
+
+
+def baseline(sc: Scenario):
+    """A real run with the scenario's flags (llama.cpp's defaults unless the scenario changes them): prompt
+    processing and decode measured on this machine vs predicted, and predicted for the scenario's model on
+    its device (lever "config", value "baseline")."""
+    st = study(sc)
+    cfg = _ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
+    rows = []
+    if not st.same_model_here:
+        rows += predict_rows(st.spec, st.label, st.device, cfg, lever="config", value="baseline",
+                             n_prompt=sc.n_prompt, n_gen=sc.n_gen,
+                             metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
+    failures = []
+    if st.measuring:
+        rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="config", value="baseline",
+                             n_prompt=sc.n_prompt, n_gen=sc.n_gen,
+                             metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
+        obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, _tests(sc))
+        from dataclasses import replace
+
+        rows += [replace(o, lever="config", value="baseline") for o in obs]
+    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+
+
+def load_diagnosis(sc: Scenario):
+    """What llama.cpp's load log says for the measured model with the scenario's flags — offloaded layers,
+    flash attention, context, and each buffer with its device — beside the memory plan's figure for it.
+    Without a measurement: the plan for the scenario's model on its device."""
+    import pandas as pd
+
+    from v100lab import memory
+    from v100lab.errors import RunFailed
+
+    st = study(sc)
+    cfg = sc.run_config()
+    rows: list[tuple[str, str, str]] = []
+    if not st.measuring:
+        p = memory.plan(st.spec, _devices_for(st.device), cfg, with_max_ctx=False)
+        rows.append(("source", "memory plan (predicted; nothing loaded)", st.why_not_measured))
+        rows.append(("layers on the GPU", f"{p.offloaded_layers}/{p.n_layer_total}", "predicted"))
+        for dev_name, m in p.devices.items():
+            for comp, attr, _ in COMPONENTS:
+                if getattr(m, attr):
+                    rows.append((f"{comp} buffer", f"{getattr(m, attr) / MIB:.2f} MiB on {dev_name}", "predicted"))
+        rows += [("warning", w, "predicted") for w in p.warnings]
+        return pd.DataFrame(rows, columns=["fact", "value", "source"])
+    try:
+        facts = capture_load(st, cfg)
+    except RunFailed as exc:
+        return pd.DataFrame([("load failed", str(exc), "llama.cpp")], columns=["fact", "value", "source"])
+    p = memory.plan(st.measured_spec, [st.host], cfg, with_max_ctx=False)
+    host_plan = p.devices[HOST]
+    gpu = gpu_backend()
+    off = (f"{facts.offloaded_layers}/{facts.offloadable_layers}" if facts.offloaded_layers is not None
+           else "no offload line: this llama.cpp build has no GPU backend, every layer runs on the CPU")
+    rows.append(("layers offloaded to a GPU", off, "load log"))
+    rows.append(("GPU backend", gpu or "none", "ggml devices"))
+    rows.append(("flash attention", str(facts.flash_attn or facts.flash_attn_requested or "not reported"), "load log"))
+    rows.append(("n_ctx (per sequence)", f"{facts.n_ctx} ({facts.n_ctx_seq})", "load log"))
+    if facts.kv_caches:
+        k = facts.kv_caches[0]
+        rows.append(("KV cache", f"{facts.kv_cells} cells, {k.layers} layers, K {k.type_k} / V {k.type_v}, "
+                                 f"{facts.kv_size_mib:.2f} MiB", "load log"))
+    by_kind = {kind: comp for comp, _, kind in COMPONENTS if kind}
+    attr_of = {kind: attr for _, attr, kind in COMPONENTS if kind}
+    for b in facts.buffers:
+        predicted = getattr(host_plan, attr_of[b.kind]) / MIB if b.kind in attr_of else float("nan")
+        rows.append((f"{by_kind.get(b.kind, b.kind)} buffer {b.buffer}",
+                     f"{b.mib:.2f} MiB on {b.device} (plan: {predicted:.2f} MiB for all {b.kind} buffers)",
+                     "load log"))
+    rows += [("warning", w, "load log") for w in facts.warnings[:5]]
+    rows += [("CPU fallback", w, "load log") for w in facts.cpu_fallbacks[:5]]
+    return pd.DataFrame(rows, columns=["fact", "value", "source"])
+
+
+def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None):
+    """Publish the notebook's headline for the batch index: the measured figure of ``metric`` on this
+    machine and the prediction for the same model and configuration (last matching pair). Displays it;
+    returns None (so the cell shows it once)."""
+    from v100lab.workbook import publish_headline
+
+    m = df[(df["metric"] == metric) & (df["source"] == "measured")]
+    if lever is not None:
+        m = m[m["lever"] == lever]
+    if value is not None:
+        m = m[m["value"] == str(value)]
+    measured = predicted = None
+    model = device = ""
+    for _, r in m.iloc[::-1].iterrows():
+        p = df[(df["metric"] == metric) & (df["source"] == "predicted") & (df["model"] == r["model"])
+               & (df["device"] == r["device"]) & (df["lever"] == r["lever"]) & (df["value"] == r["value"])]
+        if len(p):
+            measured, predicted = float(r["result"]), float(p["result"].iloc[0])
+            model, device = r["model"], r["device"]
+            break
+    if measured is None:
+        p = df[(df["metric"] == metric) & (df["source"] == "predicted")]
+        if len(p):
+            predicted, model, device = float(p["result"].iloc[-1]), p["model"].iloc[-1], p["device"].iloc[-1]
+    publish_headline(measured, predicted, metric=metric.replace("_tps", ""), model=str(model), device=str(device))

@@ -1,0 +1,132 @@
+"""Notebook 02, the bandwidth ceiling: tok/s ≤ bandwidth / bytes per token per quant and device, the roofline with this machine's calibration, and published Apple Silicon rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError
+from v100lab.results import TPS, Observation
+from v100lab.scenario import Scenario
+from v100lab.spec import ModelSpec
+from v100lab.levers._study import _devices_for, _frame, _measured, predict_rows, spec_at_quant, study
+from v100lab.levers.triangle import quant_specs
+
+
+def ceilings(sc: Scenario):
+    """Per quant, on the scenario's device: the seed's ceiling (bandwidth / weight bytes), the strict ceiling
+    and the predicted decode speed (layers that do not fit run on the CPU); plus, when the claims are the
+    seed's, its own ceiling table beside the same figures for its assumed model and device (lever "quant")."""
+    from v100lab.calibration import load_seed_claims
+    from v100lab.skeleton import skeleton_spec
+
+    st = study(sc)
+    cfg = sc.run_config()
+    rows: list[Observation] = []
+    for q, spec in quant_specs(sc).items():
+        rows += predict_rows(spec, st.label, st.device, cfg, lever="quant", value=q, n_gen=sc.n_gen,
+                             n_prompt=sc.n_prompt, metrics=("tg_tps",))
+        rows += device_ceilings(spec, st.label, st.device, cfg, lever="quant", value=q, depth=sc.n_gen // 2)
+    if sc.claims == "seed":
+        from v100lab.devices import get_device
+
+        claims = load_seed_claims()
+        dev = get_device(claims["device"])
+        seed_label = claims["model"]["label"]
+        for row in claims["ceiling_table"]:
+            q = row["quant"]
+            spec = skeleton_spec(claims["model"]["arch"], q)
+            rows += device_ceilings(spec, seed_label, dev, RunConfig(n_ctx=2048), lever="quant", value=q)
+            rows.append(Observation(seed_label, q, dev.id, "quant", q, "ceiling_tg_tps",
+                                    float(row["claimed_ceiling_tps"]), TPS, "claimed",
+                                    note=f"the seed's table: {row['file_gb']} GB file"))
+    return _frame(rows)
+
+
+def device_ceilings(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: str, value: Any,
+                    depth: int = 0) -> list[Observation]:
+    """The two ceilings with *every* weight on ``device``, fit or not: the seed's (bandwidth / weight bytes)
+    and the strict one (bytes a token must read — weights used, KV at ``depth``, state — at peak bandwidth)."""
+    from v100lab import speed
+
+    plain = speed.ceiling_tps(spec.weight_bytes, device.bandwidth_gbs)
+    strict = speed.strict_ceiling_tps(spec, device, cfg, depth)
+    return [Observation(label, spec.file_type, device.id, lever, str(value), "ceiling_tg_tps", plain, TPS,
+                        "predicted", note=f"the seed's ceiling: {device.bandwidth_gbs:g} GB/s / "
+                                          f"{spec.weight_bytes / 1e9:.2f} GB of weights"),
+            Observation(label, spec.file_type, device.id, lever, str(value), "strict_ceiling_tg_tps", strict, TPS,
+                        "predicted", note="bytes a token must read, all on the device, at peak bandwidth")]
+
+
+def catalog_ceilings(sc: Scenario):
+    """The scenario's model (its own quant) on every device of ``compare_devices`` (default: the catalog):
+    the seed's ceiling, the predicted decode speed, and whether it fits (lever "device")."""
+    from v100lab import memory
+    from v100lab.devices import catalog, get_device
+
+    st = study(sc)
+    ids = list(sc.compare_devices) or list(catalog())
+    if st.device.id not in ids and st.device.kind != "cpu":
+        ids.insert(0, st.device.id)
+    cfg = sc.run_config()
+    rows: list[Observation] = []
+    for dev_id in ids:
+        dev = get_device(dev_id)
+        devs = _devices_for(dev)
+        fits = memory.plan(st.spec, devs, cfg, with_max_ctx=False).fits
+        rows += predict_rows(st.spec, st.label, dev, cfg, lever="device", value=dev.id, n_gen=sc.n_gen,
+                             n_prompt=sc.n_prompt, metrics=("tg_tps",), note="fits" if fits else "does not fit")
+        rows += device_ceilings(st.spec, st.label, dev, cfg, lever="device", value=dev.id, depth=sc.n_gen // 2)
+    return _frame(rows)
+
+
+def roofline(sc: Scenario):
+    """This machine's roofline for the measured model (else the scenario's model): per quant, the plain
+    bandwidth ceiling and the calibrated prediction with the bound that limits it; and the measured decode
+    speed of the measured model itself (lever "quant")."""
+    from v100lab.bench import run_tests
+
+    st = study(sc)
+    model = st.measured if st.measuring else sc.model
+    spec = st.measured_spec if st.measuring else st.spec
+    label = st.measured_label if st.measuring else st.label
+    cfg = sc.run_config()
+    rows: list[Observation] = []
+    quants = list(dict.fromkeys([spec.file_type] + [q.upper() for q in sc.quants]))
+    for q in quants:
+        try:
+            qs = spec if q == spec.file_type else spec_at_quant(str(st.measured_path) if st.measuring else model, q)
+        except ConfigError:
+            continue
+        rows += predict_rows(qs, label, st.host, cfg, lever="quant", value=q, n_gen=sc.n_gen,
+                             n_prompt=sc.n_prompt, metrics=("tg_tps",))
+        rows += device_ceilings(qs, label, st.host, cfg, lever="quant", value=q, depth=sc.n_gen // 2)
+    failures = []
+    if st.measuring and sc.n_gen:
+        got = run_tests(str(st.measured_path), cfg, [f"tg{sc.n_gen}"], [0], sc.repetitions, monitor=False,
+                        lever="quant", value=spec.file_type)
+        obs, failures = _measured(got, label)
+        rows += obs
+    from v100lab.calibration import stored_calibration
+
+    return _frame(rows, failures, calibrated=bool(stored_calibration()), host_bandwidth_gbs=st.host.bandwidth_gbs,
+                  why_not_measured=st.why_not_measured)
+
+
+def apple(sc: Scenario):
+    """Published llama.cpp rows on Apple Silicon (Llama 2 7B; source "claimed": published by others) against
+    the speed model's prediction for the same chip (fitted on the *other* chips: leave-one-chip-out)."""
+    from v100lab.calibration import apple_rows
+
+    df = apple_rows()
+    rows = []
+    for _, r in df[df["comparable"]].iterrows():
+        value = f"{r['chip']} {int(r['gpu_cores'])}c"
+        metric = "tg_tps" if r["test"] == "tg128" else "pp_tps"
+        dev = f"apple {r['chip']}"
+        rows.append(Observation("Llama 2 7B", r["quant"], dev, "chip", value, metric, float(r["published"]), TPS,
+                                "claimed", above_ceiling=bool(r["above_ceiling"]), note=f"published: {r['source']}"))
+        rows.append(Observation("Llama 2 7B", r["quant"], dev, "chip", value, metric, float(r["predicted"]), TPS,
+                                "predicted", note=f"fit on {r['fit_on']}"))
+    return _frame(rows)

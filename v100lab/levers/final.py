@@ -1,0 +1,144 @@
+"""Notebook 08, the final configuration: the tuned configuration (:func:`v100lab.advisor.tune`), its llama-server command with a reason per flag, its own staircase, and the seed's command judged flag by flag.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError, V100labError
+from v100lab.results import Observation
+from v100lab.scenario import Scenario
+from v100lab.skeleton import parse_skeleton_name
+from v100lab.levers._study import _ctx_for, _frame, gpu_host, _measured, MIB, predict_rows, _renote, spec_at_quant, _stage_model, study
+
+
+@lru_cache(maxsize=8)
+def final_config(sc: Scenario):
+    """The tuned configuration for the scenario (:func:`v100lab.advisor.tune`): the fastest that fits the
+    device with a margin at ``target_ctx`` and ``n_parallel``, over ``quants`` when the model is a skeleton
+    family or a synthetic ladder; measured and chosen by measurement when the device is this machine and the
+    scenario measures. Cached per scenario (the notebook's cells share it)."""
+    from v100lab import advisor
+
+    st = study(sc)
+    model = sc.model
+    quants = None
+    # the scenario's quants of 4 bits and more (advisor.DEFAULT_QUANTS: the seed's own quality verdict on
+    # Q3_K_M; notebook 04 measures what lower ones cost)
+    family = tuple(q.upper() for q in sc.quants if q.upper() in advisor.DEFAULT_QUANTS) or None
+    if st.skeleton:
+        model = parse_skeleton_name(model)[0]
+        quants = family
+    elif model.partition(":")[0].startswith("synth-") and ":" not in model:
+        quants = family
+    measure = st.measuring and st.device.kind == "cpu" and not sc.is_stand_in
+    return advisor.tune(model, st.device, min_ctx=sc.target_ctx, parallel=sc.n_parallel, quants=quants,
+                        measure=measure, measure_top=2 if sc.repetitions <= 2 else 3, n_gen=max(1, sc.n_gen),
+                        repetitions=sc.repetitions, host=gpu_host() if st.device.kind != "cpu" else None)
+
+
+def command_reasons(sc: Scenario):
+    """The tuned llama-server command, one row per flag with why it is there and what it buys."""
+    import pandas as pd
+
+    t = final_config(sc)
+    rows = [{"flag": r.flag, "why": r.why,
+             "buys (tok/s)": None if r.delta_tps is None else round(r.delta_tps, 2),
+             "saves (MiB)": None if r.delta_bytes is None else round(r.delta_bytes / MIB, 1)} for r in t.reasons]
+    return pd.DataFrame(rows)
+
+
+def tuned_command(sc: Scenario) -> str:
+    """The tuned llama-server command line."""
+    return final_config(sc).command
+
+
+def _stage_configs(sc: Scenario, tuned) -> list[tuple[str, str, RunConfig]]:
+    """This scenario's own staircase: llama.cpp's defaults at the model's own quant, then the tuned
+    configuration's changes one at a time (quant, layers, context, KV cache and flash attention, batch, mlock)."""
+    own = study(sc).spec.file_type
+    t = tuned.config
+    cfg = RunConfig(n_ctx=RunConfig().n_ctx)
+    stages = [("1 llama.cpp defaults", own, cfg)]
+    steps = [
+        ("quant", tuned.quant != own, None),
+        ("-ngl", cfg.n_gpu_layers != t.n_gpu_layers and study(sc).device.kind != "cpu",
+         dict(n_gpu_layers=t.n_gpu_layers)),
+        ("-c", cfg.n_ctx != t.n_ctx, dict(n_ctx=t.n_ctx)),
+        ("KV cache / -fa", (cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn) !=
+         (t.cache_type_k, t.cache_type_v, t.flash_attn),
+         dict(cache_type_k=t.cache_type_k, cache_type_v=t.cache_type_v, flash_attn=t.flash_attn)),
+        ("-b/-ub", (cfg.n_batch, cfg.n_ubatch) != (t.n_batch, t.n_ubatch), dict(n_batch=t.n_batch, n_ubatch=t.n_ubatch)),
+        ("--mlock", cfg.use_mlock != t.use_mlock, dict(use_mlock=t.use_mlock)),
+        ("-np", cfg.n_parallel != t.n_parallel, dict(n_parallel=t.n_parallel)),
+    ]
+    quant = own
+    for name, changed, change in steps:
+        if not changed:
+            continue
+        if change is None:
+            quant = tuned.quant
+            label = f"{len(stages) + 1} {tuned.quant}"
+        else:
+            cfg = cfg.with_(**change)
+            label = f"{len(stages) + 1} {name} " + " ".join(str(v) for v in change.values())
+        stages.append((label, quant, cfg))
+    return stages
+
+
+def own_staircase(sc: Scenario):
+    """The scenario's own staircase, from llama.cpp's defaults to the tuned configuration, one change per
+    stage: predicted on the scenario's device (with what fits) and, when measuring, measured here with each
+    stage's flags (lever "stage")."""
+    from v100lab import bench, zoo
+
+    st = study(sc)
+    tuned = final_config(sc)
+    rows: list[Observation] = []
+    failures: list[dict[str, str]] = []
+    for label, quant, cfg in _stage_configs(sc, tuned):
+        try:
+            spec = spec_at_quant(sc.model, quant)
+        except ConfigError:
+            spec = st.spec
+        rows += predict_rows(spec, st.label, st.device, cfg, lever="stage", value=label, depth=sc.target_ctx // 2,
+                             n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
+        if st.measuring and sc.n_gen:
+            model, note = _stage_model(st, quant)
+            mcfg = _ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), sc.n_gen + 1)
+            try:
+                from v100lab.header import read_spec
+
+                mspec = read_spec(zoo.resolve(model))
+            except V100labError as exc:
+                failures.append({"lever": "stage", "value": label, "test": "", "reason": str(exc)})
+                continue
+            if not st.same_model_here:
+                rows += predict_rows(mspec, st.measured_label, st.host, mcfg, lever="stage", value=label,
+                                     n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"), note=note)
+            got = bench.run_tests(model, mcfg, [f"tg{sc.n_gen}"], [0], sc.repetitions, monitor=False, lever="stage",
+                                  value=label)
+            obs, fails = _measured(got, st.measured_label)
+            rows += [_renote(o, note) for o in obs]
+            failures += fails
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, command=tuned.command)
+
+
+def seed_verdict_table(sc: Scenario):
+    """The seed's final command against the tuned one for the seed's device and assumed model, flag by flag
+    (:func:`v100lab.advisor.seed_verdict`); empty when the scenario's claims are not the seed's."""
+    import pandas as pd
+
+    from v100lab import advisor
+    from v100lab.calibration import load_seed_claims
+
+    if sc.claims != "seed":
+        return pd.DataFrame(columns=["flag", "seed", "tuned", "verdict"])
+    claims = load_seed_claims()
+    v = advisor.seed_verdict(device=claims["device"], arch=claims["model"]["arch"], min_ctx=2048)
+    df = v.frame()
+    df.attrs.update(seed_command=" ".join(v.seed_argv), tuned_command=v.tuned.command,
+                    seed_predicted=v.seed_candidate.tg_tps, tuned_predicted=v.tuned.best.tg_tps,
+                    claimed=v.claimed_tps, ceiling=v.seed_candidate.ceiling_tg_tps, seed_problem=v.seed_problem)
+    return df

@@ -1,0 +1,78 @@
+"""Notebook 05, ``-ngl``: layers offloaded, predicted for the device, and the effect of spilled layers (the seed's 18 → 44 tok/s jump).
+"""
+
+from __future__ import annotations
+
+from v100lab.config import ALL_LAYERS
+from v100lab.results import TPS, Observation
+from v100lab.scenario import Scenario
+from v100lab.levers._study import _ctx_for, _devices_for, _frame, gpu_backend, measure_sweep, predict_rows, study, _tests
+
+
+def gpu_layers_sweep(sc: Scenario):
+    """-ngl from 0 to every layer (or ``gpu_layers``): predicted decode and prompt speed of the scenario's
+    model on its device, with each value's fit; measured where llama.cpp here has a GPU backend."""
+    from v100lab import memory
+
+    st = study(sc)
+    cfg = _ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
+    slots = memory.layer_slots(st.spec)
+    values = list(sc.gpu_layers) or list(range(0, slots + 1))
+    devs = _devices_for(st.device)
+    rows: list[Observation] = []
+    for ngl in values:
+        c = cfg.with_(n_gpu_layers=ngl)
+        fits = memory.plan(st.spec, devs, c, with_max_ctx=False).fits
+        rows += predict_rows(st.spec, st.label, st.device, c, lever="n_gpu_layers", value=ngl,
+                             n_prompt=sc.n_prompt, n_gen=sc.n_gen, fit=False,
+                             metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"),
+                             note="fits" if fits else "does not fit")
+        rows.append(Observation(st.label, st.spec.file_type, st.device.id, "n_gpu_layers", str(ngl), "fits",
+                                float(fits), "bool", "predicted"))
+    gpu = gpu_backend()
+    failures: list[dict[str, str]] = []
+    measured_note = ""
+    if st.measuring and gpu:
+        step = max(1, len(values) // 6)
+        obs, failures = measure_sweep(st, "n_gpu_layers", values[::step] + ([values[-1]] if values[-1] not in
+                                      values[::step] else []), cfg, _tests(sc))
+        rows += obs
+    elif not gpu:
+        measured_note = ("this llama.cpp build has no GPU backend (CPU only): -ngl changes nothing here, "
+                         "so only predictions are shown")
+    else:
+        measured_note = st.why_not_measured
+    return _frame(rows, failures, why_not_measured=measured_note, max_gpu_layers=memory.max_gpu_layers(
+        st.spec, devs, cfg), layer_slots=slots, device_kind=st.device.kind)
+
+
+def spill_effect(sc: Scenario):
+    """The seed's 18 → 44 tok/s step explained: for each context size with -ngl 999 on the scenario's device,
+    how many layer slots fit, the decode speed predicted with those (llama.cpp's --fit), the speed if every
+    layer were on the GPU, and the KV cache bytes a token reads at the seed's depth (lever "n_ctx")."""
+    from v100lab import memory, speed
+
+    st = study(sc)
+    devs = _devices_for(st.device)
+    rows: list[Observation] = []
+    depth = 128
+    for n_ctx in sc.ctx_sizes:
+        cfg = sc.run_config().with_(n_ctx=n_ctx, n_gpu_layers=ALL_LAYERS)
+        ngl = memory.max_gpu_layers(st.spec, devs, cfg)
+        slots = memory.layer_slots(st.spec)
+        fitted = cfg.with_(n_gpu_layers=ngl)
+        p_fit = speed.predict(st.spec, devs, fitted, depth=depth, n_prompt=max(1, sc.n_prompt))
+        p_all = speed.predict(st.spec, [st.device], cfg, depth=depth, n_prompt=max(1, sc.n_prompt))
+        kv_read = sum(w.kv_bytes for w in speed.decode_work(
+            st.spec, speed.placement_for(st.spec, [st.device], cfg), cfg, depth).values())
+        common = dict(model=st.label, quant=st.spec.file_type, device=st.device.id, lever="n_ctx",
+                      value=str(n_ctx), source="predicted")
+        rows += [Observation(metric="layers_on_gpu", result=float(ngl), unit="layers", **common),
+                 Observation(metric="layers_spilled", result=float(slots - ngl), unit="layers", **common),
+                 Observation(metric="tg_tps", result=p_fit.tg_tps, unit=TPS,
+                             note=f"-ngl {ngl} (what fits); bound: {p_fit.bound}", **common),
+                 Observation(metric="tg_tps_all_layers", result=p_all.tg_tps, unit=TPS,
+                             note="every layer on the device, memory ignored", **common),
+                 Observation(metric="kv_bytes_read_per_token", result=float(kv_read), unit="bytes",
+                             note=f"at depth {depth}", **common)]
+    return _frame(rows, depth=depth)

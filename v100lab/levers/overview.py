@@ -1,0 +1,94 @@
+"""Notebook 00: the workbook's map, what this run studies, and the seed's staircase (claimed vs predicted vs measured, stage by stage).
+"""
+
+from __future__ import annotations
+
+from v100lab.config import RunConfig
+from v100lab.errors import V100labError
+from v100lab.scenario import Scenario
+from v100lab.levers._study import _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model, study
+
+
+# The map of the workbook (00 shows it): notebook → the question it answers.
+NOTEBOOKS = (
+    ("00_overview", "The story, this map, and the seed's staircase: claimed vs predicted vs measured."),
+    ("01_vram_triangle", "Model size × context × card memory: what fits, and the largest context."),
+    ("02_bandwidth_ceiling", "tok/s ≤ bandwidth / bytes per token: the ceiling per quant and device, the roofline "
+                             "with this machine's calibration, published Apple Silicon rows."),
+    ("03_baseline", "A real run with llama.cpp's defaults; what the load log says; measured vs predicted."),
+    ("04_quantization", "The quant ladder: speed and file size measured vs predicted; perplexity and KL divergence."),
+    ("05_gpu_layers", "-ngl: predicted for the device; why spilled layers explain the seed's 18 → 44 jump."),
+    ("06_context_and_kv_cache", "Context and cache types: KV memory, decode speed vs depth, quantized V needs "
+                                "flash attention."),
+    ("07_batch_flash_attn_parallel_mlock", "Batch sizes, flash attention, --parallel, mmap/mlock, threads."),
+    ("08_final_config", "The tuned configuration, its predicted and measured speed, the llama-server command."),
+)
+
+
+def notebook_map():
+    """The notebooks of the workbook and the question each answers."""
+    import pandas as pd
+
+    return pd.DataFrame(NOTEBOOKS, columns=["notebook", "what it shows"])
+
+
+def scenario_facts(sc: Scenario):
+    """What this run studies: the model, the device, what is measured here (or why not), the flags."""
+    import pandas as pd
+
+    st = study(sc)
+    d = st.device
+    cfg = sc.run_config()
+    changed = [f"{k}={getattr(cfg, k)}" for k in cfg.as_dict() if getattr(cfg, k) != getattr(RunConfig(), k)]
+    rows = [
+        ("scenario", sc.scenario),
+        ("model studied", f"{st.label} ({st.spec.architecture}, {st.spec.weight_bytes / GIB:.2f} GiB of weights"
+                          f"{', header-only skeleton' if st.skeleton else ''})"),
+        ("device predicted for", f"{d.name}: {d.memory_gib:g} GiB, {d.bandwidth_gbs:g} GB/s"),
+        ("measured on this machine", st.measured_label or f"nothing: {st.why_not_measured}"),
+        ("this machine", f"{st.host.name}: {st.host.memory_gib:.1f} GiB, {st.host.bandwidth_gbs:g} GB/s measured; "
+                         f"GPU backend: {gpu_backend() or 'none (CPU build of llama.cpp)'}"),
+        ("llama.cpp flags", ", ".join(changed) or "llama.cpp's defaults"),
+        ("reference claims", sc.claims),
+    ]
+    return pd.DataFrame(rows, columns=["", "value"])
+
+
+def staircase(sc: Scenario):
+    """The seed's staircase: each stage claimed (the seed, its device) vs predicted (that device, the seed's
+    assumed model) — and, on this machine, each stage's flags measured vs predicted for the measured model.
+
+    Lever "stage", value "N name"; claimed rows only when the scenario's ``claims`` is "seed"."""
+    from v100lab import speed
+    from v100lab.bench import run_tests
+    from v100lab.calibration import load_seed_claims
+    from v100lab.header import read_spec
+    from v100lab import zoo
+
+    st = study(sc)
+    claims = load_seed_claims()
+    rows = [o for o in speed.seed_staircase(device=claims["device"]) if sc.claims == "seed" or o.source != "claimed"]
+    failures: list[dict[str, str]] = []
+    for stage in claims["stages"]:
+        label = f"{stage['id']} {stage['name']}"
+        cfg_map = dict(stage.get("config") or {})
+        depth = int(stage.get("depth", 0))
+        cfg = _ctx_for(RunConfig.from_mapping({**cfg_map, "n_threads": sc.n_threads}), depth + sc.n_gen + 1)
+        if not st.measuring:
+            continue
+        model, note = _stage_model(st, stage["quant"])
+        try:
+            mspec = read_spec(zoo.resolve(model))
+        except V100labError as exc:
+            failures.append({"lever": "stage", "value": label, "test": "", "reason": str(exc)})
+            continue
+        mlabel = st.measured_label
+        rows += predict_rows(mspec, mlabel, st.host, cfg, lever="stage", value=label, depth=depth, n_gen=sc.n_gen,
+                             metrics=("tg_tps", "strict_ceiling_tg_tps"), note=note)
+        if sc.n_gen:
+            got = run_tests(model, cfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
+                            lever="stage", value=label)
+            obs, fails = _measured(got, mlabel)
+            rows += [_renote(o, note) for o in obs]
+            failures += fails
+    return _frame(rows, failures, why_not_measured=st.why_not_measured)

@@ -1,0 +1,79 @@
+"""Notebook 04, quantization: the quant ladder's speed and file size measured vs predicted, and its quality (perplexity, KL divergence).
+"""
+
+from __future__ import annotations
+
+from v100lab.results import Observation
+from v100lab.scenario import Scenario
+from v100lab.levers._study import arch_of, _ctx_for, _frame, HOST, _measured, predict_rows, study, _tests
+from v100lab.levers.triangle import quant_specs
+
+
+def quant_ladder(sc: Scenario):
+    """The quant ladder. When measuring: ``ladder_model``'s real ladder, built here by llama.cpp's quantizer
+    and measured (decode, prompt, file size) beside the prediction from each file's own header; otherwise the scenario's
+    model predicted on its device per quant (decode, prompt, file bytes). Lever "quant"."""
+    from dataclasses import replace
+
+    from v100lab import bench, zoo
+    from v100lab.header import read_spec
+
+    st = study(sc)
+    cfg = _ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
+    rows: list[Observation] = []
+    base_label = st.label
+    for q, spec in (quant_specs(sc).items() if not st.measuring else ()):
+        rows += predict_rows(spec, base_label, st.device, cfg, lever="quant", value=q, n_prompt=sc.n_prompt,
+                             n_gen=sc.n_gen, metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"))
+        rows.append(Observation(base_label, q, st.device.id, "quant", q, "file_bytes",
+                                float(spec.weight_bytes + spec.header_bytes), "bytes", "predicted",
+                                note="header + weights at llama-quantize's type mixture"))
+    failures: list[dict[str, str]] = []
+    if st.measuring:
+        alias = sc.ladder_model
+        paths = zoo.ladder(alias, tuple(q.upper() for q in sc.quants))
+        label = f"{alias} (synthetic ladder)"
+        f16 = read_spec(paths["F16"])
+        a = arch_of(f16)
+        for q in [q.upper() for q in sc.quants]:
+            path = paths[q]
+            spec = read_spec(path)
+            rows += predict_rows(spec, label, st.host, cfg, lever="quant", value=q, n_prompt=sc.n_prompt,
+                                 n_gen=sc.n_gen, metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"))
+            rows.append(Observation(label, q, HOST, "quant", q, "file_bytes", float(path.stat().st_size), "bytes",
+                                    "measured", note=path.name))
+            if a is not None:
+                from v100lab.skeleton import skeleton_spec
+
+                ps = skeleton_spec(a, q)
+                rows.append(Observation(label, q, HOST, "quant", q, "file_bytes",
+                                        float(ps.weight_bytes + ps.header_bytes), "bytes", "predicted",
+                                        note="header + weights at llama-quantize's type mixture"))
+        got = bench.sweep(str(paths[sc.quants[0].upper()]), cfg, "model", [str(paths[q.upper()]) for q in sc.quants],
+                          tests=_tests(sc), repetitions=sc.repetitions, progress=False, monitor=False)
+        obs, failures = _measured(got, label)
+        rows += [replace(o, lever="quant", value=o.quant) for o in obs]
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, ladder_model=sc.ladder_model)
+
+
+QUALITY_LADDER = "default"
+
+
+def quality_ladder(sc: Scenario):
+    """Quality per quant, measured: perplexity of each rung of the default model's real ladder (SmolLM2-135M,
+    its Q4_1 weights dequantized to F16 by llama.cpp as the reference) and its KL divergence from the
+    reference, on Python's own ``pydoc_data.topics`` text. Empty (with the reason) when not measuring."""
+    from v100lab import quality
+
+    rows: list[Observation] = []
+    if not sc.measure:
+        return _frame(rows, why_not_measured="the scenario says measure: false",
+                      corpus=quality.CORPUS_NAME)
+    ref = f"{QUALITY_LADDER}:F16"
+    results = [quality.evaluate(ref, None, n_ctx=sc.perplexity_ctx, n_chunks=sc.perplexity_chunks,
+                                n_threads=sc.n_threads or None)]
+    for q in sc.quants:
+        results.append(quality.evaluate(f"{QUALITY_LADDER}:{q.upper()}", ref, n_ctx=sc.perplexity_ctx,
+                                        n_chunks=sc.perplexity_chunks, n_threads=sc.n_threads or None))
+    rows = quality.ladder_observations(results, "SmolLM2-135M (default ladder)")
+    return _frame(rows, corpus=quality.CORPUS_NAME, reference=ref, why_not_measured="")

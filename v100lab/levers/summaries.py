@@ -1,0 +1,429 @@
+"""Each notebook's closing paragraph (``summary_*``), written from the numbers of the frames it is
+given — nothing in them is a canned conclusion — with every string that came from a model or a parameter file
+escaped (:mod:`v100lab.render`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from v100lab.results import TPS
+from v100lab.scenario import Scenario
+from v100lab.levers._study import GIB, HOST, MIB, study
+from v100lab.levers.final import final_config
+
+
+def _pick(df, **eq):
+    m = df
+    for k, v in eq.items():
+        if v is None:
+            continue
+        m = m[m[k].isin(v)] if isinstance(v, (list, tuple, set)) else m[m[k] == v]
+    return m
+
+
+def _one(df, **eq) -> float | None:
+    m = _pick(df, **eq)
+    return float(m["result"].mean()) if len(m) else None
+
+
+def _fmt(x: float | None, nd: int = 1) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return f"{x:,.{nd}f}"
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    """a relative to b, as a signed percentage."""
+    if a is None or b is None or not b:
+        return "—"
+    return f"{100 * (a / b - 1):+.0f} %"
+
+
+def _markdown(lines: Sequence[str]):
+    """Join sentences (already escaped with render.md_text) into one Markdown output."""
+    from IPython.display import Markdown
+
+    return Markdown("\n".join(f"- {line}" for line in lines if line))
+
+
+def _md(template: str, **values) -> str:
+    from v100lab.render import md_text
+
+    return md_text(template, **values)
+
+
+def _failures_line(*frames) -> str:
+    fails = [f for df in frames for f in (df.attrs.get("failures") or [])]
+    if not fails:
+        return ""
+    first = fails[0]
+    return _md("{n} configuration(s) failed here; the first ({lever} = {value}): {reason}.", n=len(fails),
+               lever=first["lever"], value=first["value"], reason=first["reason"])
+
+
+def _above_line(*frames) -> str:
+    """How many measured decode figures of this run exceed the strict ceiling of their model and device."""
+    n = k = 0
+    for df in frames:
+        m = df[(df["source"] == "measured") & (df["unit"] == TPS) & df["metric"].astype(str).str.startswith("tg")] \
+            if len(df) and "source" in df else df.iloc[0:0]
+        n += len(m)
+        k += int(m["above_ceiling"].fillna(False).astype(bool).sum()) if len(m) else 0
+    if not k:
+        return ""
+    return _md("{k} of {n} measured decode figures are above the strict bandwidth ceiling of their model and device "
+               "(marked ✕ in the plots).", k=k, n=n)
+
+
+def _not_measured_line(df) -> str:
+    why = df.attrs.get("why_not_measured")
+    return _md("Nothing was measured for this step: {why}.", why=why) if why else ""
+
+
+def _pairs(df, metric: str, lever: str | None = None):
+    """(value, measured, predicted) for every measured row that has a prediction for the same model,
+    device, lever and value."""
+    out = []
+    m = _pick(df, metric=metric, source="measured", lever=lever)
+    for _, r in m.iterrows():
+        p = _one(df, metric=metric, source="predicted", model=r["model"], device=r["device"], lever=r["lever"],
+                 value=r["value"])
+        if p:
+            out.append((r["value"], float(r["result"]), p))
+    return out
+
+
+def _agreement(pairs) -> str:
+    if not pairs:
+        return "—"
+    errs = sorted(abs(m / p - 1) for _, m, p in pairs)
+    med = errs[len(errs) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
+    return f"median |error| {100 * med:.0f} % (worst {100 * errs[-1]:.0f} %, {len(errs)} points)"
+
+
+def summary_overview(sc: Scenario, stairs):
+    """The staircase in sentences: which claims exceed the ceiling, how prediction and measurement compare."""
+    lines = []
+    seed = stairs[stairs["device"] != HOST]
+    claimed = _pick(seed, source="claimed", metric="tg_tps")
+    if len(claimed):
+        above = claimed[claimed["above_ceiling"].fillna(False).astype(bool)]
+        stages_above = list(dict.fromkeys(above["value"]))
+        dev = claimed["device"].iloc[0]
+        lines.append(_md("Of the seed's {n} claimed figures, {k} exceed the strict ceiling of its assumed model on "
+                         "{dev}{stages}.", n=len(claimed), k=len(above), dev=dev,
+                         stages=(" — stage(s) " + ", ".join(stages_above) + ": no card decodes faster than it reads "
+                                 "the weights, so the measurement or the model size is wrong") if stages_above else ""))
+    for stage in dict.fromkeys(_pick(seed, metric="tg_tps", source="predicted")["value"]):
+        c = _pick(claimed, value=stage)["result"]
+        p = _one(seed, metric="tg_tps", source="predicted", value=stage)
+        s = _one(seed, metric="strict_ceiling_tg_tps", value=stage)
+        lines.append(_md("Stage {stage}: claimed {c}, predicted {p} tok/s (strict ceiling {s}).", stage=stage,
+                         c=(f"{c.min():g}–{c.max():g}" if len(c) else "—"), p=_fmt(p), s=_fmt(s)))
+    here = stairs[stairs["device"] == HOST]
+    pairs = _pairs(here, "tg_tps", "stage")
+    if pairs:
+        ms = [m for _, m, _ in pairs]
+        lines.append(_md("On this machine {model} decoded at {lo}–{hi} tok/s across the stages' flags; "
+                         "measured vs predicted: {agree}.", model=here["model"].iloc[0], lo=_fmt(min(ms)),
+                         hi=_fmt(max(ms)), agree=_agreement(pairs)))
+    lines += [_above_line(stairs), _failures_line(stairs), _not_measured_line(stairs)]
+    return _markdown(lines)
+
+
+def summary_triangle(sc: Scenario, mem, grid):
+    """The triangle with numbers: what the chosen configuration needs, what fits, the largest contexts."""
+    st = study(sc)
+    lines = []
+    first = mem["note"].iloc[0] if len(mem) else ""
+    pred = _pick(mem, source="predicted", metric="bytes", note=first)
+    for dev, g in pred.groupby("device", sort=False):
+        total = g["result"].sum()
+        cap = _one(mem, metric="capacity_bytes", device=dev, note=first)
+        parts = ", ".join(f"{v} {r / GIB:.2f}" for v, r in zip(g["value"], g["result"]) if r > 0)
+        lines.append(_md("{model} {quant} with -c {ctx} needs {total} GiB on {dev} ({parts} GiB) of {cap} GiB: "
+                         "{verdict}.", model=st.label, quant=st.spec.file_type, ctx=sc.n_ctx or st.spec.n_ctx_train,
+                         total=_fmt(total / GIB, 2), dev=dev, parts=parts, cap=_fmt((cap or 0) / GIB, 1),
+                         verdict=("fits" if cap and total <= cap else
+                                  f"does not fit, {_fmt((total - (cap or 0)) / MIB, 0)} MiB over")))
+    meas = _pick(mem, source="measured", metric="bytes")
+    if len(meas):
+        p = _pick(mem, source="predicted", metric="bytes", note=meas["note"].iloc[0], device=HOST)
+        p = p[p["value"].isin(meas["value"])]
+        lines.append(_md("llama.cpp reported {m} MiB of buffers for {model} here; the plan predicted {p} MiB ({d}).",
+                         m=_fmt(meas["result"].sum() / MIB), model=meas["model"].iloc[0],
+                         p=_fmt(p["result"].sum() / MIB), d=_pct(p["result"].sum(), meas["result"].sum())))
+    fits = _pick(grid, metric="fits", lever="n_ctx")
+    if len(fits):
+        lines.append(_md("Of {n} combinations of quant × context × cache type, {k} fit on {dev}.", n=len(fits),
+                         k=int(fits["result"].sum()), dev=grid.attrs.get("device_name", st.device.id)))
+    mc = _pick(grid, metric="max_ctx")
+    for ct in dict.fromkeys(mc["note"]):
+        g = mc[mc["note"] == ct].sort_values("result")
+        if len(g):
+            lo, hi = g.iloc[0], g.iloc[-1]
+            lines.append(_md("Largest context with {ct}: {hi} tokens at {qh}, {lo} at {ql}.",
+                             ct=ct.replace("cache_type=", "KV cache "), hi=int(hi["result"]), qh=hi["quant"],
+                             lo=int(lo["result"]), ql=lo["quant"]))
+    lines.append(_failures_line(mem))
+    return _markdown(lines)
+
+
+def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
+    """The ceiling in sentences: per quant on the device, the seed's table, the catalog, this machine, Apple."""
+    st = study(sc)
+    lines = []
+    mine = _pick(ceil, model=st.label, device=st.device.id)
+    c = _pick(mine, metric="ceiling_tg_tps")
+    if len(c):
+        hi, lo = c.loc[c["result"].idxmax()], c.loc[c["result"].idxmin()]
+        ratios = [(_one(mine, metric="tg_tps", value=v) or 0) / r for v, r in zip(c["value"], c["result"])]
+        lines.append(_md("On {dev} the seed's ceiling for {model} runs from {lo} tok/s ({ql}) to {hi} tok/s ({qh}); "
+                         "the prediction reaches {a}–{b} % of it.", dev=st.device.id, model=st.label,
+                         lo=_fmt(lo["result"]), ql=lo["value"], hi=_fmt(hi["result"]), qh=hi["value"],
+                         a=f"{100 * min(ratios):.0f}", b=f"{100 * max(ratios):.0f}"))
+    cl = _pick(ceil, source="claimed")
+    if len(cl):
+        diffs = []
+        for _, r in cl.iterrows():
+            ours = _one(ceil, source="predicted", metric="ceiling_tg_tps", model=r["model"], value=r["value"])
+            diffs.append(f"{r['value']} {r['result']:g} vs {_fmt(ours)}")
+        lines.append(_md("The seed's ceiling table against bandwidth / weight bytes of its assumed model: {d}.",
+                         d="; ".join(diffs)))
+    p = _pick(cat, metric="tg_tps", source="predicted")
+    if len(p):
+        best = p.loc[p["result"].idxmax()]
+        n_fit = int(p["note"].str.startswith("fits").sum())
+        lines.append(_md("Across {n} devices the model fits on {k}; the fastest predicted is {dev} at {tps} tok/s.",
+                         n=len(p), k=n_fit, dev=best["value"], tps=_fmt(best["result"])))
+    m = _pick(roof, source="measured", metric="tg_tps")
+    if len(m):
+        r = m.iloc[0]
+        pr = _one(roof, source="predicted", metric="tg_tps", value=r["value"], model=r["model"])
+        ce = _one(roof, metric="ceiling_tg_tps", value=r["value"], model=r["model"])
+        lines.append(_md("Here {model} {q} decoded at {m} tok/s: {f} of this machine's bandwidth ceiling ({c}), "
+                         "predicted {p} ({e}); the host is {cal}.", model=r["model"], q=r["value"], m=_fmt(r["result"]),
+                         f=f"{100 * r['result'] / ce:.0f} %" if ce else "—", c=_fmt(ce), p=_fmt(pr),
+                         e=_pct(pr, r["result"]), cal="calibrated" if roof.attrs.get("calibrated") else
+                         "not calibrated (run v100lab calibrate)"))
+    for metric, name in (("tg_tps", "tg128"), ("pp_tps", "pp512")):
+        pairs = []
+        for _, r in _pick(apple_df, metric=metric, source="claimed").iterrows():
+            pr = _one(apple_df, metric=metric, source="predicted", value=r["value"], quant=r["quant"])
+            if pr:
+                pairs.append((r["value"], r["result"], pr))
+        if pairs:
+            lines.append(_md("Apple Silicon {name}, predicted vs published: {agree}.", name=name,
+                             agree=_agreement([(v, m, p) for v, m, p in pairs])))
+    lines += [_above_line(roof), _failures_line(roof)]
+    return _markdown(lines)
+
+
+def summary_baseline(sc: Scenario, base, diag):
+    """The baseline in sentences."""
+    st = study(sc)
+    lines = []
+    for metric, name in (("tg_tps", "decode"), ("pp_tps", "prompt processing")):
+        for v, m, p in _pairs(base, metric):
+            lines.append(_md("{name}: measured {m} tok/s here, predicted {p} ({e}).", name=name.capitalize(),
+                             m=_fmt(m), p=_fmt(p), e=_pct(p, m)))
+    if st.device.id != HOST:
+        p = _one(base, metric="tg_tps", source="predicted", device=st.device.id)
+        s = _one(base, metric="strict_ceiling_tg_tps", device=st.device.id)
+        n = _pick(base, metric="tg_tps", source="predicted", device=st.device.id)
+        lines.append(_md("{model} on {dev} with these flags: predicted {p} tok/s of a {s} tok/s ceiling ({note}).",
+                         model=st.label, dev=st.device.id, p=_fmt(p), s=_fmt(s),
+                         note=n["note"].iloc[0] if len(n) else ""))
+    off = diag[diag["fact"].str.startswith("layers")]
+    if len(off):
+        lines.append(_md("Load log: {fact} — {value}.", fact=off["fact"].iloc[0], value=off["value"].iloc[0]))
+    lines += [_above_line(base), _failures_line(base), _not_measured_line(base)]
+    return _markdown(lines)
+
+
+def summary_quantization(sc: Scenario, ladder, qual):
+    """The quant ladder and quality in sentences."""
+    lines = []
+    tg = _pick(ladder, metric="tg_tps", source="measured")
+    if len(tg):
+        fast, slow = tg.loc[tg["result"].idxmax()], tg.loc[tg["result"].idxmin()]
+        lines.append(_md("Measured decode on the {ladder} ladder: fastest {qf} at {f} tok/s, slowest {qs} at {s} "
+                         "tok/s.", ladder=tg["model"].iloc[0], qf=fast["value"], f=_fmt(fast["result"]),
+                         qs=slow["value"], s=_fmt(slow["result"])))
+        for metric, name in (("tg_tps", "decode"), ("pp_tps", "prompt")):
+            pairs = _pairs(ladder, metric, "quant")
+            if pairs:
+                lines.append(_md("{name} measured vs predicted: {agree}.", name=name.capitalize(),
+                                 agree=_agreement(pairs)))
+        sizes = _pairs(ladder.assign(result=ladder["result"]), "file_bytes", "quant")
+        if sizes:
+            lines.append(_md("File sizes, predicted from the architecture vs written by the quantizer: {agree}.",
+                             agree=_agreement(sizes)))
+    p = _pick(ladder, metric="tg_tps", source="predicted", device=study(sc).device.id, model=study(sc).label)
+    if len(p):
+        lines.append(_md("{model} on {dev}, predicted decode: {pairs}.", model=study(sc).label, dev=study(sc).device.id,
+                         pairs=", ".join(f"{v} {r:.1f}" for v, r in zip(p["value"], p["result"]))))
+    ppl = _pick(qual, metric="perplexity")
+    if len(ppl):
+        ref = _one(ppl, value="F16")
+        worst = ppl.loc[ppl["result"].idxmax()]
+        kl = _pick(qual, metric="kl_divergence")
+        kls = ", ".join(f"{v} {r:.4f}" for v, r in zip(kl["value"], kl["result"]))
+        lines.append(_md("Perplexity of the F16 reference {r}; the worst quant, {q}, {w} ({d}). KL divergence from "
+                         "F16 (nats per token): {kls}.", r=_fmt(ref, 2), q=worst["value"], w=_fmt(worst["result"], 2),
+                         d=_pct(worst["result"], ref), kls=kls or "—"))
+        lines.append(_md("Text scored: {corpus}.", corpus=qual.attrs.get("corpus", "")))
+    lines += [_above_line(ladder), _failures_line(ladder, qual), _not_measured_line(qual)]
+    return _markdown(lines)
+
+
+def summary_gpu_layers(sc: Scenario, ngl, spill_df):
+    """-ngl and the spill effect in sentences."""
+    st = study(sc)
+    lines = []
+    p = _pick(ngl, metric="tg_tps", source="predicted", lever="n_gpu_layers")
+    if len(p):
+        vals = p.assign(v=p["value"].astype(int)).sort_values("v")
+        lines.append(_md("Predicted decode for {model} on {dev}: {a} tok/s with -ngl {va}, {b} tok/s with -ngl {vb}; "
+                         "at most {m} of {n} layer slots fit.", model=st.label, dev=st.device.id,
+                         a=_fmt(vals["result"].iloc[0]), va=vals["value"].iloc[0], b=_fmt(vals["result"].iloc[-1]),
+                         vb=vals["value"].iloc[-1], m=ngl.attrs.get("max_gpu_layers"), n=ngl.attrs.get("layer_slots")))
+    if ngl.attrs.get("why_not_measured"):
+        lines.append(_md("Not measured: {why}.", why=ngl.attrs["why_not_measured"]))
+    sp = _pick(spill_df, metric="tg_tps")
+    if len(sp) > 1:
+        sp = sp.assign(v=sp["value"].astype(int)).sort_values("v")
+        small, large = sp.iloc[0], sp.iloc[-1]
+        s_small = _one(spill_df, metric="layers_spilled", value=small["value"])
+        s_large = _one(spill_df, metric="layers_spilled", value=large["value"])
+        kv_s = _one(spill_df, metric="kv_bytes_read_per_token", value=small["value"])
+        kv_l = _one(spill_df, metric="kv_bytes_read_per_token", value=large["value"])
+        if s_small == s_large:
+            lines.append(_md("With -ngl 999 the same {n} layer slot(s) stay on the CPU at every context from {cs} to "
+                             "{cl} tokens on {dev}: predicted {ts} → {tl} tok/s, no spill step here.",
+                             n=int(s_small or 0), cs=small["value"], cl=large["value"], dev=study(sc).device.id,
+                             ts=_fmt(small["result"]), tl=_fmt(large["result"])))
+        else:
+            lines.append(_md("With -ngl 999, -c {cl} leaves {sl} layer slot(s) on the CPU and predicts {tl} tok/s; "
+                             "-c {cs} leaves {ss} and predicts {ts} tok/s ({ratio}×). The KV cache a token reads at "
+                             "depth {d} is {kl} KiB vs {ks} KiB ({kd}) while the layers on the CPU go from {sl} to "
+                             "{ss}.", cl=large["value"], sl=int(s_large or 0), tl=_fmt(large["result"]),
+                             cs=small["value"], ss=int(s_small or 0), ts=_fmt(small["result"]),
+                             ratio=_fmt(small["result"] / large["result"] if large["result"] else None, 2),
+                             d=spill_df.attrs.get("depth"), kl=_fmt((kv_l or 0) / 1024), ks=_fmt((kv_s or 0) / 1024),
+                             kd=_pct(kv_s, kv_l)))
+    lines.append(_failures_line(ngl))
+    return _markdown(lines)
+
+
+def summary_context(sc: Scenario, kv, depth_df, qv):
+    """Context, KV cache and quantized V in sentences."""
+    lines = []
+    pred = _pick(kv, source="predicted")
+    if len(pred):
+        big = str(max(int(v) for v in pred["value"]))
+        per_ct = ", ".join(f"{n.replace('cache_type=', '')} {r / MIB:,.0f} MiB"
+                           for n, r in _pick(pred, value=big, model=pred["model"].iloc[0])[["note", "result"]].values)
+        lines.append(_md("KV cache of {model} at -c {ctx}: {per}.", model=pred["model"].iloc[0], ctx=big, per=per_ct))
+    meas = _pick(kv, source="measured")
+    if len(meas):
+        pairs = []
+        for _, r in meas.iterrows():
+            p = _one(kv, source="predicted", model=r["model"], value=r["value"], note=r["note"])
+            if p:
+                pairs.append((r["value"], r["result"], p))
+        lines.append(_md("KV bytes predicted vs llama.cpp's log: {agree}.", agree=_agreement(pairs)))
+    m = _pick(depth_df, metric="tg_tps", source="measured")
+    if len(m) > 1:
+        m = m.assign(v=m["value"].astype(int)).sort_values("v")
+        lines.append(_md("Measured decode: {a} tok/s at depth {da}, {b} at depth {db} ({d}); "
+                         "measured vs predicted: {agree}.", a=_fmt(m["result"].iloc[0]), da=m["value"].iloc[0],
+                         b=_fmt(m["result"].iloc[-1]), db=m["value"].iloc[-1],
+                         d=_pct(m["result"].iloc[-1], m["result"].iloc[0]), agree=_agreement(_pairs(depth_df, "tg_tps"))))
+    p = _pick(depth_df, metric="tg_tps", source="predicted", device=study(sc).device.id, model=study(sc).label)
+    if len(p) > 1 and not study(sc).same_model_here:
+        p = p.assign(v=p["value"].astype(int)).sort_values("v")
+        lines.append(_md("Predicted for {model} on {dev}: {a} → {b} tok/s from depth {da} to {db}.",
+                         model=study(sc).label, dev=study(sc).device.id, a=_fmt(p["result"].iloc[0]),
+                         b=_fmt(p["result"].iloc[-1]), da=p["value"].iloc[0], db=p["value"].iloc[-1]))
+    if len(qv):
+        row = qv[(qv["flash attention"] == "off") & qv["cache type K / V"].str.endswith("q8_0")]
+        if len(row):
+            lines.append(_md("q8_0 V with flash attention off — predicted: {p}; llama.cpp here: {m}.",
+                             p=row["predicted"].iloc[0], m=row["llama.cpp here"].iloc[0]))
+    lines += [_above_line(depth_df), _failures_line(kv, depth_df), _not_measured_line(depth_df)]
+    return _markdown(lines)
+
+
+def _effect(df, metric: str, lever: str) -> str:
+    m = _pick(df, metric=metric, source="measured", lever=lever)
+    if len(m) < 2:
+        return ""
+    g = m.groupby("value")["result"].mean()
+    return (f"{METRIC_NAMES.get(metric, metric)} {g.min():.1f}–{g.max():.1f} tok/s "
+            f"(best {g.idxmax()}, {100 * (g.max() / g.min() - 1):.0f} % above the worst)")
+
+
+METRIC_NAMES = {"tg_tps": "decode", "pp_tps": "prompt", "tg_tps_per_stream": "per-stream decode"}
+
+
+def summary_levers(sc: Scenario, batch, fa, par, load, threads):
+    """Batch, flash attention, parallel, loading and threads in sentences."""
+    lines = []
+    for df, lever, name in ((batch, "n_ubatch", "-ub"), (fa, "flash_attn", "-fa"), (threads, "n_threads", "-t"),
+                            (par, "n_parallel", "-np (total over slots)")):
+        parts = [e for e in (_effect(df, "pp_tps", lever), _effect(df, "tg_tps", lever)) if e]
+        if lever == "n_parallel":
+            parts.append(_effect(df, "tg_tps_per_stream", lever))
+        parts = [p for p in parts if p]
+        if parts:
+            pairs = _pairs(df, "tg_tps", lever) + _pairs(df, "pp_tps", lever)
+            lines.append(_md("{name}: {effects}; measured vs predicted: {agree}.", name=name, effects="; ".join(parts),
+                             agree=_agreement(pairs) if lever != "n_parallel" else "one-stream prediction only"))
+        elif df.attrs.get("why_not_measured"):
+            lines.append(_md("{name}: not measured — {why}.", name=name, why=df.attrs["why_not_measured"]))
+    ld = _pick(load, metric="load_s")
+    if len(ld):
+        g = ld.groupby("value")["result"].median()
+        f = _pick(load, metric="first_token_s").groupby("value")["result"].median()
+        lines.append(_md("Loading (median): {modes}.", modes="; ".join(
+            f"{k} {g[k]:.2f} s to load, {f.get(k, float('nan')):.2f} s to the first token" for k in g.index)))
+    lines += [_above_line(batch, fa, par, threads), _failures_line(batch, fa, par, load, threads)]
+    return _markdown(lines)
+
+
+def summary_final(sc: Scenario, stairs, verdict):
+    """The final configuration in sentences."""
+    st = study(sc)
+    t = final_config(sc)
+    b = t.best
+    lines = [_md("Tuned for {model} on {dev} at -c {ctx}: {q}, predicted {p} tok/s decode (ceiling {c}, "
+                 "{bound}-bound) and {pp} tok/s prompt, {m} MiB left of the device.", model=st.label, dev=t.device,
+                 ctx=sc.target_ctx, q=b.quant, p=_fmt(b.tg_tps), c=_fmt(b.ceiling_tg_tps), bound=b.bound,
+                 pp=_fmt(b.pp_tps, 0), m=_fmt(b.margin_bytes / MIB, 0))]
+    if b.measured_tg_tps is not None:
+        lines.append(_md("Measured here: {m} tok/s; the prediction is {e} off it.", m=_fmt(b.measured_tg_tps),
+                         e=_pct(b.tg_tps, b.measured_tg_tps)))
+    fit = sum(1 for c in t.candidates if c.fits)
+    lines.append(_md("{k} of {n} candidate configurations fit with the margin.", k=fit, n=len(t.candidates)))
+    p = _pick(stairs, metric="tg_tps", source="predicted", device=st.device.id, model=st.label)
+    if len(p) > 1:
+        lines.append(_md("The scenario's staircase, predicted on {dev}: {first} → {last} tok/s over {n} stages.",
+                         dev=st.device.id, first=_fmt(p["result"].iloc[0]), last=_fmt(p["result"].iloc[-1]),
+                         n=len(p)))
+    pairs = _pairs(stairs, "tg_tps", "stage")
+    if pairs:
+        lines.append(_md("Each stage's flags measured here on {model}: {lo}–{hi} tok/s; measured vs predicted: "
+                         "{agree}.", model=st.measured_label, lo=_fmt(min(m for _, m, _ in pairs)),
+                         hi=_fmt(max(m for _, m, _ in pairs)), agree=_agreement(pairs)))
+    if len(verdict):
+        a = verdict.attrs
+        lines.append(_md("The seed's command, predicted on its device: {s} tok/s (claimed {lo}–{hi}, ceiling {c}){p}; "
+                         "the tuned one: {t} tok/s. Flags that differ: {diff}.", s=_fmt(a.get("seed_predicted")),
+                         lo=f"{a['claimed'][0]:g}", hi=f"{a['claimed'][1]:g}", c=_fmt(a.get("ceiling")),
+                         p=f" — {a['seed_problem']}" if a.get("seed_problem") else "", t=_fmt(a.get("tuned_predicted")),
+                         diff=", ".join(verdict[verdict["seed"] != verdict["tuned"]]["flag"]) or "none"))
+    lines += [_above_line(stairs), _failures_line(stairs), _not_measured_line(stairs)]
+    return _markdown(lines)

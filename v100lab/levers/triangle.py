@@ -1,0 +1,137 @@
+"""Notebook 01, the VRAM triangle: model size × context × card memory — the header's facts, the memory breakdown predicted vs llama.cpp's load log, what fits where, and the largest context.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError
+from v100lab.results import Observation
+from v100lab.scenario import Scenario
+from v100lab.spec import ModelSpec
+from v100lab.levers._study import capture_load, COMPONENTS, _devices_for, _frame, GIB, HOST, spec_at_quant, study
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_token(spec: ModelSpec, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+    """Bytes of K and V cache one token adds, over the layers that have a cache (the seed's
+    2 × layers × KV heads × head_dim × bytes, with GQA, SWA and recurrent layers as llama.cpp has them)."""
+    from v100lab.memory import kv_widths, row_size
+
+    total = 0
+    for il in range(spec.n_layer):
+        if not spec.has_kv(il):
+            continue
+        wk, wv = kv_widths(spec, il)
+        total += row_size(cache_type_k, wk) + (row_size(cache_type_v, wv) if wv else 0)
+    return int(total)
+
+
+def header_facts(sc: Scenario):
+    """The scenario model's header, as the memory model reads it (a two-column table)."""
+    import pandas as pd
+
+    s = study(sc).spec
+    kv_layers = sum(1 for il in range(s.n_layer) if s.has_kv(il))
+    rows = [
+        ("name", s.name), ("architecture", s.architecture), ("file type", s.file_type),
+        ("parameters", f"{s.n_params / 1e9:.3f} B"), ("weights", f"{s.weight_bytes / GIB:.3f} GiB "
+                                                      f"({s.bits_per_weight:.2f} bits per weight)"),
+        ("file size", f"{s.file_bytes / GIB:.3f} GiB" if s.file_bytes else "no file (skeleton)"),
+        ("layers", f"{s.n_layer} ({kv_layers} with a KV cache, {len(s.recurrent_layers)} recurrent, "
+                   f"{len(s.swa_layers)} sliding-window)"),
+        ("n_embd / n_ff", f"{s.n_embd} / {s.n_ff if isinstance(s.n_ff, int) else max(s.n_ff)}"),
+        ("heads / KV heads", f"{s.n_head_at(0)} / {s.n_head_kv(next((i for i in range(s.n_layer) if s.has_kv(i)), 0))}"),
+        ("head size K / V", f"{s.head_dim_k} / {s.head_dim_v}"),
+        ("training context", f"{s.n_ctx_train}"), ("vocabulary", f"{s.n_vocab}"),
+        ("KV cache per token (f16)", f"{kv_bytes_per_token(s) / 1024:.1f} KiB"),
+        ("tensor types", ", ".join(f"{k} ×{v}" for k, v in sorted(s.tensor_types.items()))),
+    ]
+    return pd.DataFrame(rows, columns=["field", "value"])
+
+
+def _plan_rows(spec: ModelSpec, label: str, devices: Sequence, cfg: RunConfig, group: str) -> list[Observation]:
+    from v100lab import memory
+
+    p = memory.plan(spec, list(devices), cfg, with_max_ctx=False)
+    rows = []
+    for dev_name, m in p.devices.items():
+        for comp, attr, _ in COMPONENTS:
+            rows.append(Observation(label, spec.file_type, dev_name, "component", comp, "bytes",
+                                    float(getattr(m, attr)), "bytes", "predicted", note=group))
+        rows.append(Observation(label, spec.file_type, dev_name, "component", "capacity", "capacity_bytes",
+                                float(m.capacity_bytes), "bytes", "predicted", note=group))
+    return rows
+
+
+def memory_breakdown(sc: Scenario):
+    """Where the bytes go: predicted per device and component for the scenario's model on its device, and —
+    when measuring — llama.cpp's own buffer sizes for the measured model here beside their prediction.
+
+    Lever "component"; metric "bytes" (and "capacity_bytes"); ``note`` names the group shown together."""
+    from v100lab.errors import RunFailed
+
+    st = study(sc)
+    cfg = sc.run_config()
+    rows: list[Observation] = []
+    if not st.same_model_here:
+        rows += _plan_rows(st.spec, st.label, _devices_for(st.device), cfg, f"{st.label} on {st.device.id}")
+    failures = []
+    if st.measuring:
+        mgroup = f"{st.measured_label} on this machine"
+        rows += _plan_rows(st.measured_spec, st.measured_label, [st.host], cfg, mgroup)
+        try:
+            facts = capture_load(st, cfg)
+        except RunFailed as exc:
+            facts = None
+            failures.append({"lever": "component", "value": "load", "test": "", "reason": str(exc)})
+        if facts is not None:
+            for comp, _, kind in COMPONENTS:
+                if kind is None:
+                    continue
+                rows.append(Observation(st.measured_label, st.measured_spec.file_type, HOST, "component", comp,
+                                        "bytes", float(facts.buffer_bytes(kind)), "bytes", "measured",
+                                        note=mgroup))
+    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+
+
+def quant_specs(sc: Scenario) -> dict[str, ModelSpec]:
+    """The scenario's model at every quant of ``sc.quants`` (its own quant first when it is not listed)."""
+    st = study(sc)
+    out = {}
+    quants = [q.upper() for q in sc.quants]
+    own = st.spec.file_type.upper()
+    try:
+        for q in quants:
+            out[q] = spec_at_quant(sc.model, q)
+    except ConfigError as exc:
+        log.info("%s", exc)
+        out = {}
+    if own not in out:
+        out = {own: st.spec, **out}
+    return out
+
+
+def fit_grid(sc: Scenario):
+    """The VRAM triangle on the scenario's device: for every quant × context × cache type, the busiest
+    device's total bytes and margin, whether it fits, how many layers fit, and the largest context per quant
+    and cache type (memory.triangle, all predicted)."""
+    from v100lab import memory
+
+    st = study(sc)
+    specs = quant_specs(sc)
+    rows = memory.triangle(specs, _devices_for(st.device), sc.ctx_sizes, sc.cache_types, sc.run_config())
+    return _frame(rows, device_name=st.device.name, capacity_gib=st.device.memory_gib)
+
+
+def largest_context(grid):
+    """The largest context that fits, per quant (rows) and cache type (columns), from :func:`fit_grid`."""
+    m = grid[grid["metric"] == "max_ctx"].copy()
+    m["cache type"] = m["note"].str.replace("cache_type=", "", regex=False)
+    wide = m.pivot_table(index="quant", columns="cache type", values="result", aggfunc="max")
+    wide = wide.astype(int).reset_index()
+    wide.columns.name = None
+    return wide
