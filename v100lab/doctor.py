@@ -502,7 +502,7 @@ def _check_capacity(seg, facts: loadlog.LoadFacts, gpus: Sequence[GpuFact], devi
         if m := _RE_CUDA_OOM.search(line):
             failed.setdefault(f"CUDA{m.group(2)}", (float(m.group(1)), no, line))
         elif (m := _RE_ALLOC_FAIL.search(line)) and _GPU_BUFFER.match(m.group(1)):
-            name = loadlog._buffer_device(m.group(1))
+            name = loadlog.buffer_device(m.group(1))
             failed.setdefault(name, (int(m.group(2)) / 2**20, no, line))
     names = [d for d in by if d != loadlog.HOST] + [d for d in failed if d not in by]
     for dev_name in names:
@@ -583,10 +583,10 @@ def _check_fallbacks(seg, facts: loadlog.LoadFacts, gpu_present: bool) -> list[F
     fa_cpu = [fb for fb in facts.cpu_fallbacks if "Flash Attention tensor" in fb]
     moved = []
     for fb in facts.cpu_fallbacks:
-        m = loadlog._RE_FALLBACK.search(fb)
+        types = loadlog.buffer_fallback(fb)
         # CPU_REPACK → CPU only means "no faster CPU layout for this type": not a device fallback
-        if m and not m.group(1).upper().startswith("CPU"):
-            moved.append((fb, m.group(1), m.group(2)))
+        if types and not types[0].upper().startswith("CPU"):
+            moved.append((fb, *types))
     if fa_cpu and gpu_present:
         hit = _find(seg, fa_cpu[0]) or (0, fa_cpu[0])
         fa_auto = _find(seg, "Flash Attention was auto, set to disabled")
@@ -605,7 +605,7 @@ def _check_fallbacks(seg, facts: loadlog.LoadFacts, gpu_present: bool) -> list[F
                            "use a weight type this backend supports (e.g. Q4_0/Q4_K_M/Q8_0 on CUDA) or a newer build",
                            {"count": len(moved), "wanted": want, "got": got}))
     for no, line in seg:
-        if _RE_GENERIC_FALLBACK.search(line) and not loadlog._RE_FALLBACK.search(line) \
+        if _RE_GENERIC_FALLBACK.search(line) and not loadlog.buffer_fallback(line) \
                 and "Falling back to buffered I" not in line:
             out.append(Finding("cpu-fallback", "warning", "an operation is not supported on the device and falls back",
                                line, no, "use a build (and CUDA architecture) that supports it, or change the flag that "
@@ -718,11 +718,8 @@ def _is_llama_log(facts: loadlog.LoadFacts, lines, speeds, gpus) -> bool:
 
 def _model_bytes(facts: loadlog.LoadFacts) -> int | None:
     fs = facts.model_meta.get("file size")
-    if fs:
-        m = _RE_FILE_SIZE.search(fs)
-        if m:
-            return int(round(float(m.group(1)) * _UNITS[m.group(2)]))
-    return None
+    m = _RE_FILE_SIZE.search(fs) if fs else None
+    return _size_bytes(m.group(0)) if m else None
 
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}

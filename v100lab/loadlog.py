@@ -221,7 +221,14 @@ _WARN_WORDS = re.compile(r"\b(warning|warn|failed|error|not supported|unsupporte
                          r"out of memory|will not be utilized|refus)", re.I)
 
 
-def _buffer_device(name: str) -> str:
+def buffer_fallback(line: str) -> tuple[str, str] | None:
+    """``(wanted, got)`` buffer types of a "cannot be used with preferred buffer type X, using Y instead"
+    line (tensors that could not go where llama.cpp preferred), None for any other line."""
+    m = _RE_FALLBACK.search(line)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def buffer_device(name: str) -> str:
     """Map a ggml buffer name to where its memory lives: "host" for host memory, else the device."""
     if name.startswith("CPU") or name.endswith("_Host") or name.lower().startswith("cpu"):
         return HOST
@@ -293,7 +300,7 @@ def parse_load_log(text: str, records: list[tuple[int, str]] | None = None) -> L
             if kind is None:  # old format: "load_tensors: CPU buffer size = ..."
                 kind = "model" if "load_tensors" in func else "KV" if "kv" in func else "compute"
             if not func.startswith("~"):   # "~llama_context: ... is X MiB, matches expectation" is teardown
-                f["buffers"].append(BufferFact(kind=kind, buffer=name, device=_buffer_device(name), mib=mib))
+                f["buffers"].append(BufferFact(kind=kind, buffer=name, device=buffer_device(name), mib=mib))
             known = True
         elif m := _RE_KV_SIZE.match(body):
             f["kv_caches"].append(KVCacheFact(
