@@ -34,7 +34,7 @@ import re
 import struct
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import BinaryIO, Mapping, Sequence
@@ -67,6 +67,7 @@ _NP_DTYPE = {  # numpy reads numeric arrays in one call (then .tolist())
     VT.INT32: "<i4", VT.FLOAT32: "<f4", VT.BOOL: "<u1", VT.UINT64: "<u8", VT.INT64: "<i8",
     VT.FLOAT64: "<f8",
 }
+_SCALAR_STRUCT = {vt: struct.Struct(fmt) for vt, (fmt, _) in _SCALAR.items()}
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
@@ -298,29 +299,24 @@ class _Reader:
             self.buf += data
 
     # primitives ------------------------------------------------------------------------------
-    def u32(self, what: str) -> int:
-        self.ensure(4, what)
-        v = _U32.unpack_from(self.buf, self.pos)[0]
-        self.pos += 4
+    def scalar(self, st: struct.Struct, what: str):
+        """One fixed-size little-endian value at ``pos`` (``st``: a one-field struct), then past it."""
+        self.ensure(st.size, what)
+        v = st.unpack_from(self.buf, self.pos)[0]
+        self.pos += st.size
         return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar(_U32, what)
 
     def i32(self, what: str) -> int:
-        self.ensure(4, what)
-        v = _I32.unpack_from(self.buf, self.pos)[0]
-        self.pos += 4
-        return v
+        return self.scalar(_I32, what)
 
     def u64(self, what: str) -> int:
-        self.ensure(8, what)
-        v = _U64.unpack_from(self.buf, self.pos)[0]
-        self.pos += 8
-        return v
+        return self.scalar(_U64, what)
 
     def i64(self, what: str) -> int:
-        self.ensure(8, what)
-        v = _I64.unpack_from(self.buf, self.pos)[0]
-        self.pos += 8
-        return v
+        return self.scalar(_I64, what)
 
     def string(self, what: str) -> str:
         at = self.pos
@@ -428,14 +424,12 @@ def _read_value(r: _Reader, vtype, key: str):
         del arr                       # release the buffer export before the buffer grows again
         r.pos += size
         return value, (VT.ARRAY, etype)
-    fmt, size = _SCALAR[vtype]
-    r.ensure(size, f"value of '{key}'")
-    v = struct.unpack_from(fmt, r.buf, r.pos)[0]
+    at = r.pos
+    v = r.scalar(_SCALAR_STRUCT[vtype], f"value of '{key}'")
     if vtype == VT.BOOL:
         if v > 1:
-            raise GGUFError(f"'{key}' is a bool of value {v}, neither 0 nor 1", r.pos)
+            raise GGUFError(f"'{key}' is a bool of value {v}, neither 0 nor 1", at)
         v = bool(v)
-    r.pos += size
     return v, vtype
 
 
@@ -623,6 +617,9 @@ def file_type_name(value) -> str:
     return ft.name.removeprefix("MOSTLY_")
 
 
+_ABSENT = object()   # _Meta._lookup's "no such key" (None can be a default)
+
+
 class _Meta:
     """Typed access to metadata with errors that name the key."""
 
@@ -636,34 +633,37 @@ class _Meta:
     def get(self, suffix: str, default=None):
         return self.md.get(self.key(suffix), default)
 
-    def int(self, suffix: str, default=None, required: bool = False) -> int | None:
+    def _lookup(self, suffix: str, required: bool) -> tuple[str, object]:
+        """(full key, value) of ``{arch}.{suffix}``; the value is ``_ABSENT`` when the key is missing
+        (a GGUFError naming the key when it is ``required``)."""
         k = self.key(suffix)
         if k not in self.md:
             if required:
                 raise GGUFError(f"missing metadata key '{k}'")
+            return k, _ABSENT
+        return k, self.md[k]
+
+    def int(self, suffix: str, default=None, required: bool = False) -> int | None:
+        k, v = self._lookup(suffix, required)
+        if v is _ABSENT:
             return default
-        v = self.md[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise GGUFError(f"metadata key '{k}' is not an integer ({type(v).__name__})")
         return int(v)
 
     def float(self, suffix: str, default=None) -> float | None:
-        k = self.key(suffix)
-        if k not in self.md:
+        k, v = self._lookup(suffix, False)
+        if v is _ABSENT:
             return default
-        v = self.md[k]
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise GGUFError(f"metadata key '{k}' is not a number ({type(v).__name__})")
         return float(v)
 
     def int_or_array(self, suffix: str, n_layer: int, default=None, required: bool = False):
         """An int, or a per-layer array (length n_layer) → tuple; uniform arrays stay tuples."""
-        k = self.key(suffix)
-        if k not in self.md:
-            if required:
-                raise GGUFError(f"missing metadata key '{k}'")
+        k, v = self._lookup(suffix, required)
+        if v is _ABSENT:
             return default
-        v = self.md[k]
         if isinstance(v, tuple):
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
                 raise GGUFError(f"metadata key '{k}' is an array of non-integers, expected integers")

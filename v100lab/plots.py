@@ -14,7 +14,6 @@ run never accumulates open figures. Text that came from a model file or a parame
 
 from __future__ import annotations
 
-import math
 from typing import Iterable, Sequence
 
 from v100lab.render import mpl_text
@@ -77,6 +76,11 @@ def _order(values: Sequence[str]) -> list[str]:
     return seen
 
 
+def _first(df, column: str, default: str = ""):
+    """The frame's first value of ``column`` (a panel's model, device, quant...), ``default`` when empty."""
+    return df[column].iloc[0] if len(df) else default
+
+
 def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes, color="#555")
     ax.set_xticks([])
@@ -115,14 +119,12 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
 
     The strict ceiling of each model and device is drawn as a thin dotted line on the decode panel;
     measured/claimed points above it are marked."""
-    import numpy as np
-
     d = df[df["unit"] == "tok/s"]
     if lever is not None:
         d = d[d["lever"] == lever]
     metrics = [m for m in metrics if (d["metric"] == m).any()] or list(metrics[:1])
     fig, axes = _figure(ncols=len(metrics))
-    lev = d["lever"].iloc[0] if len(d) else (lever or "")
+    lev = _first(d, "lever", lever or "")
     order = _order(d["value"].tolist())
     numeric = _numeric(order) and len(order) > 2
     pos = {v: (float(v) if numeric else i) for i, v in enumerate(order)}
@@ -209,8 +211,8 @@ def staircase(df):
         if len(p):
             p = p.assign(x=p["value"].map(x)).sort_values("x")
             ax.plot(p["x"], p["result"], label=lab, **style)
-    dev = seed["device"].iloc[0] if len(seed) else "the seed's device"
-    model = seed["model"].iloc[0] if len(seed) else ""
+    dev = _first(seed, "device", "the seed's device")
+    model = _first(seed, "model")
     ax.set_title(mpl_text(f"{model} on {dev}"), fontsize=10)
     _stage_axis(ax, stages)
     _dedupe_legend(ax, loc="upper left")
@@ -336,8 +338,6 @@ def fit_heatmap(grid):
 def ceilings(df):
     """Per quant, one panel per model: the seed's ceiling, the strict ceiling, the predicted decode speed,
     and the seed's own table where it claims one."""
-    import numpy as np
-
     d = df[df["lever"] == "quant"]
     models = list(dict.fromkeys(d["model"]))
     fig, axes = _figure(ncols=max(1, len(models)), width=6.2, height=4.2)
@@ -389,8 +389,7 @@ def catalog(df):
     ax.set_yticklabels([mpl_text(dv) for dv in devs], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("decode speed (tok/s, log scale)")
-    model = d["model"].iloc[0] if len(d) else ""
-    quant = d["quant"].iloc[0] if len(d) else ""
+    model, quant = _first(d, "model"), _first(d, "quant")
     ax.set_title(mpl_text(f"{model} {quant} across the catalog"), fontsize=10)
     _dedupe_legend(ax, loc="lower right")
     fig.suptitle("The same model on every device: ceiling and prediction", fontsize=12)
@@ -573,8 +572,7 @@ def spill(df):
     ax.set_xticklabels(ctx)
     ax.set_xlabel("context size -c (tokens), -ngl 999")
     ax.set_ylabel("decode speed (tok/s)")
-    dev = d["device"].iloc[0] if len(d) else ""
-    model = d["model"].iloc[0] if len(d) else ""
+    dev, model = _first(d, "device"), _first(d, "model")
     ax.set_title(mpl_text(f"{model} on {dev}"), fontsize=10)
     _dedupe_legend(ax, loc="upper right")
     fig.suptitle("The spill effect: a larger context pushes layers off the GPU", fontsize=12)

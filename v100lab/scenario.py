@@ -196,15 +196,25 @@ def defaults() -> dict[str, Any]:
     return Scenario().to_parameters()
 
 
-def describe(annotation) -> str:
-    """The expected type in words, for error messages and docs."""
+def _shape(annotation) -> tuple[str, Any]:
+    """A Scenario field's annotation as ("list", item type), ("optional", inner annotation) or
+    ("scalar", type) — the three shapes the schema uses; every reader of annotations goes through here."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is tuple:
-        return f"a list of {_PLURAL[args[0]]}"
+        return "list", args[0]
     if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return f"{describe(inner[0])} or null"
-    return _SINGULAR[annotation]
+        return "optional", next(a for a in args if a is not type(None))
+    return "scalar", annotation
+
+
+def describe(annotation) -> str:
+    """The expected type in words, for error messages and docs."""
+    kind, inner = _shape(annotation)
+    if kind == "list":
+        return f"a list of {_PLURAL[inner]}"
+    if kind == "optional":
+        return f"{describe(inner)} or null"
+    return _SINGULAR[inner]
 
 
 _SINGULAR = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -224,16 +234,16 @@ def _scalar_ok(value, typ) -> bool:
 def _check(name: str, value, annotation, meta: Mapping[str, Any]):
     """Type-check and normalise one value (lists → tuples, ints → floats); ConfigError names the key."""
     bad = ConfigError(f"{name}: expected {describe(annotation)}, got {_short(value)}")
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
+    kind, inner = _shape(annotation)
+    if kind == "optional":
+        if value is None:
             return None
-        annotation = next(a for a in args if a is not type(None))
-        origin, args = get_origin(annotation), get_args(annotation)
-    if origin is tuple:
+        annotation = inner
+        kind, inner = _shape(annotation)
+    if kind == "list":
         if not isinstance(value, (list, tuple)):
             raise bad
-        item = args[0]
+        item = inner
         if not all(_scalar_ok(v, item) for v in value):
             raise bad
         items = tuple(float(v) if item is float else v for v in value)
@@ -419,12 +429,11 @@ def parameters_cell_source() -> str:
 
 
 def _annotation_text(annotation) -> str:
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is tuple:
-        return f"list[{args[0].__name__}]"
-    if origin in (Union, types.UnionType):
+    kind, inner = _shape(annotation)
+    if kind == "list":
+        return f"list[{inner.__name__}]"
+    if kind == "optional":
         # a string annotation: papermill's parameter parser (translators.PythonTranslator) does not
         # accept "X | None", and a string needs no `from typing import Optional` in the cell
-        inner = [a for a in args if a is not type(None)]
-        return f'"Optional[{_annotation_text(inner[0])}]"'
-    return annotation.__name__
+        return f'"Optional[{_annotation_text(inner)}]"'
+    return inner.__name__
