@@ -248,3 +248,14 @@ def test_unreadable_notebook_is_a_failed_run_not_a_crash(tmp_path):
     assert r.status == "failed" and r.reason and r.report is None and r.executed is None
     html = (out / "index.html").read_text()
     assert "failed" in html and "broken" in html and not res.ok
+
+
+def test_relative_out_dir_from_another_working_directory(tmp_path, monkeypatch):
+    """The README's main command passes `--out reports`, relative to the checkout; the kernel runs in
+    the notebook's own folder, so the batch must not resolve the output folder there."""
+    params = _params(tmp_path / "rel.yaml")
+    monkeypatch.chdir(tmp_path)
+    result = workbook.run_batch([params], [NB / "ok.ipynb"], "reports", timeout=120)
+    assert [r.status for r in result.runs] == ["ok"], result.runs[0].reason
+    assert (tmp_path / "reports" / "index.html").exists()
+    assert (tmp_path / "reports" / result.runs[0].report).exists()

@@ -441,7 +441,8 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
-    out = Path(out_dir)
+    # absolute: the kernel runs in the notebook's folder, so a relative --out would point elsewhere there
+    out = Path(out_dir).resolve()
     digest = inputs_digest(run.params, run.notebook)
     if not force:
         cached = _cached(out, run, digest, no_input)
@@ -524,7 +525,7 @@ def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str
         raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
     notebooks = find_notebooks(notebooks)
     runs = plan_runs(params_files, notebooks)
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results: list[RunResult] = []
