@@ -114,14 +114,14 @@ def code(text: Any, max_chars: int | None = 20000):
 
 def table_html(data, *, index: bool = False, caption: Any = None, float_format: str | None = None,
                max_rows: int | None = None, max_colwidth: int | None = 200) -> str:
-    """Escaped HTML for a DataFrame (or anything ``pandas.DataFrame()`` accepts)."""
+    """Escaped HTML for a DataFrame (or anything ``pandas.DataFrame()`` accepts); missing values show as "—"."""
     import pandas as pd
 
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
     fmt = (lambda x: format(x, float_format)) if float_format else None
     with pd.option_context("display.max_colwidth", max_colwidth):
         body = df.to_html(escape=True, index=index, float_format=fmt, max_rows=max_rows, border=0,
-                          classes="v100lab-table", render_links=False, notebook=False)
+                          classes="v100lab-table", render_links=False, notebook=False, na_rep="—")
     head = f"<p><b>{escape(caption)}</b></p>\n" if caption is not None else ""
     return head + body
 

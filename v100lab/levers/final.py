@@ -90,23 +90,26 @@ def _stage_configs(sc: Scenario, tuned) -> list[tuple[str, str, RunConfig]]:
 def own_staircase(sc: Scenario):
     """The scenario's own staircase, from llama.cpp's defaults to the tuned configuration, one change per
     stage: predicted on the scenario's device (with what fits) and, when measuring, measured here with each
-    stage's flags (lever "stage")."""
+    stage's flags (lever "stage"). Predicted and measured decode are both taken halfway through the
+    context the tuned configuration must hold (depth ``target_ctx // 2``, as ``advisor.tune`` ranks), so the
+    two are comparable."""
     from v100lab import bench, zoo
 
     st = study(sc)
     tuned = final_config(sc)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []
+    depth = sc.target_ctx // 2
     for label, quant, cfg in _stage_configs(sc, tuned):
         try:
             spec = spec_at_quant(sc.model, quant)
         except ConfigError:
             spec = st.spec
-        rows += predict_rows(spec, st.label, st.device, cfg, lever="stage", value=label, depth=sc.target_ctx // 2,
+        rows += predict_rows(spec, st.label, st.device, cfg, lever="stage", value=label, depth=depth,
                              n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
         if st.measuring and sc.n_gen:
             model, note = _stage_model(st, quant)
-            mcfg = _ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), sc.n_gen + 1)
+            mcfg = _ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), depth + sc.n_gen + 1)
             try:
                 from v100lab.header import read_spec
 
@@ -116,9 +119,10 @@ def own_staircase(sc: Scenario):
                 continue
             if not st.same_model_here:
                 rows += predict_rows(mspec, st.measured_label, st.host, mcfg, lever="stage", value=label,
-                                     n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"), note=note)
-            got = bench.run_tests(model, mcfg, [f"tg{sc.n_gen}"], [0], sc.repetitions, monitor=False, lever="stage",
-                                  value=label)
+                                     depth=depth, n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"),
+                                     note=note)
+            got = bench.run_tests(model, mcfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
+                                  lever="stage", value=label)
             obs, fails = _measured(got, st.measured_label)
             rows += [_renote(o, note) for o in obs]
             failures += fails
