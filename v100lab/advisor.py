@@ -381,7 +381,13 @@ def _can_measure(device) -> tuple[bool, str]:
 def _measure(c: Candidate, m: _Model, n_gen: int, repetitions: int) -> Candidate:
     from v100lab import bench
 
-    rows = bench.run_tests(m.path, c.config, tests=[f"tg{n_gen}"], repetitions=repetitions, monitor=False)
+    # measured where it was predicted: decode after c.depth tokens (the middle of the required context)
+    cfg = c.config
+    need = c.depth + n_gen + 1
+    if cfg.n_ctx and cfg.n_ctx < need:
+        cfg = cfg.with_(n_ctx=need)
+    rows = bench.run_tests(m.path, cfg, tests=[f"tg{n_gen}"], depths=[c.depth], repetitions=repetitions,
+                           monitor=False)
     ok = [r for r in rows if r.get("status") == "ok" and r.get("avg_ts")]
     if not ok:
         reason = rows[0].get("reason") if rows else "no result"
