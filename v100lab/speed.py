@@ -665,11 +665,8 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
     n_ub = math.ceil(n_prompt / max(1, min(cfg.n_ubatch, cfg.n_batch)))
     t_cmp = 0.0
     t_mem = 0.0
-    layer_set = set(w.layers)
     # per-token matmul cost of the layers (the output layer runs for the last token only)
-    for t in spec.tensors:
-        if t.layer is None or t.layer not in layer_set or len(t.shape) < 2 or t.shape[1] <= 1:
-            continue
+    for t in _layer_matrices(spec, w.layers):
         t_cmp += t.n_elements * n_prompt * r.pp_cost(t.type_name)
         t_mem += t.n_bytes * n_ub / r.effective_bandwidth
     if w.has_output:
@@ -678,7 +675,7 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
             t_cmp += out_t.n_elements * r.pp_cost(out_t.type_name)
     # attention: the i-th prompt token sees depth + i + 1 cells (causal); per cell heads × (dk + dv)
     attn = 0.0
-    for il in layer_set:
+    for il in set(w.layers):
         if spec.is_recurrent(il) or not spec.has_kv(il) or il >= spec.n_layer - (spec.nextn_layers or 0):
             continue
         window = spec.sliding_window if (spec.is_swa(il) and spec.sliding_window) else None
@@ -723,13 +720,14 @@ def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
 
 
 def _offloaded_compute(spec, placed: Placed, gpu: DeviceRates, n_prompt: int) -> float:
-    t = 0.0
-    layer_set = set(placed.layers)
-    for tinfo in spec.tensors:
-        if tinfo.layer is None or tinfo.layer not in layer_set or len(tinfo.shape) < 2 or tinfo.shape[1] <= 1:
-            continue
-        t += tinfo.n_elements * n_prompt * gpu.pp_cost(tinfo.type_name)
-    return t
+    return sum(t.n_elements * n_prompt * gpu.pp_cost(t.type_name) for t in _layer_matrices(spec, placed.layers))
+
+
+def _layer_matrices(spec, layers):
+    """The weight matrices (2-D, more than one row) of the repeating layers in ``layers``."""
+    layer_set = set(layers)
+    return (t for t in spec.tensors
+            if t.layer is not None and t.layer in layer_set and len(t.shape) >= 2 and t.shape[1] > 1)
 
 
 # ------------------------------------------------------------------------------------------------
