@@ -139,7 +139,13 @@ reference on a text that ships with Python (`pydoc_data.topics`, the Language Re
 
 The default model's real ladder: SmolLM2-135M's weights dequantized to F16 by llama.cpp (the reference),
 then quantized to each rung; perplexity of each, and its KL divergence from the reference's next-token
-distribution (llama-perplexity's method)."""),
+distribution (llama-perplexity's method).
+
+One caveat to read the bars with: SmolLM2 ships as Q4_1, so the "F16" reference is a 4-bit model written
+out in 16 bits, and every rung re-quantizes it. Rungs whose grid cannot hold Q4_1's levels (Q5_K_M, Q4_0) lose
+more than their bit count suggests; 8 and 6 bits stay near-lossless and 2 bits is worst, as with a true F16
+model. The perplexity's standard error is wide on this short text: the KL divergence and the top-1 agreement,
+measured at the same positions, are the sharper signal."""),
     (C, "qual = levers.quality_ladder(sc)\nplots.quality(qual)"),
     (M, "## What this run showed"),
     (C, "levers.summary_quantization(sc, ladder, qual)"),
