@@ -23,9 +23,10 @@ HERE = Path(__file__).resolve().parent
 
 VALIDATE = """\
 # Validate the parameters above (papermill's injected ones included): a wrong key or type stops here.
-from v100lab import levers, plots, render, scenario
+from v100lab import levers, plots, render
+from v100lab.scenario import from_notebook
 
-sc = scenario.from_notebook(globals())
+sc = from_notebook(globals())
 render.table(levers.scenario_facts(sc))"""
 
 M, C = "md", "code"

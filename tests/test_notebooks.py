@@ -61,7 +61,7 @@ def test_parameters_cell_is_the_schemas(path):
         f"{path.name}: parameters cell differs from v100lab.scenario.parameters_cell_source(); "
         "regenerate with notebooks/make_notebooks.py")
     validate = nb.cells[2]
-    assert validate.cell_type == "code" and "scenario.from_notebook(globals())" in validate.source
+    assert validate.cell_type == "code" and "from_notebook(globals())" in validate.source
     others = [c for c in nb.cells[3:] if c.cell_type == "code" and "from_notebook" in c.source]
     assert not others, f"{path.name}: exactly one validation cell"
 

@@ -255,3 +255,12 @@ def test_sync_parameters_cell(tmp_path):
 
 def test_config_error_is_a_package_error():
     assert issubclass(ConfigError, V100labError)
+
+
+def test_from_notebook_refuses_a_parameter_shadowed_by_an_import():
+    """`from v100lab import scenario` after the parameters cell replaces the `scenario` parameter with the
+    module; the scenario's name would silently fall back to its default."""
+    import v100lab.scenario as module
+
+    with pytest.raises(ConfigError, match="'scenario' was replaced by a module"):
+        from_notebook({"scenario": module, "n_ctx": 1024})

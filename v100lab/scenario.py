@@ -379,6 +379,12 @@ def notebook_parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
 def from_notebook(namespace: Mapping[str, Any]) -> Scenario:
     """Validate a notebook's parameters: call ``from_notebook(globals())`` right after the parameters
     cell (papermill's injected cell, if any, sits between them). Unknown name → ConfigError naming it."""
+    import types
+
+    shadowed = [k for k in keys() if isinstance(namespace.get(k), types.ModuleType)]
+    if shadowed:
+        raise ConfigError(f"notebook parameter '{shadowed[0]}' was replaced by a module of that name (an import "
+                          f"after the parameters cell); import it under another name")
     data = notebook_parameters(namespace)
     hint = ""
     if callable(namespace.get("get_ipython")):
