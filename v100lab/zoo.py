@@ -227,20 +227,14 @@ SYNTH_PRESETS: dict[str, SynthSpec] = {
 
 
 def _tokenizer_fields() -> list[tuple[str, object, object]]:
-    """(key, value, GGUFValueType) of every ``tokenizer.*`` field of the default model."""
-    import gguf
+    """(key, value, GGUFValueType) of every ``tokenizer.*`` field of the default model, read with our
+    own bounded header reader (arrays carry the (ARRAY, element type) pair as their type)."""
+    from v100lab.header import read_header
 
-    reader = gguf.GGUFReader(str(default_model_path()))
-    out = []
-    for field in reader.fields.values():
-        if not field.name.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            out.append((field.name, field.contents(), field.types))
-        else:
-            out.append((field.name, field.contents(), vtype))
-    return out
+    hdr = read_header(default_model_path())
+    return [(key, value, list(hdr.value_types[key]) if isinstance(hdr.value_types[key], tuple)
+             else hdr.value_types[key])
+            for key, value in hdr.metadata.items() if key.startswith("tokenizer.")]
 
 
 def write_synthetic(spec: SynthSpec, path: Path, progress: Callable[[int, int], None] | None = None) -> None:
