@@ -157,7 +157,7 @@ def test_max_ctx_is_the_boundary():
     assert 256 <= n < 65536 and n % 256 == 0
     assert memory.plan(s, card, RunConfig(n_ctx=n), with_max_ctx=False).fits
     assert not memory.plan(s, card, RunConfig(n_ctx=n + 256), with_max_ctx=False).fits
-    assert memory.max_ctx(s, small_card(0.0001), RunConfig()) == 0
+    assert memory.max_ctx(s, small_card(0.001), RunConfig()) == 0
     assert memory.plan(s, card, RunConfig(n_ctx=1024)).max_ctx == n
 
 

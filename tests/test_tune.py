@@ -11,7 +11,7 @@ from v100lab.advisor import TIE, margin_bytes, seed_verdict, tune
 from v100lab.cli import main
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
-from v100lab.errors import ConfigError
+from v100lab.errors import ConfigError, V100labError
 from v100lab.skeleton import skeleton_spec
 
 
@@ -156,6 +156,12 @@ def test_bad_input():
         tune("qwen35-27b", "v100-16gb", min_ctx=0)
     with pytest.raises(ConfigError, match="parallel"):
         tune("qwen35-27b", "v100-16gb", parallel=0)
+    with pytest.raises(ConfigError, match="--parallel 257: llama.cpp refuses more than 256"):
+        tune("qwen35-27b", "v100-16gb", parallel=257)
+    with pytest.raises(ConfigError, match="--quants"):          # one skeleton names one quant: not ignored
+        tune("skeleton:qwen35-27b:Q4_0", "v100-16gb", quants=["NOPE"])
+    with pytest.raises(V100labError, match="NOPE"):
+        tune("qwen35-27b", "v100-16gb", quants=["Q4_0", "NOPE"])
 
 
 def test_quants_with_a_single_file(default_model):
@@ -187,3 +193,13 @@ def test_cli(capsys):
     assert main(["tune", "qwen35-27b", "--device", "v100-16gb", "--quants", " , "]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 2
+
+
+def test_every_candidate_is_judged_by_plans_rule(seed_tune):
+    """fits on every candidate is memory.feasibility (GPU and host, margins, limits), the rule plan prints."""
+    dev = get_device("v100-16gb")
+    specs = {q: skeleton_spec("qwen35-27b", q) for q in {c.quant for c in seed_tune.candidates}}
+    for c in seed_tune.candidates[::4]:
+        f = memory.feasibility(specs[c.quant], [dev], c.config)
+        assert f.fits == c.fits and tuple(b.line() for b in f.blockers) == tuple(b.line() for b in c.blockers)
+    assert any(c.offloaded_layers < c.n_layer_total for c in seed_tune.candidates[::4])   # partial offloads judged too

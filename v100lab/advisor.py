@@ -17,10 +17,12 @@ The search (one source of truth: the constants below)
   which llama.cpp requires), flash attention ``auto``/``off`` for f16 caches, ``--ubatch-size`` in
   :data:`UBATCHES`, ``--ctx-size`` = ``min_ctx``, ``--parallel`` = ``parallel``; ``--gpu-layers 999`` when
   everything fits, else the most layers that fit.
-* **fit** — every accelerator's plan (weights + KV + recurrent state + compute + runtime overhead) must leave
-  :func:`margin_bytes` free: 3 % of the device's memory, at least 256 MiB. Why: weights and KV in the plan are
-  exact to llama.cpp's printed MiB, but the compute buffer is an estimate (within 5 % on the CPU, not validated on
-  CUDA) and the runtime overhead is a typical figure, not a measurement (benchmarks/RESULTS.md, issue 4).
+* **fit** — :func:`v100lab.memory.feasibility`, the rule ``plan`` prints too: every device's plan (weights + KV +
+  recurrent state + compute + output + runtime overhead) — each GPU's and the host RAM's, for what stays on the
+  CPU — must leave :func:`margin_bytes` free (3 % of its memory, at least 256 MiB), and llama.cpp's limits must
+  hold (at most 256 sequences, cells for each, a context within its int32). Limits that no configuration can
+  meet (``parallel`` > 256, ``min_ctx`` beyond the int32) are refused as bad input; when no candidate fits,
+  :func:`tune` raises :class:`NothingFits` (exit 1) with what would have to change, and recommends nothing.
 * **rank** — predicted decode tok/s halfway through the required context (``depth = min_ctx // 2``). Candidates
   within :data:`TIE` (1 %) of the fastest are a tie — the model's own error is larger — and a tie goes to the
   better-quality quant, then the less-quantized cache, then faster prompt processing, then the larger margin.
@@ -36,7 +38,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab import memory
 from v100lab.config import ALL_LAYERS, RunConfig
-from v100lab.errors import ConfigError
+from v100lab.errors import ConfigError, V100labError
+from v100lab.memory import MARGIN_FRACTION, MIN_MARGIN_MIB, margin_bytes  # noqa: F401 - the rule lives in memory
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +47,10 @@ DEFAULT_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 CACHE_TYPES = ("f16", "q8_0", "q4_0")
 UBATCHES = (2048, 1024, 512, 256, 128)
 DEFAULT_BATCH = 2048
-MARGIN_FRACTION = 0.03
-MIN_MARGIN_MIB = 256
 TIE = 0.01
 MEASURE_TOP = 3
 _KV_RANK = {"f32": 5, "f16": 4, "bf16": 4, "q8_0": 3, "q5_1": 2, "q5_0": 2, "q4_1": 1, "q4_0": 1, "iq4_nl": 1}
 _FA_RANK = {"auto": 2, "on": 1, "off": 0}
-
-
-def margin_bytes(device) -> int:
-    """The free memory a candidate must leave on ``device`` (see the module docstring for why)."""
-    return max(int(MIN_MARGIN_MIB * 2**20), int(MARGIN_FRACTION * device.capacity_bytes))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -67,8 +63,8 @@ class Candidate:
 
     quant: str
     config: RunConfig
-    fits: bool                       # with the margin, on every accelerator (the host for a CPU device)
-    margin_bytes: int                # free bytes left on the tightest device after the plan
+    fits: bool                       # memory.feasibility: every device (GPUs and host RAM) with its margin, limits
+    margin_bytes: int                # free bytes left on the tightest device (against its margin) after the plan
     used_bytes: int                  # the plan's total on that device
     offloaded_layers: int
     n_layer_total: int
@@ -85,6 +81,14 @@ class Candidate:
     measured_best_tg_tps: float | None = None       # the fastest repetition: what the choice uses (see _choose)
     note: str = ""
     full_offload_deficit_bytes: int | None = None   # partial offloads: what all layers would need on top
+    blockers: tuple = ()                             # memory.Blocker: why it does not fit (empty when it fits)
+    strict_ceiling_tg_tps: float = math.inf          # the bytes a token reads at peak bandwidth: tg never exceeds it
+    tight_device: str = ""                           # the device margin_bytes and used_bytes are of
+
+    @property
+    def distance(self) -> float:
+        """How far from fitting: the sum of the blockers' relative excesses (0 when it fits)."""
+        return sum(b.excess for b in self.blockers)
 
     @property
     def label(self) -> str:
@@ -98,11 +102,12 @@ class Candidate:
                 "margin_bytes": self.margin_bytes, "used_bytes": self.used_bytes,
                 "offloaded_layers": self.offloaded_layers, "n_layer_total": self.n_layer_total,
                 "tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "ceiling_tg_tps": _r(self.ceiling_tg_tps),
-                "bound": self.bound, "kv_bytes": self.kv_bytes, "compute_bytes": self.compute_bytes,
+                "strict_ceiling_tg_tps": _r(self.strict_ceiling_tg_tps), "bound": self.bound, "kv_bytes": self.kv_bytes, "compute_bytes": self.compute_bytes,
                 "depth": self.depth, "weight_bytes": self.weight_bytes,
                 "measured_tg_tps": _r(self.measured_tg_tps), "measured_cv": _r(self.measured_cv, 4),
                 "measured_best_tg_tps": _r(self.measured_best_tg_tps),
-                "note": self.note}
+                "note": self.note, "tight_device": self.tight_device,
+                "blockers": [b.as_json() for b in self.blockers]}
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ class TuneResult:
                                       ("ceiling_tg_tps", c.ceiling_tg_tps, TPS), ("used_bytes", c.used_bytes, "bytes"),
                                       ("margin_bytes", c.margin_bytes, "bytes"), ("fits", float(c.fits), "bool")):
                 rows.append(Observation(**base, metric=metric, result=float(val), unit=unit, source="predicted",
-                                        above_ceiling=(val > c.ceiling_tg_tps) if metric == "tg_tps" else None,
+                                        above_ceiling=(val > c.strict_ceiling_tg_tps) if metric == "tg_tps" else None,
                                         note=note))
             if c.measured_tg_tps is not None:
                 rows.append(Observation(**base, metric="tg_tps", result=float(c.measured_tg_tps), unit=TPS,
@@ -182,7 +187,7 @@ class TuneResult:
                               "measured_tg_tps": c.measured_tg_tps} for c in self.candidates])
 
     def as_json(self) -> dict[str, Any]:
-        return {"model": self.model, "device": self.device, "quant": self.quant, "min_ctx": self.min_ctx,
+        return {"model": self.model, "device": self.device, "fits": True, "quant": self.quant, "min_ctx": self.min_ctx,
                 "margin_bytes": self.margin_bytes, "measured": self.measured,
                 "predicted_tg_tps": _r(self.best.tg_tps), "predicted_pp_tps": _r(self.best.pp_tps),
                 "ceiling_tg_tps": _r(self.best.ceiling_tg_tps), "measured_tg_tps": _r(self.best.measured_tg_tps),
@@ -193,7 +198,7 @@ class TuneResult:
     def format_text(self) -> str:
         b = self.best
         head = (f"{self.model} on {self.device}: {b.quant}, predicted {b.tg_tps:.1f} tok/s decode "
-                f"(ceiling {b.ceiling_tg_tps:.1f}, {b.bound}-bound), {b.pp_tps:.0f} tok/s prompt; "
+                f"(ceiling {b.strict_ceiling_tg_tps:.1f}, {b.bound}-bound), {b.pp_tps:.0f} tok/s prompt; "
                 f"{b.margin_bytes / 2**20:.0f} MiB left (margin {self.margin_bytes / 2**20:.0f} MiB)")
         if b.measured_tg_tps is not None:
             head += f"; measured {b.measured_tg_tps:.1f} tok/s (cv {100 * (b.measured_cv or 0):.1f}%)"
@@ -210,6 +215,50 @@ class TuneResult:
 
 def _r(x, nd: int = 3):
     return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """What :func:`tune` found when no candidate fits: the closest one, what would have to change, every candidate."""
+
+    model: str
+    device: str
+    min_ctx: int
+    blockers: tuple                       # memory.Blocker of the closest candidate, with figures (detail)
+    closest: Candidate
+    candidates: tuple[Candidate, ...]     # closest first
+    margin_bytes: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def blocker(self):
+        """The closest candidate's smallest blocker (the least relative excess)."""
+        return min(self.blockers, key=lambda b: b.excess)
+
+    def message(self) -> str:
+        """One line: nothing fits, and what would have to change."""
+        others = [b for b in self.blockers if b is not self.blocker]
+        more = "".join(f"; and {b.line()}" for b in others)
+        return (f"nothing fits {self.device} ({len(self.candidates)} candidates, the closest {self.closest.label}): "
+                f"{self.blocker.line()}{more}")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"model": self.model, "device": self.device, "fits": False, "min_ctx": self.min_ctx,
+                "margin_bytes": self.margin_bytes, "argv": [], "command": None, "message": self.message(),
+                "blocker": self.blocker.as_json(), "blockers": [b.as_json() for b in self.blockers],
+                "closest": self.closest.as_json(), "candidates": [c.as_json() for c in self.candidates],
+                "notes": list(self.notes)}
+
+
+class NothingFits(V100labError):
+    """No configuration :func:`tune` searched fits (:func:`v100lab.memory.feasibility`): nothing is recommended.
+    ``result`` (a :class:`NoFit`) says what would have to change. Exit status 1."""
+
+    exit_status = 1
+
+    def __init__(self, result: NoFit):
+        self.result = result
+        super().__init__(result.message())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,6 +283,9 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
     parsed = skeleton.parse_skeleton_name(text)
     if parsed is not None:
         arch, q = parsed
+        if quants:
+            raise ConfigError(f"--quants: '{text}' names one quant ({q}); give the architecture name ({arch}) to "
+                              "search several")
         return [_Model(arch, q, skeleton.skeleton_spec(arch, q), None, f"{arch}-{q}.gguf")]
     if text in skeleton.arch_names():
         qs = [q.upper() for q in (quants or DEFAULT_QUANTS)]
@@ -264,52 +316,28 @@ def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate
     from v100lab import speed
 
     mplan = memory.plan(m.spec, devices, cfg, with_max_ctx=False)
-    accel = [d for d in devices if d.kind != "cpu"]
-    if accel:
-        ids = list(mplan.gpu_devices)
-        tight = []
-        for i, dev in enumerate(accel):
-            dm = mplan.devices[ids[i]] if i < len(ids) else None
-            if dm is not None:
-                tight.append((dm.margin_bytes - margin_bytes(dev), dm))
-        worst, dm = min(tight, key=lambda t: t[0])
-        fits = worst >= 0
-    else:
-        dm = mplan.devices[memory.HOST]
-        fits = dm.margin_bytes >= margin_bytes(devices[0]) if devices else dm.fits
+    feas = memory.feasibility(m.spec, devices, cfg, mplan)
+    # the tightest device: the least memory left above its margin (GPUs and the host alike)
+    tight, dm = min(mplan.devices.items(), key=lambda kv: kv[1].margin_bytes - feas.margins[kv[0]])
     placement = speed.placement_from_plan(mplan, devices)
     pred = speed.predict(m.spec, devices, cfg, depth=depth, n_prompt=512, placement=placement)
     kv = sum(d.kv_cache_bytes for d in mplan.devices.values())
     comp = max((d.compute_bytes for d in mplan.devices.values()), default=0)
-    return Candidate(quant=m.quant, config=cfg, fits=fits, margin_bytes=dm.margin_bytes, used_bytes=dm.total_bytes,
+    return Candidate(quant=m.quant, config=cfg, fits=feas.fits, margin_bytes=dm.margin_bytes, used_bytes=dm.total_bytes,
                      offloaded_layers=mplan.offloaded_layers, n_layer_total=mplan.n_layer_total, tg_tps=pred.tg_tps,
                      pp_tps=pred.pp_tps, ceiling_tg_tps=pred.ceiling_tg_tps, bound=pred.bound, kv_bytes=kv,
-                     compute_bytes=comp, depth=depth, weight_bytes=m.spec.weight_bytes)
+                     compute_bytes=comp, depth=depth, weight_bytes=m.spec.weight_bytes, blockers=feas.blockers,
+                     tight_device=tight, strict_ceiling_tg_tps=pred.strict_ceiling_tg_tps)
 
 
 def _max_layers(m: _Model, devices: list, cfg: RunConfig) -> int:
-    """The most --gpu-layers that fit with the margin (0 … n_layer + 1)."""
-    lo, hi = 0, memory.layer_slots(m.spec)
-
-    def ok(n: int) -> bool:
-        return _evaluate_fit(m, devices, cfg.with_(n_gpu_layers=n))
-
-    if ok(hi):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """The most --gpu-layers whose GPU share fits with the margin (0 … n_layer + 1); the host is judged after."""
+    return memory.max_gpu_layers(m.spec, devices, cfg, margin=True)
 
 
-def _evaluate_fit(m: _Model, devices: list, cfg: RunConfig) -> bool:
-    mplan = memory.plan(m.spec, devices, cfg, with_max_ctx=False)
-    accel = [d for d in devices if d.kind != "cpu"]
-    ids = list(mplan.gpu_devices)
-    return all(mplan.devices[ids[i]].margin_bytes >= margin_bytes(d) for i, d in enumerate(accel) if i < len(ids))
+def _gpu_deficit(c: Candidate) -> int:
+    """Bytes the GPUs lack (with their margins) for this candidate's layers."""
+    return sum(b.shortfall_bytes for b in c.blockers if b.kind == "memory" and b.device != memory.HOST)
 
 
 def _configs(gpu: bool, min_ctx: int, parallel: int) -> Iterable[RunConfig]:
@@ -329,7 +357,9 @@ def _choose(cands: Sequence[Candidate], bpw: Mapping[str, float], by_measured: b
     """The fastest fitting candidate. Within TIE of the fastest, quality decides (quant bits, then the cache type,
     then flash attention auto > on > off); among those, prompt speed within TIE of the best, then llama.cpp's
     default --ubatch-size 512, then the larger margin."""
-    pool = [c for c in cands if c.fits] or list(cands)
+    pool = [c for c in cands if c.fits]
+    if not pool:
+        raise ValueError("_choose: no candidate fits")   # tune raises NothingFits before it gets here
     # measured: the fastest repetition of each — other processes only ever slow a run down, so on a shared
     # machine the best repetition is the least disturbed estimate; differences inside the repetitions' own
     # spread (cv, at most 50 %) are ties too
@@ -421,6 +451,10 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
         raise ConfigError(f"--parallel must be >= 1, got {parallel}")
     dev = get_device(device)
     devices = [dev] if dev.kind == "cpu" else [dev] + ([get_device(host)] if host is not None else [])
+    n_ctx = memory._pad(min_ctx, memory.CTX_PAD) if min_ctx % memory.CTX_PAD else min_ctx
+    # llama.cpp's limits that no candidate can meet: bad input, refused before any search
+    for b in memory.limit_blockers(None, RunConfig(n_ctx=n_ctx, n_parallel=parallel), devices):
+        raise ConfigError(b.line())
     if measure:
         ok, why = _can_measure(dev)
         if not ok:
@@ -428,29 +462,30 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     models = _models(model, quants)
     if measure and any(m.path is None for m in models):
         raise ConfigError(f"--measure needs real model files; '{model}' is an architecture description (skeleton)")
-    n_ctx = memory._pad(min_ctx, memory.CTX_PAD) if min_ctx % memory.CTX_PAD else min_ctx
     depth = n_ctx // 2
     gpu = dev.kind != "cpu"
+    notes: list[str] = []
+    for m in models:
+        seq = memory.context_sizes(m.spec, RunConfig(n_ctx=n_ctx, n_parallel=parallel)).n_ctx_seq
+        if m.spec.n_ctx_train and seq > m.spec.n_ctx_train:
+            notes.append(f"--min-ctx {min_ctx}: {memory.ctx_train_warning(m.spec, seq)}")
+            break
     cands: list[Candidate] = []
     for m in models:
         for cfg in _configs(gpu, n_ctx, parallel):
             c = _evaluate(m, devices, cfg, depth)
-            if not c.fits and gpu:
+            deficit = _gpu_deficit(c)
+            if gpu and deficit > 0:      # the GPU cannot hold every layer: the most it can, the rest on the host
                 ngl = _max_layers(m, devices, cfg)
-                deficit = margin_bytes(dev) - c.margin_bytes
-                if ngl > 0:
-                    c = replace(_evaluate(m, devices, cfg.with_(n_gpu_layers=ngl), depth),
-                                note=f"partial offload: --gpu-layers {ngl} is the most that fits",
-                                full_offload_deficit_bytes=deficit)
-                else:
-                    c = replace(c, full_offload_deficit_bytes=deficit)
+                part = replace(_evaluate(m, devices, cfg.with_(n_gpu_layers=ngl), depth),
+                               note=f"partial offload: --gpu-layers {ngl} is the most that fits",
+                               full_offload_deficit_bytes=deficit)
+                c = part if part.fits or part.distance < c.distance else replace(c, full_offload_deficit_bytes=deficit)
             cands.append(c)
+    if not any(c.fits for c in cands):
+        raise NothingFits(_no_fit(model, dev, devices, models, cands, min_ctx, notes))
     bpw = {m.quant: m.spec.bits_per_weight for m in models}
     ranked = sorted(cands, key=lambda c: (not c.fits, -c.tg_tps))
-    notes: list[str] = []
-    if not any(c.fits for c in cands):
-        notes.append(f"nothing fits {dev.id} with the {margin_bytes(dev) / 2**20:.0f} MiB margin at --ctx-size {n_ctx}: "
-                     "the least bad configuration is shown")
     best = _choose(ranked, bpw)
     measured = False
     if measure:
@@ -475,6 +510,16 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     return TuneResult(model=str(model), device=dev.id, quant=best.quant, best=best, argv=argv,
                       reasons=tuple(reasons), candidates=tuple(ordered), margin_bytes=margin_bytes(dev),
                       min_ctx=min_ctx, measured=measured, notes=tuple(notes))
+
+
+def _no_fit(model, dev, devices, models, cands, min_ctx, notes) -> NoFit:
+    """The closest candidate (least total excess; then the fastest), with what would have to change (detailed)."""
+    ordered = sorted(cands, key=lambda c: (c.distance, -c.tg_tps))
+    closest = ordered[0]
+    m = next(x for x in models if x.quant == closest.quant)
+    detail = memory.feasibility(m.spec, devices, closest.config, detail=True)
+    return NoFit(model=str(model), device=dev.id, min_ctx=min_ctx, blockers=detail.blockers or closest.blockers,
+                 closest=closest, candidates=tuple(ordered), margin_bytes=margin_bytes(dev), notes=tuple(notes))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -517,7 +562,8 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
             why += f"; the better {q} fits too but predicts {alt.tg_tps:.1f} ({_dt(best.tg_tps, alt.tg_tps)} here)"
             delta = best.tg_tps - alt.tg_tps
         else:
-            why += f"; the better {q} does not fit with the margin (needs {_mib(-alt.margin_bytes + margin_bytes(dev))} more)"
+            why += f"; the better {q} does not fit with the margin (" + (
+                alt.blockers[0].problem if alt.blockers else "it does not fit") + ")"
     elif len(models) > 1:
         why += "; the best-quality quant searched"
     out.append(Reason(f"-m {m.file_arg}", why, delta))
@@ -539,11 +585,11 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
         out.append(Reason(f"--gpu-layers {cfg.n_gpu_layers}", "a CPU device: nothing to offload"))
 
     # --ctx-size
-    mx = memory.max_ctx(m.spec, devices, cfg)
+    mx = memory.max_ctx(m.spec, devices, cfg, limit=max(cfg.n_ctx, m.spec.n_ctx_train), margin=True)
     out.append(Reason(f"--ctx-size {cfg.n_ctx}",
                       f"the context asked for (--min-ctx): KV cache {_mib(best.kv_bytes)}; a longer context costs memory, "
                       f"not decode speed while it is empty; this configuration has room for up to {mx} tokens "
-                      "(before the margin)", None, None))
+                      "(with the margin on every device)", None, None))
 
     # --batch-size / --ubatch-size
     base_ub = _evaluate(m, devices, cfg.with_(n_ubatch=512, n_batch=max(DEFAULT_BATCH, 512)), depth) \

@@ -35,8 +35,12 @@ The plan never loads anything; ``benchmarks/bench_memory.py`` compares it with w
 from __future__ import annotations
 
 import logging
+import math
+import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from types import MappingProxyType
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from v100lab.config import RunConfig
@@ -49,6 +53,14 @@ log = logging.getLogger(__name__)
 HOST = "host"
 CTX_PAD = 256            # src/llama-context.cpp: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)
 F32 = 4
+# src/llama-cparams.h: ``#define LLAMA_MAX_SEQ 256`` (what llama_max_parallel_sequences() returns);
+# src/llama-context.cpp, llama_context::llama_context throws "n_seq_max must be <= 256" above it.
+LLAMA_MAX_SEQ = 256
+# common/common.h: common_params.n_ctx is an int32_t (llama-server parses --ctx-size with std::stoi).
+MAX_CTX = 2**31 - 1
+# The free memory a configuration must leave on every device, GPU and host alike (see :func:`margin_bytes`).
+MARGIN_FRACTION = 0.03
+MIN_MARGIN_MIB = 256
 
 # ------------------------------------------------------------------------------------------------
 # type sizes
@@ -476,7 +488,7 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
         warnings.append(f"cache_type_v {cfg.cache_type_v} with flash attention off: llama.cpp refuses this "
                         "context ('quantized V cache requires flash_attn'); use -fa on or auto")
     if spec.n_ctx_train and cs.n_ctx_seq > spec.n_ctx_train:
-        warnings.append(f"n_ctx_seq {cs.n_ctx_seq} exceeds the model's training context {spec.n_ctx_train}")
+        warnings.append(ctx_train_warning(spec, cs.n_ctx_seq))
     if gpu_ids and offloaded < layer_slots(spec):
         warnings.append(f"only {offloaded}/{layer_slots(spec)} layers on the GPU: "
                         f"{layer_slots(spec) - offloaded} run on the CPU from host memory")
@@ -506,26 +518,35 @@ def plan(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | N
 # ------------------------------------------------------------------------------------------------
 
 
-def _fits_gpu(p: MemoryPlan) -> bool:
-    """Fit as the search means it: every accelerator within capacity (host RAM only when it is the device)."""
-    gpus = p.gpu_devices
-    if not gpus:
-        return p.devices[HOST].fits
-    return all(m.fits for m in gpus.values())
+def _fits_gpu(p: MemoryPlan, margin: bool = False) -> bool:
+    """Fit as the layer search means it: every accelerator within capacity (host RAM only when it is the
+    device); with ``margin``, leaving :func:`margin_bytes` free on each."""
+    devs = p.gpu_devices or {HOST: p.devices[HOST]}
+    return all(m.total_bytes + (margin_bytes(m.capacity_bytes) if margin else 0) <= m.capacity_bytes
+               for m in devs.values())
+
+
+def _within(p: MemoryPlan, margin: bool = False) -> bool:
+    """Every device of the plan (GPUs and the host) within its capacity; with ``margin``, leaving
+    :func:`margin_bytes` free on each."""
+    return all(m.total_bytes + (margin_bytes(m.capacity_bytes) if margin else 0) <= m.capacity_bytes
+               for m in p.devices.values())
 
 
 def max_ctx(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None,
-            limit: int | None = None) -> int:
-    """The largest n_ctx (a multiple of 256, up to ``limit`` or the training context) that fits with
-    everything else fixed; 0 when not even 256 fits."""
+            limit: int | None = None, margin: bool = False) -> int:
+    """The largest n_ctx (a multiple of 256 × n_parallel, up to ``limit`` or the training context) with
+    which every device — each GPU and the host's RAM — holds its part, everything else fixed; with
+    ``margin``, leaving :func:`margin_bytes` free on each (the rule of :func:`feasibility`). 0 when not
+    even the smallest context fits."""
     cfg = cfg or RunConfig()
     devs = _as_list(devices)
-    hi = limit or spec.n_ctx_train or 131072
+    hi = min(limit or spec.n_ctx_train or 131072, MAX_CTX)
     step = CTX_PAD * max(1, cfg.n_parallel if not cfg.kv_unified else 1)
     lo_n, hi_n = 1, max(1, hi // step)
 
     def ok(n: int) -> bool:
-        return _fits_gpu(_plan(spec, devs, cfg.with_(n_ctx=n * step)))
+        return _within(_plan(spec, devs, cfg.with_(n_ctx=n * step)), margin)
 
     if not ok(lo_n):
         return 0
@@ -540,20 +561,242 @@ def max_ctx(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig 
     return lo_n * step
 
 
-def max_gpu_layers(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None) -> int:
-    """The largest -ngl (0 … n_layer + 1) whose GPU share fits; 0 when nothing fits."""
+def max_gpu_layers(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None,
+                   margin: bool = False) -> int:
+    """The largest -ngl (0 … n_layer + 1) whose GPU share fits (with ``margin``: leaving :func:`margin_bytes`
+    free); 0 when nothing fits. The host is not checked: fewer GPU layers only ever put more on it."""
     cfg = cfg or RunConfig()
     devs = _as_list(devices)
     lo, hi = 0, layer_slots(spec)
-    if _fits_gpu(_plan(spec, devs, cfg.with_(n_gpu_layers=hi))):
+    if _fits_gpu(_plan(spec, devs, cfg.with_(n_gpu_layers=hi)), margin):
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits_gpu(_plan(spec, devs, cfg.with_(n_gpu_layers=mid))):
+        if _fits_gpu(_plan(spec, devs, cfg.with_(n_gpu_layers=mid)), margin):
             lo = mid
         else:
             hi = mid
     return lo
+
+
+# ------------------------------------------------------------------------------------------------
+# feasibility: the one rule that `plan` and `tune` share
+# ------------------------------------------------------------------------------------------------
+
+
+def margin_bytes(device: Device | int) -> int:
+    """The free memory a configuration must leave on a device (a Device, or its capacity in bytes): 3 % of it,
+    at least 256 MiB — on every GPU and on the host alike. Why: weights and KV in the plan are exact to
+    llama.cpp's printed MiB, but the compute buffer is an estimate (within 5 % on the CPU, not validated on
+    CUDA), the runtime overhead is a typical figure, not a measurement (benchmarks/RESULTS.md), and the host's
+    RAM is shared with the operating system and whatever else runs there."""
+    cap = device if isinstance(device, int) else device.capacity_bytes
+    return max(MIN_MARGIN_MIB * 2**20, int(MARGIN_FRACTION * cap))
+
+
+def capacity_for(total_bytes: int) -> int:
+    """The smallest capacity that holds ``total_bytes`` and still leaves its :func:`margin_bytes`."""
+    return max(total_bytes + MIN_MARGIN_MIB * 2**20, math.ceil(total_bytes / (1 - MARGIN_FRACTION)) + 1)
+
+
+def host_cores(devices: Device | Sequence[Device] = ()) -> int:
+    """CPU cores of the machine that runs the CPU part: those a host profile recorded (``fingerprint.cpu_count``,
+    written by the host measurement) when one of ``devices`` is a CPU that carries one, else this machine's."""
+    for d in _as_list(devices):
+        if d.kind == "cpu":
+            n = cores_of_profile(d.extra)
+            if n:
+                return n
+    return os.cpu_count() or 1
+
+
+def cores_of_profile(profile: Mapping | None) -> int | None:
+    """``fingerprint.cpu_count`` of a host profile (a dict or a Device's extra fields), if it is a positive int."""
+    fp = (profile or {}).get("fingerprint")
+    n = fp.get("cpu_count") if isinstance(fp, Mapping) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def fmt_bytes(n: float, up: bool = False) -> str:
+    """Bytes as MiB, GiB or TiB for a message (``up``: rounded up, for "at least" figures)."""
+    for unit, scale, nd in (("TiB", 2**40, 1), ("GiB", 2**30, 1), ("MiB", 2**20, 0)):
+        if abs(n) >= scale or unit == "MiB":
+            x = n / scale
+            if up:
+                x = math.ceil(x * 10**nd) / 10**nd
+            return f"{x:,.{nd}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def ctx_train_warning(spec: ModelSpec, n_ctx_seq: int) -> str:
+    """The warning for a context per sequence beyond the model's training context (src/llama-context.cpp warns
+    "possible training context overflow"; tools/server/server-context.cpp, ``n_ctx_slot``, caps each slot there)."""
+    return (f"n_ctx_seq {n_ctx_seq} exceeds the model's training context {spec.n_ctx_train}: llama-server caps each "
+            f"slot at {spec.n_ctx_train} tokens, and the model was never trained beyond them")
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """One reason a configuration cannot run as asked: what does not hold, and what would have to change."""
+
+    kind: str                 # memory | parallel | context | threads
+    device: str               # the device it concerns ("host", a GPU id), "" for a limit of llama.cpp itself
+    problem: str              # one line: what does not hold
+    change: str               # one line: what would have to change
+    excess: float             # how far past the limit, relative (0.25: a quarter over); orders blockers
+    shortfall_bytes: int = 0  # memory: bytes beyond what the device holds with its margin
+
+    def line(self) -> str:
+        return f"{self.problem}: {self.change}"
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "device": self.device, "problem": self.problem, "change": self.change,
+                "line": self.line(), "excess": round(self.excess, 6) if math.isfinite(self.excess) else None,
+                "shortfall_bytes": self.shortfall_bytes}
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """Whether a configuration runs (:func:`feasibility`), and if not, every blocker."""
+
+    fits: bool
+    blockers: tuple[Blocker, ...] = ()
+    margins: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))   # bytes kept free per device
+
+    @property
+    def smallest(self) -> Blocker | None:
+        """The blocker nearest to being lifted (the least relative excess); None when it fits."""
+        return min(self.blockers, key=lambda b: b.excess, default=None)
+
+    @property
+    def distance(self) -> float:
+        """How far the configuration is from fitting: the sum of its blockers' relative excesses (0 when it fits)."""
+        return sum(b.excess for b in self.blockers)
+
+    def as_json(self) -> dict:
+        s = self.smallest
+        return {"fits": self.fits, "blockers": [b.as_json() for b in self.blockers],
+                "smallest_blocker": s.as_json() if s else None, "margin_bytes": dict(self.margins)}
+
+
+def limit_blockers(spec: ModelSpec | None, cfg: RunConfig, devices: Device | Sequence[Device] = ()) -> list[Blocker]:
+    """The limits of llama.cpp and of the machine that no amount of memory lifts: sequences, context, threads.
+    ``spec`` is needed only for ``n_ctx`` 0 (the training context); None reads that as no training context."""
+    out: list[Blocker] = []
+    n_seq = max(1, cfg.n_parallel)
+    if n_seq > LLAMA_MAX_SEQ:
+        out.append(Blocker("parallel", "", f"--parallel {n_seq}: llama.cpp refuses more than {LLAMA_MAX_SEQ} sequences "
+                           f"('n_seq_max must be <= {LLAMA_MAX_SEQ}')", f"use --parallel {LLAMA_MAX_SEQ} or fewer",
+                           n_seq / LLAMA_MAX_SEQ - 1))
+    n_ctx = cfg.n_ctx or (spec.n_ctx_train if spec is not None else 0)
+    padded = _pad(n_ctx, CTX_PAD)
+    if n_ctx <= 0:
+        out.append(Blocker("context", "", "--ctx-size 0 means the training context, and this model records none",
+                           "give --ctx-size", 1.0))
+    elif n_ctx > MAX_CTX:
+        out.append(Blocker("context", "", f"--ctx-size {n_ctx} is beyond llama-server's limit {MAX_CTX} (a 32-bit int)",
+                           f"use --ctx-size {MAX_CTX} or less", n_ctx / MAX_CTX - 1))
+    elif not cfg.kv_unified and _pad(padded // n_seq, CTX_PAD) < 1:
+        # src/llama-context.cpp, llama_context::llama_context: n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256),
+        # and 0 throws "n_ctx_seq == 0" (see context_sizes)
+        out.append(Blocker("context", "", f"{n_seq} slots share {padded} cells: each gets none (llama.cpp refuses: "
+                           "'n_ctx_seq == 0')", f"use --ctx-size {n_seq} or more, fewer --parallel slots, or --kv-unified",
+                           n_seq / padded - 1))
+    cores = host_cores(devices)
+    if cfg.n_threads > cores:
+        out.append(Blocker("threads", HOST, f"-t {cfg.n_threads}: the host has {cores} cores",
+                           f"use -t {cores} or fewer (0 = all cores)", cfg.n_threads / cores - 1))
+    return out
+
+
+def _join_or(opts: Sequence[str]) -> str:
+    opts = list(dict.fromkeys(opts))
+    return opts[0] if len(opts) == 1 else ", ".join(opts[:-1]) + " or " + opts[-1]
+
+
+def _memory_blocker(spec: ModelSpec, devs: list[Device], cfg: RunConfig, mplan: MemoryPlan, name: str, margin: int,
+                    detail: bool) -> Blocker:
+    """A device that does not hold its part (with its margin), and the changes that would make it."""
+    from v100lab.config import ALL_LAYERS
+
+    m = mplan.devices[name]
+    short = m.total_bytes + margin - m.capacity_bytes
+    kept = f" with {fmt_bytes(margin)} kept free" if margin else ""
+    if name == HOST:
+        problem = f"needs {fmt_bytes(m.total_bytes)} of host RAM, {fmt_bytes(m.capacity_bytes)} available{kept}"
+    else:
+        problem = f"needs {fmt_bytes(m.total_bytes)} on {name}, {fmt_bytes(m.capacity_bytes)} available{kept}"
+    use_margin = bool(margin)
+    opts: list[str] = []
+    holds_layers = bool(m.layers or m.has_output_layer)
+    if name != HOST and holds_layers:
+        if detail:
+            k = max_gpu_layers(spec, devs, cfg, margin=use_margin)
+            if 0 < k < mplan.offloaded_layers:
+                fewer = _plan(spec, devs, cfg.with_(n_gpu_layers=k))
+                if _within(replace(fewer, devices={HOST: fewer.devices[HOST]}), use_margin):
+                    opts.append(f"--gpu-layers {k}")          # only where the host then holds the rest
+        else:
+            opts.append("fewer --gpu-layers")
+    if m.weights_bytes >= short and holds_layers:
+        opts.append("a smaller quant")
+    if m.kv_cache_bytes + m.compute_bytes >= short:
+        if detail:
+            # up to the training context: llama-server caps each slot there anyway
+            asked, train = cfg.n_ctx or spec.n_ctx_train, spec.n_ctx_train
+            mc = max_ctx(spec, devs, cfg, limit=max(1, min(asked, train) if train else asked), margin=use_margin)
+            if mc > 0:
+                what = "the model's training context" if train and mc >= train else "the largest that fits"
+                opts.append(f"--ctx-size {mc} ({what})")
+        else:
+            opts.append("a shorter context")
+    if cfg.cache_type_v in ("f16", "f32", "bf16") and m.kv_cache_bytes // 2 >= short:
+        opts.append("a q8_0 KV cache (-ctk q8_0 -ctv q8_0 -fa on)")
+    if cfg.n_parallel > 1 and m.output_bytes + m.recurrent_bytes >= short:
+        opts.append("fewer --parallel slots")
+    gpus = mplan.gpu_devices
+    if name == HOST:
+        if holds_layers and len(gpus) == 1:
+            gpu = next(iter(gpus))
+            if detail:
+                full = _plan(spec, devs, cfg.with_(n_gpu_layers=ALL_LAYERS))
+                if _within(replace(full, devices={HOST: full.devices[HOST]}), use_margin):
+                    need = full.devices[gpu].total_bytes
+                    opts.append(f"a GPU with ≥ {fmt_bytes(capacity_for(need) if use_margin else need, up=True)} "
+                                "(every layer off the host)")
+            else:
+                opts.append("a larger GPU (more layers off the host)")
+        need = m.total_bytes
+        opts.append(f"a host with ≥ {fmt_bytes(capacity_for(need) if use_margin else need, up=True)} of RAM")
+    else:
+        need = m.total_bytes
+        opts.append(f"a GPU with ≥ {fmt_bytes(capacity_for(need) if use_margin else need, up=True)}")
+    return Blocker("memory", name, problem, "use " + _join_or(opts), short / m.capacity_bytes, short)
+
+
+def feasibility(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None,
+                mplan: MemoryPlan | None = None, *, margin: bool = True, detail: bool = False) -> Feasibility:
+    """The one rule ``plan`` and ``tune`` share: does this configuration run on these devices?
+
+    It fits only if every device holds its part — each GPU, and the host's RAM for what stays on the CPU (the
+    input layer, layers not offloaded, the output buffer; the plan's host breakdown), each leaving
+    :func:`margin_bytes` free (``margin=False``: within capacity) — and the limits of :func:`limit_blockers`
+    hold: at most LLAMA_MAX_SEQ sequences, cells for every sequence, a context within llama-server's int32, no
+    more threads than the host's cores. Each blocker says what would have to change; ``detail`` adds figures that
+    take more plans to find (the -ngl, context, GPU and RAM sizes that would fit). ``mplan``: the plan of
+    exactly these arguments, when the caller has it."""
+    cfg = cfg or RunConfig()
+    devs = _as_list(devices)
+    blockers = limit_blockers(spec, cfg, devs)
+    if mplan is None:
+        mplan = _plan(spec, devs, cfg)
+    margins = {k: (margin_bytes(m.capacity_bytes) if margin else 0) for k, m in mplan.devices.items()}
+    limits_only_threads = all(b.kind == "threads" for b in blockers)
+    for name, m in mplan.devices.items():
+        if m.total_bytes + margins[name] > m.capacity_bytes:
+            blockers.append(_memory_blocker(spec, devs, cfg, mplan, name, margins[name],
+                                            detail and limits_only_threads))
+    return Feasibility(fits=not blockers, blockers=tuple(blockers), margins=MappingProxyType(margins))
 
 
 def triangle(specs_by_quant: Mapping[str, ModelSpec], device: Device | Sequence[Device],
@@ -643,12 +886,14 @@ class BufferCheck:
 def check_against_llama(model_path, cfg: RunConfig, spec: ModelSpec | None = None):
     """Load ``model_path`` with ``cfg`` in llama.cpp (CPU build), read its buffer sizes from the log, and
     compare them with this module's plan for the host. Returns (checks by kind, LoadFacts, MemoryPlan).
-    Raises RunFailed when llama.cpp refuses the configuration."""
+    Raises RunFailed when llama.cpp refuses the configuration (WorkerCrashed when it crashes: the load
+    runs in a worker process)."""
     from v100lab.header import read_spec
     from v100lab.loadlog import load_and_capture
+    from v100lab.worker import call_isolated
 
     spec = spec or read_spec(model_path)
-    facts, _ = load_and_capture(model_path, cfg)
+    facts, _ = call_isolated(load_and_capture, model_path, cfg, what=f"loading {Path(model_path).name}")
     # mirror llama.cpp's own flash-attention decision (auto resolves per backend) for the compute estimate
     fa = {"enabled": "on", "disabled": "off"}.get(facts.flash_attn or "", cfg.flash_attn)
     p = plan(spec, [], cfg.with_(flash_attn=fa), with_max_ctx=False)

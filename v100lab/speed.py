@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -320,6 +320,7 @@ class DeviceRates:
     host_link_gbs: float | None
     source: str
     attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
+    threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
 
     @property
     def peak_bandwidth(self) -> float:
@@ -380,11 +381,14 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
             cal = profile.get("speed_calibration")
         elif device.id == "host":
             cal = dict(device.extra).get("speed_calibration")
+        threads, note = effective_threads(cfg, device, profile)
         if cal:
             from v100lab.calibration import cpu_rates_from_calibration
 
-            return cpu_rates_from_calibration(device, cal, cfg.threads)
-        return _uncalibrated_cpu(device, cfg)
+            r = cpu_rates_from_calibration(device, cal, threads)
+        else:
+            r = _uncalibrated_cpu(device, threads)
+        return replace(r, source=f"{r.source}; {note}", threads_note=note) if note else r
     from v100lab.calibration import gpu_class_fit
 
     fit = gpu_class_fit(device.kind)
@@ -405,8 +409,21 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
         host_link_gbs=device.host_link_gbs, source=fit.source)
 
 
-def _uncalibrated_cpu(device, cfg: RunConfig) -> DeviceRates:
-    pp = 1.0 / (UNCALIBRATED_CPU_PP_GFLOPS_PER_THREAD * 1e9 * cfg.threads / 2.0)
+def effective_threads(cfg: RunConfig, device, profile: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    """The thread count a CPU prediction uses, and a note when it is not -t: threads beyond the host's cores
+    (:func:`v100lab.memory.host_cores`, or the profile's) share those cores — llama.cpp starts them, but they
+    compute no faster (and spin while they wait) — so the rates are those of the cores, never extrapolated
+    past them."""
+    from v100lab import memory
+
+    cores = memory.cores_of_profile(profile) or memory.host_cores([device])
+    if cfg.threads > cores:
+        return cores, f"-t {cfg.threads} is more threads than the {cores} cores: predicted at {cores}"
+    return cfg.threads, ""
+
+
+def _uncalibrated_cpu(device, threads: int) -> DeviceRates:
+    pp = 1.0 / (UNCALIBRATED_CPU_PP_GFLOPS_PER_THREAD * 1e9 * threads / 2.0)
     return DeviceRates(
         device_id=device.id, kind="cpu", bandwidth_gbs=float(device.bandwidth_gbs),
         efficiency=UNCALIBRATED_CPU_EFFICIENCY, tg_s_per_weight=MappingProxyType({}), attn_s_per_op=0.0,
@@ -608,6 +625,8 @@ def _combine(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
     for k, r in rates.items():
         if k in active and r.source.startswith("uncalibrated"):
             notes.append(f"{k}: {r.source}")
+        elif k in active and r.threads_note:
+            notes.append(f"{k}: {r.threads_note}")
     return Prediction(
         tg_tps=1.0 / t_total, pp_tps=n_prompt / pp_total,
         ceiling_tg_tps=1.0 / t_plain if t_plain else math.inf,

@@ -1,13 +1,18 @@
 """``v100lab plan MODEL --device D [llama.cpp flags] [--depth N] [--n-prompt N] [--json]``.
 
 Where llama.cpp will put every byte — weights, KV cache, recurrent state, compute and output buffers,
-runtime overhead — on each device, whether it fits, and the largest context that would. Nothing is
+runtime overhead — on each device, whether it fits, and the largest context that would. "Fits" is
+:func:`v100lab.memory.feasibility`, the rule ``tune`` chooses by: every device (each GPU and the host's RAM)
+holds its part with a margin, and llama.cpp's limits hold (sequences, context, threads); each blocker says
+what would have to change. Nothing is
 loaded: MODEL is read as a header only (path, http(s) URL, zoo alias) or is a skeleton
 (``skeleton:ARCH:QUANT``, e.g. ``skeleton:qwen35-27b:Q4_K_M``).
 
 JSON keys (a contract): devices (name → weights_bytes, kv_cache_bytes, recurrent_bytes, compute_bytes,
 output_bytes, overhead_bytes, total_bytes, capacity_bytes), fits, offloaded_layers, n_layer_total,
-max_ctx, warnings; plus model, quant, device, n_ctx, n_ctx_seq, n_ubatch, flash_attn, config.
+max_ctx, warnings; plus model, quant, device, n_ctx, n_ctx_seq, n_ubatch, flash_attn, config, feasibility
+(fits, blockers, smallest_blocker, margin_bytes), within_capacity (every device within its capacity,
+without the margin).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 
 from v100lab import config as config_mod
 from v100lab.errors import ConfigError
+from v100lab.memory import fmt_bytes
 
 NAME = "plan"
 HELP = "predict llama.cpp's memory per device (weights, KV, compute, output), whether it fits, and the largest context"
@@ -63,25 +69,47 @@ def _human(doc: dict) -> str:
         lines.append(f"{name:<16}" + "".join(f"{d[k] / gib:>9.2f}" for k in (
             "weights_bytes", "kv_cache_bytes", "recurrent_bytes", "compute_bytes", "output_bytes", "overhead_bytes",
             "total_bytes")) + f"{d['capacity_bytes'] / gib:>10.2f}")
-    lines += ["", f"fits: {'yes' if doc['fits'] else 'NO'}    largest context that fits: {doc['max_ctx']}"]
+    margins = doc["feasibility"]["margin_bytes"]
+    kept = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in margins.items())
+    lines += ["", f"fits: {'yes' if doc['fits'] else 'NO'} (keeping {kept} free)    "
+                  f"largest context that fits: {doc['max_ctx']}"]
+    lines += [f"blocked: {b['line']}" for b in doc["feasibility"]["blockers"]]
     lines += [f"warning: {w}" for w in doc["warnings"]]
     p = doc.get("predicted")
     if p:
-        lines.append(f"speed at depth {p['depth']}: tg {p['tg_tps']} tok/s ({p['bound']}-bound; the seed's ceiling "
-                     f"{p['ceiling_tg_tps']}), pp{p['n_prompt']} {p['pp_tps']} tok/s")
+        # the ceiling a prediction cannot exceed is the strict one (the bytes each token reads); the seed's
+        # (bandwidth / the weights placed) can be beaten when a token reads less (one row of an untied
+        # token_embd, the active experts of a MoE)
+        lines.append(f"speed at depth {p['depth']}: tg {p['tg_tps']} tok/s ({p['bound']}-bound; ceiling "
+                     f"{p['strict_ceiling_tg_tps']} for the bytes a token reads, the seed's {p['ceiling_tg_tps']} for "
+                     f"the weights), pp{p['n_prompt']} {p['pp_tps']} tok/s")
+        lines += [f"note: {n}" for n in p.get("notes", [])]
     return "\n".join(lines)
+
+
+def largest_context(spec, devices, cfg, feas) -> int:
+    """The largest context that fits by the same rule as ``fits`` (every device, with its margin), up to the
+    training context or the context asked for; 0 when a limit no context lifts blocks (sequences, threads)."""
+    from v100lab.memory import max_ctx
+
+    if any(b.kind in ("parallel", "threads") for b in feas.blockers):
+        return 0
+    return max_ctx(spec, devices, cfg, limit=max(cfg.n_ctx, spec.n_ctx_train), margin=True)
 
 
 def run(args) -> int:
     from v100lab.devices import get_device
-    from v100lab.memory import plan
+    from v100lab.memory import feasibility, plan
     from v100lab.skeleton import load_spec
 
     cfg = config_mod.from_flag_args(args)
     spec = load_spec(args.model)
     devices = [get_device(d) for d in args.device]
-    mplan = plan(spec, devices, cfg)
+    mplan = plan(spec, devices, cfg, with_max_ctx=False)
+    feas = feasibility(spec, devices, cfg, mplan, detail=True)
     doc = build_document(spec, devices, cfg, mplan, args)
+    doc.update({"fits": feas.fits, "within_capacity": mplan.fits, "max_ctx": largest_context(spec, devices, cfg, feas),
+                "feasibility": feas.as_json()})
     if args.depth < 0 or args.n_prompt < 0:
         raise ConfigError("--depth and --n-prompt must be >= 0")
     if args.depth + args.n_prompt > mplan.n_ctx_seq:

@@ -6,9 +6,14 @@ per flag saying why it is there and what it buys (see :mod:`v100lab.advisor`). M
 (``synth-tiny``: its ladder, built), or one GGUF file / alias / URL. ``--measure`` runs the best predictions for
 real and chooses by measurement (real files, on the device this llama.cpp runs on).
 
-JSON keys (a contract): model, device, quant, min_ctx, margin_bytes, measured, predicted_tg_tps,
+JSON keys (a contract): model, device, fits, quant, min_ctx, margin_bytes, measured, predicted_tg_tps,
 predicted_pp_tps, ceiling_tg_tps, measured_tg_tps, config, argv, command, reasons (flag, why, delta_tps,
 delta_bytes), best, candidates, notes.
+
+When no configuration fits (:func:`v100lab.memory.feasibility`, the rule ``plan`` prints), no command is
+printed: one line on stderr says what would have to change, the exit status is 1, and ``--json`` prints
+model, device, fits (false), min_ctx, margin_bytes, argv ([]), command (null), message, blocker, blockers,
+closest, candidates, notes.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from v100lab.advisor import tune
+    from v100lab.advisor import NothingFits, tune
 
     quants = None
     if args.quants:
@@ -50,9 +55,16 @@ def run(args) -> int:
             raise ConfigError("--quants: give a comma-separated list, e.g. Q4_0,Q4_K_M")
     if args.measure_top < 1 or args.repetitions < 1 or args.n_gen < 1:
         raise ConfigError("--measure-top, --repetitions and --n-gen must be >= 1")
-    r = tune(args.model, args.device, min_ctx=args.min_ctx, parallel=args.parallel, quants=quants,
-             measure=args.measure, measure_top=args.measure_top, n_gen=args.n_gen, repetitions=args.repetitions,
-             host=args.host_device)
+    try:
+        r = tune(args.model, args.device, min_ctx=args.min_ctx, parallel=args.parallel, quants=quants,
+                 measure=args.measure, measure_top=args.measure_top, n_gen=args.n_gen, repetitions=args.repetitions,
+                 host=args.host_device)
+    except NothingFits as exc:
+        # no command: the JSON document says so (fits false, argv empty, the blockers); one line on stderr
+        if args.json:
+            json.dump(exc.result.as_json(), sys.stdout, indent=2)
+            print()
+        raise
     if args.json:
         json.dump(r.as_json(), sys.stdout, indent=2)
         print()
