@@ -251,7 +251,7 @@ def test_cli_plan_threads(capsys):
 
 # ---- the property: tune's answer always passes plan's rule ---------------------------------------------
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(arch=st.sampled_from(ARCHS), quants=st.lists(st.sampled_from(QUANTS), min_size=1, max_size=2, unique=True),
        gpu_gib=st.sampled_from([2, 8, 16, 24, 48, 80]), host_gib=st.sampled_from([4, 16, 32, 64, 256]),
