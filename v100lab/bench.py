@@ -34,6 +34,7 @@ from v100lab.backends import Backend, BenchTest, MeasureFailed, Measurement, get
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.store import ResultsStore, row_key
+from v100lab.worker import WorkerCrashed
 
 log = logging.getLogger(__name__)
 
@@ -146,27 +147,19 @@ def model_facts(path: str | os.PathLike) -> dict[str, Any]:
     return dict(_model_facts_cached(str(p), st.st_size, st.st_mtime_ns))
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 @lru_cache(maxsize=1)
 def _static_env() -> dict[str, Any]:
-    from v100lab.backends.inprocess import build_info, cpu_gpu_info
+    from v100lab import buildflags
+    from v100lab.backends.isolated import llama_build
 
-    b = build_info()
-    cpu, gpu = cpu_gpu_info()
-    return {"llama_cpp_python": b["llama_cpp_python"], "llama_cpp_build": b["build_commit"],
-            "ggml_version": b["ggml_version"], "system_info": b["system_info"], "cpu_model": _cpu_model(),
-            "cpu_count": os.cpu_count(), "gpu": gpu or None, "os": platform.platform(),
-            "python": platform.python_version()}
+    b = llama_build()          # read in a worker: a build that cannot load costs a log line here
+    cpu = buildflags.host_cpu()
+    flags = buildflags.read_record()
+    return {"llama_cpp_python": b.get("llama_cpp_python"), "llama_cpp_build": b.get("build_commit"),
+            "ggml_version": b.get("ggml_version"), "system_info": b.get("system_info"), "cpu_model": cpu.model,
+            "cpu_flags": " ".join(cpu.relevant_flags), "build_flags": flags.get("cmake_args"),
+            "build_flags_source": flags.get("source"), "cpu_count": os.cpu_count(), "gpu": b.get("gpu_info") or None,
+            "os": platform.platform(), "python": platform.python_version()}
 
 
 def environment(cfg: RunConfig | None = None) -> dict[str, Any]:
@@ -203,7 +196,8 @@ def _base_row(model: Mapping[str, Any], cfg: RunConfig, test: BenchTest, backend
 def _finish_row(row: dict[str, Any], *, status: str, reason: str | None = None,
                 measurement: Measurement | None = None, info: Mapping[str, Any] | None = None,
                 load: dict | None = None, raw_log: str | None = None, load_id: str | None = None,
-                monitor=None, cfg: RunConfig | None = None, warmup: bool = True) -> dict[str, Any]:
+                monitor=None, cfg: RunConfig | None = None, warmup: bool = True,
+                crash: dict | None = None) -> dict[str, Any]:
     test_time, stamp = _now()
     info = dict(info or {})
     row.update({
@@ -228,6 +222,8 @@ def _finish_row(row: dict[str, Any], *, status: str, reason: str | None = None,
         row["monitor_series"] = monitor.series
     if raw_log is not None:
         row["raw_log"] = raw_log
+    if crash is not None:
+        row["crash"] = crash
     return row
 
 
@@ -260,8 +256,10 @@ def run_tests(model: str | os.PathLike, cfg: RunConfig | None = None,
               on_row=None) -> list[dict[str, Any]]:
     """Run llama-bench tests for one model and one run configuration (one model load).
 
-    Returns one row per test (status "ok" or "failed"; a failure never raises — a model that does not load,
-    a configuration llama.cpp refuses, a server that dies: each becomes a failed row with the reason).
+    Returns one row per test, status "ok", "failed", "crashed" or "timeout"; a failure never raises — a model
+    that does not load, a configuration llama.cpp refuses, a server that dies: each becomes a failed row with
+    the reason; llama.cpp crashing (a signal) or hanging in the worker becomes a "crashed"/"timeout" row with
+    the signal and llama.cpp's last log lines (``crash``), and the next test runs in a fresh worker.
     Rows are appended to ``results`` (a JSONL path or store) as they are produced; with ``resume`` (default),
     tests already recorded there with status "ok" are not run again and their stored rows are returned in
     their place. ``on_row(row)`` is called after each row, stored or new (progress bars).
@@ -297,15 +295,29 @@ def run_tests(model: str | os.PathLike, cfg: RunConfig | None = None,
     if not todo:
         return rows
     load_id = uuid.uuid4().hex[:16]
+    session = None
+
+    def crashed(base, exc: WorkerCrashed):
+        return _finish_row(base, status=exc.status, reason=exc.detail, raw_log=exc.log_tail,
+                           info=session.info if session is not None else None,
+                           load=session.load if session is not None else None, load_id=load_id, cfg=cfg,
+                           warmup=warmup, crash={"signal": exc.signal_name, "returncode": exc.returncode,
+                                                 "log_tail": exc.log_tail})
+
     try:
-        session = be.open(path, cfg)
-    except MeasureFailed as exc:
-        for t, base in todo:
-            emit(_finish_row(base, status="failed", reason=exc.reason, load=exc.load, raw_log=exc.raw_log,
-                             load_id=load_id, cfg=cfg, warmup=warmup))
-        return rows
-    try:
-        for t, base in todo:
+        for i, (t, base) in enumerate(todo):
+            if session is None:     # the first test, or the one after a crash: (re)load in a new worker
+                try:
+                    session = be.open(path, cfg)
+                except MeasureFailed as exc:
+                    for _, b in todo[i:]:
+                        emit(_finish_row(b, status="failed", reason=exc.reason, load=exc.load, raw_log=exc.raw_log,
+                                         load_id=load_id, cfg=cfg, warmup=warmup))
+                    return rows
+                except WorkerCrashed as exc:   # loading itself crashes: so would every other test
+                    for _, b in todo[i:]:
+                        emit(crashed(b, exc))
+                    return rows
             mon = None
             if monitor:
                 from v100lab.monitor import Monitor
@@ -322,6 +334,12 @@ def run_tests(model: str | os.PathLike, cfg: RunConfig | None = None,
                 finally:
                     if mon:
                         mon.stop()
+            except WorkerCrashed as exc:
+                log.info("%s: %s", t.name, exc.detail)
+                emit(crashed(base, exc))
+                session.close()
+                session = None
+                continue
             except MeasureFailed as exc:
                 emit(_finish_row(base, status="failed", reason=exc.reason, info=session.info, load=session.load,
                                  raw_log=session.raw_log, load_id=load_id, monitor=mon, cfg=cfg, warmup=warmup))
@@ -329,7 +347,8 @@ def run_tests(model: str | os.PathLike, cfg: RunConfig | None = None,
             emit(_finish_row(base, status="ok", measurement=m, info=session.info, load=session.load,
                              raw_log=session.raw_log, load_id=load_id, monitor=mon, cfg=cfg, warmup=warmup))
     finally:
-        session.close()
+        if session is not None:
+            session.close()
     return rows
 
 
@@ -442,7 +461,7 @@ def format_markdown(rows: Iterable[Mapping[str, Any]]) -> str:
         if r.get("status") == "ok":
             ts = f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" + (" (noisy)" if r.get("noisy") else "")
         else:
-            ts = f"failed: {r.get('reason')}"
+            ts = f"{r.get('status')}: {r.get('reason')}"
         lines.append(f"| {r.get('model_type') or Path(str(r.get('model_filename'))).name} | "
                      f"{_fmt_size(r.get('model_size'))} | {p} | {r.get('backend')} | {r.get('n_threads')} | "
                      f"{r.get('n_gpu_layers')} | {r.get('flash_attn')} | {r.get('type_k')}/{r.get('type_v')} | "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from v100lab import zoo
 from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, V100labError
+from v100lab.errors import ConfigError, RunFailed, V100labError
 from v100lab.speed import DeviceRates, Placed, decode_work, predict
 
 log = logging.getLogger(__name__)
@@ -110,20 +111,7 @@ def pure_quantized_path(src, type_name: str):
               "source": src.name, "source_size": src.stat().st_size}
 
     def write(tmp):
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = zoo.ftype_of(ftype)
-        params.pure = True
-        params.output_tensor_type = tid
-        params.token_embedding_type = tid
-        import os
-
-        params.nthread = os.cpu_count() or 1
-        from v100lab.loadlog import capture_llama_log
-
-        with capture_llama_log():          # the quantizer's per-tensor log stays out of the terminal
-            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
-        if rc != 0:
-            raise V100labError(f"llama.cpp's quantizer failed on {src.name} → pure {type_name} (return code {rc})")
+        zoo.quantize(src, tmp, ftype, pure_type=tid)
 
     return zoo.build_atomically(path, recipe, write)
 
@@ -200,13 +188,13 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
 
     A test whose coefficient of variation exceeds 10 % is run once more and the quieter run is kept."""
     from v100lab.backends import BenchTest
-    from v100lab.backends.inprocess import InProcessBackend
+    from v100lab.backends.isolated import IsolatedBackend
 
     need = depth + max(n_gen, n_prompt) + 1
     cfg = RunConfig(n_ctx=n_ctx or max(512, int(math.ceil(need / 256) * 256)), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
     out: dict[str, Timing] = {}
-    with InProcessBackend().open(path, cfg) as session:
+    with IsolatedBackend().open(path, cfg) as session:
         tests = []
         if n_gen:
             tests.append(("tg", BenchTest(n_gen=n_gen, n_depth=depth)))
@@ -348,6 +336,17 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     return out
 
 
+#: the share of calibration points that must measure for a fit (the rest crashed, hung or were refused)
+MIN_POINT_SHARE = 0.8
+
+
+def _enough_points(measured: int, planned: int, threads: int) -> None:
+    """Refuse to fit on too few points: a crash that removed many would leave rates unconstrained."""
+    if measured < max(3, math.ceil(MIN_POINT_SHARE * planned)):
+        raise RunFailed(f"calibration at {threads} thread(s): only {measured} of {planned} points measured "
+                        f"(the rest crashed or failed; see `v100lab selftest`): not enough to fit, nothing stored")
+
+
 def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
               progress: Callable[[str], None] | None = None, store: bool = True) -> dict[str, Any]:
     """Measure this host and fit the CPU speed model; store it in the host profile unless ``store`` is false.
@@ -383,12 +382,20 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         wait_for_quiet()
         bw = devices.measure_memory_bandwidth(threads=th)
         pts = []
-        for cp in calibration_points():
+        planned = calibration_points()
+        for cp in planned:
             say(f"{cp.name}, {th} thread(s)")
             for attempt in range(3):
-                tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
-                             n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
-                             pp_repetitions=max(1, repetitions - 1))
+                try:
+                    tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
+                                 n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
+                                 pp_repetitions=max(1, repetitions - 1))
+                except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
+                    tm = None
+                    status = getattr(exc, "status", "failed")
+                    say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
+                    result["points"].append({"config": cp.name, "threads": th, "status": status, "reason": str(exc)})
+                    break
                 # more threads slower than fewer: another process took the cores (llama.cpp's threads
                 # spin and collapse); measure again after waiting for quiet
                 base = first.get(cp.name)
@@ -396,6 +403,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
                     break
                 say(f"{cp.name}: {th} threads slower than {threads[0]} (contended?); measuring again")
                 time.sleep(2.0)
+            if tm is None:
+                continue
             first.setdefault(cp.name, tm["tg"].s_per_token)
             pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
                         "tg": tm["tg"].s_per_token, "pp": tm["pp"].s_per_token if "pp" in tm else None,
@@ -404,6 +413,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
                                      "tg_cv": round(tm["tg"].cv, 4), "busy": round(tm["tg"].busy, 3),
                                      **({"pp_tps": round(1 / tm["pp"].s_per_token, 2), "pp_cv": round(tm["pp"].cv, 4)}
                                         if "pp" in tm else {})})
+        _enough_points(len(pts), len(planned), th)
         fit = fit_cpu(pts, bw["bandwidth_gbs"])
         fit["bandwidth_cv"] = bw["cv"]
         result["threads"][str(th)] = fit

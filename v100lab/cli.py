@@ -17,7 +17,7 @@ from v100lab import __version__
 from v100lab.errors import V100labError
 
 # Order is the order of `v100lab --help`.
-COMMANDS = ("models", "inspect", "plan", "bench", "calibrate", "tune", "doctor", "batch")
+COMMANDS = ("models", "inspect", "plan", "bench", "calibrate", "tune", "doctor", "selftest", "batch")
 
 
 class _Parser(argparse.ArgumentParser):

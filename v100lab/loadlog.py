@@ -426,6 +426,29 @@ _lock = threading.RLock()
 _active: list[LogCapture] = []
 _callback_ref = None   # the ctypes callback must outlive every call llama.cpp makes through it
 _echo_level: int | None = None
+_tee = None            # a stream every captured line is also written to (the crash-isolation worker's log)
+
+
+_tee_last = LOG_INFO   # the level a CONT piece continues
+
+
+def _tee_write(level: int, msg: str) -> None:
+    """Write one llama.cpp log piece to the tee: INFO and above (and their continuations), not DEBUG."""
+    global _tee_last
+    if level != LOG_CONT:
+        _tee_last = level
+    if _tee_last != LOG_DEBUG:
+        _tee.write(msg)
+        _tee.flush()
+
+
+def set_tee(stream) -> None:
+    """Also write every captured llama.cpp line to ``stream`` as it arrives (None: stop).
+
+    The worker process (:mod:`v100lab.worker`) tees into its log file, so the last lines before a crash
+    survive the process that captured them."""
+    global _tee
+    _tee = stream
 
 
 def _make_callback():
@@ -438,6 +461,8 @@ def _make_callback():
             with _lock:
                 for cap in _active:
                     cap.records.append((int(level), msg))
+                if _tee is not None:
+                    _tee_write(int(level), msg)
         except Exception:  # pragma: no cover - a callback must not throw into C
             pass
 

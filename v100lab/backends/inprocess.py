@@ -167,6 +167,7 @@ class InProcessSession:
         # same raw log, and llama.cpp's chatter stays off stderr.
         self._cap_cm = capture_llama_log()
         self._cap = self._cap_cm.__enter__()
+        t0 = time.perf_counter()
         try:
             mparams = llama_cpp.llama_model_default_params()
             cfg.apply_to_model_params(mparams)
@@ -188,6 +189,7 @@ class InProcessSession:
         except BaseException:
             self.close()
             raise
+        load_s = time.perf_counter() - t0
         self.load = load_facts(self._cap)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -204,7 +206,7 @@ class InProcessSession:
                      "model_n_params": int(llama_cpp.llama_model_n_params(self._model)),
                      "build_commit": b["build_commit"], "build_number": b["build_number"],
                      "cpu_info": cpu, "gpu_info": gpu, "n_ctx": int(llama_cpp.llama_n_ctx(self._ctx)),
-                     "n_ctx_seq": int(self.n_ctx_seq)}
+                     "n_ctx_seq": int(self.n_ctx_seq), "load_s": load_s}
 
     # ---- llama-bench's test_prompt / test_gen ------------------------------------------------
     def _prompt_tokens(self, n: int) -> list[Any]:

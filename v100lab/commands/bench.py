@@ -51,4 +51,9 @@ def run(args) -> int:
         print()
     else:
         print(bench.format_markdown(shown))
+    crashed = [r for r in rows if r.get("status") in ("crashed", "timeout")]
+    if crashed:   # one line: what happened to llama.cpp, and what to run next
+        signals = sorted({(r.get("crash") or {}).get("signal") or r["status"] for r in crashed})
+        print(f"v100lab bench: llama.cpp {'/'.join(signals)} in {len(crashed)} of {len(rows)} test(s) "
+              f"(rows marked crashed/timeout); check the build with `v100lab selftest`", file=sys.stderr)
     return 1 if any(r.get("status") != "ok" for r in rows) else 0

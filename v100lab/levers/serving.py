@@ -118,9 +118,9 @@ def mmap_mlock(sc: Scenario):
     """Loading: mmap (default), --no-mmap, and --mlock — the time to load the model and create the context,
     and the time to the first token after it (pp + one decoded token), measured here (lever "load_mode").
     The speed model does not model loading, so these rows have no prediction."""
-    from v100lab.backends import BenchTest
-    from v100lab.backends.inprocess import InProcessBackend
-    from v100lab.backends import MeasureFailed
+    from v100lab.backends import BenchTest, MeasureFailed
+    from v100lab.backends.isolated import IsolatedBackend
+    from v100lab.worker import WorkerCrashed
 
     st = study(sc)
     rows: list[Observation] = []
@@ -134,15 +134,19 @@ def mmap_mlock(sc: Scenario):
     for _ in range(max(1, min(sc.repetitions, 3))):
         for name, flags in modes:
             cfg = base.with_(**flags)
-            t0 = time.perf_counter()
             try:
-                sess = InProcessBackend().open(st.measured_path, cfg)
-            except MeasureFailed as exc:
-                failures.append({"lever": "load_mode", "value": name, "test": "load", "reason": exc.reason})
+                sess = IsolatedBackend().open(st.measured_path, cfg)
+            except (MeasureFailed, WorkerCrashed) as exc:
+                failures.append({"lever": "load_mode", "value": name, "test": "load", "reason": str(exc)})
                 continue
             try:
-                load_s = time.perf_counter() - t0
+                load_s = sess.info["load_s"]            # timed in the worker, around load + context creation
                 m = sess.run(BenchTest(n_prompt, 1), 1, warmup=False)
+            except (MeasureFailed, WorkerCrashed) as exc:
+                failures.append({"lever": "load_mode", "value": name, "test": "first token", "reason": str(exc)})
+                sess.close()
+                continue
+            try:
                 first = sum(m.samples_ns) / 1e9
                 warn = [w for w in (sess.load or {}).get("warnings", []) if "mlock" in w.lower()]
             finally:

@@ -1,0 +1,166 @@
+"""llama.cpp's CPU build flags for this host: native features named explicitly, AMX always off.
+
+Why not llama.cpp's default (``GGML_NATIVE=ON``): the compiler's ``-march=native`` then enables every
+feature the CPU has, AMX included, and on Sapphire-Rapids-class CPUs (``amx_tile amx_int8 amx_bf16`` in
+/proc/cpuinfo) the AMX matmul of the llama.cpp commit vendored by llama-cpp-python 0.3.36 crashes on the
+first batched decode (segfault in ``ggml_backend_amx_mul_mat``; upstream llama.cpp issue #20824, closed
+without a fix). ``-DGGML_AMX_*=OFF`` alone changes nothing while ``GGML_NATIVE=ON``, so the safe build turns
+``GGML_NATIVE`` off and names every x86 feature the host has, each ON or OFF.
+
+The options mirror ``ggml/CMakeLists.txt`` (``option(GGML_AVX ...)`` …) and the flag each adds in
+``ggml/src/ggml-cpu/CMakeLists.txt`` (the ``if (GGML_NATIVE) … else()`` branch for GCC/Clang on x86): for
+example ``GGML_AVX512`` adds ``-mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw``, so it needs all five.
+
+This module is standard-library only: ``scripts/setup.sh`` runs it (``python -m v100lab.buildflags``) before
+the package and its dependencies are installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: x86 options of ggml, in ggml/CMakeLists.txt's order, and the /proc/cpuinfo flags each one needs (all of
+#: them). AMX is listed so that it is always named, and always OFF (see the module docstring).
+X86_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("GGML_SSE42", ("sse4_2",)),
+    ("GGML_AVX", ("avx",)),
+    ("GGML_AVX_VNNI", ("avx_vnni",)),
+    ("GGML_AVX2", ("avx2",)),
+    ("GGML_BMI2", ("bmi2",)),
+    ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)),
+    ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)),
+    ("GGML_FMA", ("fma",)),
+    ("GGML_F16C", ("f16c",)),
+)
+AMX_OPTIONS: tuple[str, ...] = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+
+#: the cpuinfo flags that matter to llama.cpp's CPU kernels (reported beside every measurement)
+RELEVANT_FLAG_PATTERN = re.compile(r"^(sse4_2|avx.*|fma|f16c|bmi2|amx.*|neon|asimd.*|sve.*|i8mm|dotprod)$")
+
+UPSTREAM_ISSUE = "llama.cpp issue #20824 (segfault in ggml_backend_amx_mul_mat)"
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What /proc/cpuinfo says about the first processor: its model name and its feature flags."""
+
+    model: str
+    flags: frozenset[str]
+
+    @property
+    def relevant_flags(self) -> tuple[str, ...]:
+        """The flags llama.cpp's kernels care about (AVX*, AMX*, FMA, F16C, …), sorted."""
+        return tuple(sorted(f for f in self.flags if RELEVANT_FLAG_PATTERN.match(f)))
+
+    @property
+    def has_amx(self) -> bool:
+        return any(f.startswith("amx") for f in self.flags)
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """Model name and flags of the first processor in a /proc/cpuinfo text (x86 ``flags``, ARM ``Features``)."""
+    model, flags = "", ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if key in ("model name", "cpu model", "hardware") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = value
+    return CpuInfo(model=model, flags=frozenset(flags.split()))
+
+
+def safe_cmake_args(cpuinfo_text: str, machine: str = "x86_64") -> list[str]:
+    """CMake arguments for a llama.cpp CPU build that is safe on the host described by ``cpuinfo_text``.
+
+    A pure function of its inputs. On x86-64: ``-DGGML_NATIVE=OFF``, every option of :data:`X86_OPTIONS`
+    ON exactly when the host has all of its flags, and AMX OFF. Elsewhere (ARM, an unknown machine) llama.cpp's
+    own default (``GGML_NATIVE=ON``) is kept: its native ARM build has no known crash of this kind.
+    """
+    if machine.lower() not in ("x86_64", "amd64", "i686", "i386"):
+        return []
+    cpu = parse_cpuinfo(cpuinfo_text)
+    args = ["-DGGML_NATIVE=OFF"]
+    for option, needs in X86_OPTIONS:
+        on = bool(cpu.flags) and all(flag in cpu.flags for flag in needs)
+        args.append(f"-D{option}={'ON' if on else 'OFF'}")
+    if not cpu.flags:  # cpuinfo unreadable: llama.cpp's portable x86-64 defaults (AVX2 era), still no AMX
+        args = ["-DGGML_NATIVE=OFF"]
+    args += [f"-D{option}=OFF" for option in AMX_OPTIONS]
+    return args
+
+
+def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
+    """The host's cpuinfo text, or "" where there is none (macOS, Windows). Bounded: 1 MiB."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def host_cpu() -> CpuInfo:
+    """This machine's CPU model and flags (from /proc/cpuinfo; the platform's processor name elsewhere)."""
+    cpu = parse_cpuinfo(read_cpuinfo())
+    if not cpu.model:
+        cpu = CpuInfo(model=platform.processor() or platform.machine(), flags=cpu.flags)
+    return cpu
+
+
+def host_cmake_args() -> list[str]:
+    """:func:`safe_cmake_args` for this machine."""
+    return safe_cmake_args(read_cpuinfo(), platform.machine())
+
+
+# ----------------------------------------------------------------------------------------------- the record
+#: where ``scripts/setup.sh`` records the build it made (inside the virtual environment it installed into)
+def record_path(prefix: str | None = None) -> Path:
+    return Path(prefix or sys.prefix) / "etc" / "v100lab" / "llama-build.json"
+
+
+def read_record(prefix: str | None = None) -> dict:
+    """The recorded build flags (``cmake_args``, ``source``: safe/user/native, ``cpu_model``), or {}."""
+    try:
+        data = json.loads(record_path(prefix).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_record(cmake_args: str, source: str, prefix: str | None = None) -> Path:
+    cpu = host_cpu()
+    path = record_path(prefix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cmake_args": cmake_args, "source": source, "cpu_model": cpu.model,
+                                "cpu_flags": list(cpu.relevant_flags)}, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v100lab.buildflags",
+                                 description="print the safe llama.cpp CMAKE_ARGS for this host, or record a build")
+    ap.add_argument("--cpuinfo", help="read this cpuinfo file instead of /proc/cpuinfo")
+    ap.add_argument("--machine", default=platform.machine(), help="uname -m (default: this machine's)")
+    ap.add_argument("--record", metavar="CMAKE_ARGS", help="record these flags as the build in use")
+    ap.add_argument("--source", default="safe", choices=("safe", "user", "native"), help="with --record")
+    args = ap.parse_args(argv)
+    if args.record is not None:
+        print(write_record(args.record, args.source))
+        return 0
+    text = read_cpuinfo(args.cpuinfo) if args.cpuinfo else read_cpuinfo()
+    print(" ".join(safe_cmake_args(text, args.machine)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The build self-test: does this llama.cpp build run here, on this CPU, without crashing?
+
+A llama.cpp build can load a model and still crash on the first batched decode (the AMX matmul of a
+``GGML_NATIVE=ON`` build on Sapphire-Rapids-class CPUs: llama.cpp issue #20824). The self-test runs, each in
+a worker child process (:mod:`v100lab.worker`) under a timeout, what every measurement needs: load the
+default model, process a prompt of at least 64 tokens (a batched decode) and generate, at 1 thread and at
+all cores. It reports the llama.cpp build (commit, llama.cpp's system-info line), the CPU and its flags,
+the build flags ``scripts/setup.sh`` recorded, and pass or fail with one line saying why and how to rebuild.
+
+``scripts/setup.sh`` runs it after installing (``python -m v100lab.selftest``) and falls back to the safe
+build once when it fails; ``v100lab selftest`` runs it on demand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from v100lab import buildflags
+from v100lab.backends.isolated import IsolatedBackend, llama_build
+from v100lab.errors import V100labError
+
+log = logging.getLogger(__name__)
+
+SELFTEST_PROMPT = 64      # tokens: a batched decode, where the AMX crash happens
+SELFTEST_GEN = 16
+SELFTEST_TIMEOUT_S = 120.0
+REBUILD_COMMAND = ('CMAKE_ARGS="$(python -m v100lab.buildflags)" python -m pip install --force-reinstall '
+                   '--no-cache-dir --no-deps llama-cpp-python=={version}')
+
+
+@dataclass(frozen=True)
+class Step:
+    """One part of the self-test: what ran, at how many threads, and how it ended."""
+
+    name: str
+    threads: int
+    status: str                  # ok | failed | crashed | timeout
+    tokens_per_s: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SelfTestReport:
+    passed: bool
+    steps: tuple[Step, ...]
+    build: dict[str, Any]        # llama.cpp commit, system info, llama-cpp-python version (from a worker)
+    build_flags: dict[str, Any]  # what scripts/setup.sh recorded (cmake_args, source)
+    cpu_model: str
+    cpu_flags: tuple[str, ...]
+    message: str                 # one line: "ok" or what failed, with the rebuild command
+    log_tail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        lines = [f"llama.cpp build: {self.build.get('build_commit') or '?'} "
+                 f"(llama-cpp-python {self.build.get('llama_cpp_python') or '?'})",
+                 f"system info:     {self.build.get('system_info') or '?'}",
+                 f"build flags:     {self.build_flags.get('cmake_args') or '(not recorded: installed by hand?)'}"
+                 + (f" [{self.build_flags['source']}]" if self.build_flags.get("source") else ""),
+                 f"CPU:             {self.cpu_model or '?'}",
+                 f"CPU flags:       {' '.join(self.cpu_flags) or '?'}"]
+        for s in self.steps:
+            speed = f"{s.tokens_per_s:8.1f} tok/s" if s.tokens_per_s else " " * 14
+            lines.append(f"  {s.status:8s} {s.name:6s} {s.threads:2d} thread(s) {speed} {s.detail}".rstrip())
+        lines.append(("PASS: " if self.passed else "FAIL: ") + self.message)
+        if not self.passed and self.log_tail:
+            lines.append("last llama.cpp log lines:")
+            lines += ["  " + line for line in self.log_tail.splitlines()]
+        return "\n".join(lines)
+
+
+def rebuild_command() -> str:
+    try:
+        from importlib.metadata import version
+
+        v = version("llama-cpp-python")
+    except Exception:  # not installed: the version pyproject pins
+        v = "0.3.36"
+    return REBUILD_COMMAND.format(version=v)
+
+
+def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, ...] | None = None,
+                 timeout: float = SELFTEST_TIMEOUT_S, n_prompt: int = SELFTEST_PROMPT,
+                 n_gen: int = SELFTEST_GEN) -> SelfTestReport:
+    """Load ``model`` (default: the default model) and run pp``n_prompt`` and tg``n_gen`` at each thread
+    count (default 1 and all cores), each configuration in its own worker under ``timeout`` seconds."""
+    from v100lab import bench, zoo
+    from v100lab.config import RunConfig
+
+    if not (0 < timeout < float("inf")):
+        raise V100labError(f"--timeout must be a positive number of seconds, got {timeout}")
+    if n_prompt < 2:
+        raise V100labError(f"the self-test needs a prompt of at least 2 tokens (a batched decode), got {n_prompt}")
+    path = zoo.resolve(model or "default")
+    ncpu = os.cpu_count() or 1
+    threads = tuple(sorted(set(threads or (1, ncpu))))
+    backend = IsolatedBackend(timeout=timeout)
+    steps: list[Step] = []
+    tail = ""
+    for th in threads:
+        cfg = RunConfig(n_ctx=max(256, n_prompt + n_gen + 1), n_threads=th, n_gpu_layers=0)
+        rows = bench.run_tests(path, cfg, [f"pp{n_prompt}", f"tg{n_gen}"], (0,), 1, backend=backend,
+                               monitor=False)
+        for r in rows:
+            steps.append(Step(name=r["test"], threads=th, status=r["status"], tokens_per_s=r.get("avg_ts"),
+                              detail="" if r["status"] == "ok" else str(r.get("reason") or "")))
+            if r["status"] != "ok" and not tail:
+                tail = (r.get("crash") or {}).get("log_tail") or ""
+    bad = [s for s in steps if s.status != "ok"]
+    if not bad:
+        message = f"llama.cpp loads {Path(path).name}, processes a {n_prompt}-token prompt and generates at " \
+                  f"{', '.join(map(str, threads))} thread(s)"
+    else:
+        first = bad[0]
+        message = (f"{first.name} at {first.threads} thread(s) {first.status}: {first.detail}; rebuild llama.cpp "
+                   f"with the safe flags: {rebuild_command()}")
+    cpu = buildflags.host_cpu()
+    return SelfTestReport(passed=not bad, steps=tuple(steps), build=llama_build(), build_flags=buildflags.read_record(),
+                          cpu_model=cpu.model, cpu_flags=cpu.relevant_flags, message=message, log_tail=tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v100lab.selftest", description=__doc__.splitlines()[0])
+    ap.add_argument("--timeout", type=float, default=SELFTEST_TIMEOUT_S, help="seconds per configuration")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        report = run_selftest(timeout=args.timeout)
+    except V100labError as exc:
+        print(f"selftest: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        print(report.format())
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
