@@ -259,3 +259,18 @@ def test_relative_out_dir_from_another_working_directory(tmp_path, monkeypatch):
     assert [r.status for r in result.runs] == ["ok"], result.runs[0].reason
     assert (tmp_path / "reports" / "index.html").exists()
     assert (tmp_path / "reports" / result.runs[0].report).exists()
+
+
+def test_keys_a_notebook_does_not_show_are_not_warned_about(caplog):
+    """A parameter file sets keys for every notebook; a notebook's parameters cell shows only those it reads, so
+    papermill's "Passed unknown parameter" warning is dropped for scenario keys (and kept for any other name)."""
+    import logging
+
+    log = logging.getLogger("papermill")
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        with workbook._quiet_about_keys_not_shown():
+            log.warning("Passed unknown parameter: quants")
+            log.warning("Passed unknown parameter: not_a_key")
+        log.warning("Passed unknown parameter: depths")
+    assert [r.getMessage() for r in caplog.records] == ["Passed unknown parameter: not_a_key",
+                                                          "Passed unknown parameter: depths"]

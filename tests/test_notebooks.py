@@ -1,5 +1,7 @@
-"""The workbook's notebooks: committed without outputs, parameters cell generated from the schema, no
-formulas or loops, and every notebook executes with papermill on params/ci.yaml (real llama.cpp runs).
+"""The workbook's notebooks: one lever each, in the course's order; edited as text (jupytext pairs in sync);
+committed without outputs; each parameters cell holds exactly the keys its notebook reads; no formulas or
+loops except in the by-hand cells, which check their arithmetic against the package; and every notebook
+executes with papermill on params/ci.yaml (real llama.cpp runs).
 
 The execution tests are the slow part (each notebook measures with the small CI scenario); they run the
 notebooks exactly as ``papermill notebooks/X.ipynb out.ipynb -f params/ci.yaml`` would.
@@ -8,34 +10,103 @@ notebooks exactly as ``papermill notebooks/X.ipynb out.ipynb -f params/ci.yaml``
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from v100lab.scenario import parameters_cell_source, read_parameters
-from v100lab.workbook import KERNEL_NAME, parameters_cell, read_headline
+from v100lab import levers
+from v100lab.config import RunConfig
+from v100lab.levers.course import LESSONS, keys_of
+from v100lab.scenario import keys, parameters_cell_source, read_parameters
+from v100lab.workbook import KERNEL_NAME, find_notebooks, parameters_cell, read_headline, sync_parameters_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
 CI_PARAMS = ROOT / "params" / "ci.yaml"
-EXPECTED = ("00_overview", "01_vram_triangle", "02_bandwidth_ceiling", "03_baseline", "04_quantization",
-            "05_gpu_layers", "06_context_and_kv_cache", "07_batch_flash_attn_parallel_mlock", "08_final_config")
+EXPECTED = tuple(lesson.notebook for lesson in LESSONS)
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 IDS = [p.stem for p in NOTEBOOKS]
+BY_HAND = "by-hand"
+PAIR_FORMATS = "ipynb,py:percent"
 
 
 def _read(path: Path):
     return nbformat.read(path, as_version=4)
 
 
-def test_the_workbook_is_complete():
-    present = {p.stem for p in NOTEBOOKS}
-    missing = [n for n in EXPECTED if n not in present]
-    # 08 needs the advisor (issue 9); every other notebook must be there
-    assert not [n for n in missing if n != "08_final_config"], missing
-    assert not present - set(EXPECTED), f"unexpected notebooks: {sorted(present - set(EXPECTED))}"
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _code_after_parameters(nb):
+    start = nb.cells.index(parameters_cell(nb)) + 1
+    return [(i, c) for i, c in enumerate(nb.cells[start:], start=start) if c.cell_type == "code"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the course
+# ------------------------------------------------------------------------------------------------
+
+def test_the_notebooks_are_the_course_in_order():
+    assert [p.stem for p in NOTEBOOKS] == list(EXPECTED), "notebooks/ and levers.course.LESSONS disagree"
+    assert [p.stem for p in find_notebooks(str(NB_DIR / "[0-9][0-9]_*.ipynb"))] == list(EXPECTED), \
+        "v100lab batch's discovery must find every notebook, in the course's order"
+    assert EXPECTED[0] == "00_overview" and EXPECTED[-1].endswith("_final_config")
+    assert len({name[:2] for name in EXPECTED}) == len(EXPECTED), "numbers are unique"
+    assert [int(name[:2]) for name in EXPECTED] == list(range(len(EXPECTED))), "numbered without gaps"
+    assert not (NB_DIR / "make_notebooks.py").exists(), "the notebooks are edited as text now (jupytext)"
+
+
+def test_one_lever_per_notebook():
+    """No notebook sweeps two levers: the plotted lever= arguments of a notebook name one lever (00 and the
+    final configuration show the staircase of stages, each stage one change)."""
+    for path in NOTEBOOKS:
+        code = "\n".join(c.source for c in _read(path).cells if c.cell_type == "code")
+        swept = set(re.findall(r"plots\.sweep\([^)]*?lever=\"(\w+)\"", code, flags=re.S))
+        assert len(swept) <= 1, f"{path.name} sweeps {sorted(swept)}"
+
+
+def test_readme_lists_every_notebook():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = [m for m in re.findall(r"^\| `(\d\d_\w+)` \|", readme, flags=re.M)]
+    assert table == list(EXPECTED), "README's notebook table must list the notebooks, in order"
+
+
+# ------------------------------------------------------------------------------------------------
+# jupytext pairs, no outputs
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_paired_with_a_text_source_in_sync(path):
+    """Each notebook is a jupytext pair: NN_name.py (percent format, the source people edit and diff) and
+    NN_name.ipynb (what papermill runs). Their cells must agree: type, source and tags, and which are
+    collapsed. Fix with `jupytext --sync notebooks/NN_name.py` (the newer file wins)."""
+    import jupytext
+
+    py = path.with_suffix(".py")
+    assert py.is_file(), f"{path.name} has no text source {py.name}"
+    nb = _read(path)
+    assert nb.metadata.get("jupytext", {}).get("formats") == PAIR_FORMATS, f"{path.name} is not paired"
+    text = jupytext.read(py)
+    assert text.metadata.get("jupytext", {}).get("formats") == PAIR_FORMATS, f"{py.name} is not paired"
+
+    def cells(n):
+        return [(c.cell_type, c.source, _tags(c), bool(c.metadata.get("jupyter", {}).get("source_hidden")))
+                for c in n.cells]
+
+    a, b = cells(nb), cells(text)
+    assert len(a) == len(b), f"{path.name}: {len(a)} cells, {py.name}: {len(b)}; run jupytext --sync"
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x == y, f"{path.name} cell {i} differs from {py.name}; run jupytext --sync {py}"
+
+
+def test_every_text_source_has_its_notebook():
+    for py in sorted(NB_DIR.glob("[0-9][0-9]_*.py")):
+        assert py.with_suffix(".ipynb").is_file(), f"{py.name} has no .ipynb: jupytext --sync {py}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -49,38 +120,136 @@ def test_committed_without_outputs(path):
     assert "papermill" not in nb.metadata, f"{path.name} is an executed notebook (papermill metadata)"
 
 
+# ------------------------------------------------------------------------------------------------
+# parameters
+# ------------------------------------------------------------------------------------------------
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_parameters_cell_is_the_schemas(path):
+def test_parameters_cell_holds_the_keys_the_notebook_reads(path):
     nb = _read(path)
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), \
         f"{path.name} must open with a markdown title"
     cell = parameters_cell(nb)
     assert cell is not None, f"{path.name} has no cell tagged 'parameters'"
     assert nb.cells.index(cell) == 1, f"{path.name}: the parameters cell must follow the title"
-    assert cell.source == parameters_cell_source(), (
-        f"{path.name}: parameters cell differs from v100lab.scenario.parameters_cell_source(); "
-        "regenerate with notebooks/make_notebooks.py")
+    assert cell.source == parameters_cell_source(keys_of(path)), (
+        f"{path.name}: parameters cell differs from the schema's keys for it; "
+        "run `python -m v100lab.workbook` (rewrites every parameters cell, both files of each pair)")
+    assert len(keys_of(path)) < len(keys()), f"{path.name} shows every key"
     validate = nb.cells[2]
     assert validate.cell_type == "code" and "from_notebook(globals())" in validate.source
-    others = [c for c in nb.cells[3:] if c.cell_type == "code" and "from_notebook" in c.source]
+    others = [c for _, c in _code_after_parameters(nb)[1:] if "from_notebook" in c.source]
     assert not others, f"{path.name}: exactly one validation cell"
 
 
+def _modules_called(nb) -> set:
+    """The levers modules whose functions the notebook's cells call (levers.NAME → NAME's module)."""
+    names = set(re.findall(r"levers\.(\w+)\(", "\n".join(c.source for c in nb.cells if c.cell_type == "code")))
+    mods = {inspect.getmodule(getattr(levers, n)) for n in names}
+    return {m for m in mods if m is not None and m.__name__.startswith("v100lab.levers")}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_no_formulas_or_loops(path):
-    """Code cells after the parameters only call package functions: no loops, definitions, arithmetic or
-    comprehensions — those live in v100lab.levers and v100lab.plots."""
+def test_the_notebooks_keys_are_read_by_its_steps(path):
+    """Every key in a notebook's parameters cell is read by the code its cells call: ``sc.KEY`` in one of the
+    levers modules it calls (a llama.cpp flag counts when that code builds ``sc.run_config()``), or it is one
+    of the keys :func:`levers.study` reads. A key nobody reads would be a knob that does nothing."""
     nb = _read(path)
-    banned = (ast.For, ast.While, ast.FunctionDef, ast.ClassDef, ast.Lambda, ast.BinOp, ast.ListComp,
-              ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.AugAssign)
-    for i, cell in enumerate(nb.cells[2:], start=2):
-        if cell.cell_type != "code":
-            continue
+    source = "\n".join(inspect.getsource(m) for m in _modules_called(nb) | {levers._study})
+    read = set(re.findall(r"\bsc\.(\w+)", source)) | set(levers.STUDY_PARAMETERS)
+    if "run_config()" in source:
+        read |= set(RunConfig.__dataclass_fields__)
+    unread = [k for k in keys_of(path) if k not in read]
+    assert not unread, f"{path.name} shows keys its steps never read: {unread}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_later_cell_defines_a_parameter(path):
+    """The validation cell reads the scenario keys in the namespace: a later cell assigning one would change
+    the scenario when the validation cell is run again (and a typed assignment is reserved for parameters)."""
+    params = set(keys())
+    for i, cell in _code_after_parameters(_read(path)):
         tree = ast.parse(cell.source)
-        bad = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, banned)]
-        assert not bad, f"{path.name} cell {i}: {bad} — move it into the package"
+        typed = [n for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)]
+        assert not typed, f"{path.name} cell {i}: typed assignments belong to the parameters cell"
+        names = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                 for t in ast.walk(t) if isinstance(t, ast.Name)}
+        assert not names & params, f"{path.name} cell {i} assigns scenario keys {sorted(names & params)}"
+
+
+def test_sync_parameters_cell_rewrites_both_files_of_a_pair(tmp_path):
+    import jupytext
+
+    src = NOTEBOOKS[3]
+    ipynb, py = tmp_path / src.name, tmp_path / src.with_suffix(".py").name
+    shutil.copy(src, ipynb)
+    shutil.copy(src.with_suffix(".py"), py)
+    assert sync_parameters_cell(ipynb) is False, "the committed pair is in sync with the schema"
+    for path, reader, writer in ((ipynb, nbformat.read, nbformat.write), (py, jupytext.read, jupytext.write)):
+        nb = reader(path, as_version=4) if reader is nbformat.read else reader(path)
+        parameters_cell(nb).source = "n_ctx: int = 1  # hand-edited"
+        writer(nb, path)
+    assert sync_parameters_cell(ipynb) is True
+    want = parameters_cell_source(keys_of(src))
+    assert parameters_cell(_read(ipynb)).source == want
+    assert parameters_cell(jupytext.read(py)).source == want
+    assert py.stat().st_mtime >= ipynb.stat().st_mtime, "the text file is written last (jupytext reads it first)"
+
+
+# ------------------------------------------------------------------------------------------------
+# thin cells, and the arithmetic in the open
+# ------------------------------------------------------------------------------------------------
+
+LOOPS_AND_DEFINITIONS = (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                         ast.Lambda, ast.Import, ast.ImportFrom)
+ARITHMETIC = (ast.BinOp, ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.AugAssign, ast.If, ast.IfExp,
+              ast.Compare)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_formulas_or_loops_outside_by_hand_cells(path):
+    """Code cells after the validation cell call package functions: no loops, definitions, imports or
+    arithmetic — those live in v100lab.levers and v100lab.plots — except in cells tagged ``by-hand``, which
+    may do plain arithmetic (never loops or definitions)."""
+    nb = _read(path)
+    for i, cell in _code_after_parameters(nb)[1:]:
+        tree = ast.parse(cell.source)
+        loops = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, LOOPS_AND_DEFINITIONS)]
+        assert not loops, f"{path.name} cell {i}: {loops} — move it into the package"
+        if BY_HAND in _tags(cell):
+            continue
+        bad = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, ARITHMETIC)]
+        assert not bad, f"{path.name} cell {i}: {bad} — arithmetic only in a cell tagged {BY_HAND!r}"
         calls = [n for n in tree.body if isinstance(n, (ast.Expr, ast.Assign))]
         assert len(calls) <= 2, f"{path.name} cell {i}: one package call (and one display) per cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_notebook_works_its_key_quantity_out_by_hand(path):
+    """At least one by-hand cell per notebook; each does arithmetic and checks every figure it computes
+    against the package with levers.agree (which fails beyond 1 %), under a markdown cell that explains it."""
+    nb = _read(path)
+    hand = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and BY_HAND in _tags(c)]
+    assert hand, f"{path.name} has no cell tagged {BY_HAND!r}"
+    for i, cell in hand:
+        tree = ast.parse(cell.source)
+        assert any(isinstance(n, ast.BinOp) for n in ast.walk(tree)), f"{path.name} cell {i} computes nothing"
+        agrees = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "levers.agree"]
+        assert agrees, f"{path.name} cell {i}: a by-hand cell checks its result with levers.agree"
+        assert nb.cells[i - 1].cell_type == "markdown" or BY_HAND in _tags(nb.cells[i - 1]), \
+            f"{path.name} cell {i}: say in words what the by-hand cell computes"
+
+
+def test_agree_fails_loudly_beyond_one_percent(capsys):
+    levers.agree("x", 100.5, 100.0, "B")
+    assert "ratio 1.0050" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match=r"\+1\.50 %"):
+        levers.agree("x", 101.5, 100.0, "B")
+    with pytest.raises(AssertionError):
+        levers.agree("x", 0.98, 1.0)
+    levers.agree("x", 1.0, None)   # nothing to compare with: printed, not checked
+    assert "no package value" in capsys.readouterr().out
 
 
 def test_last_cells_summarise_from_the_numbers():
@@ -114,14 +283,17 @@ def test_executes_on_ci_params(path, tmp_path):
     md = [o["data"]["text/markdown"] for o in summary.outputs if "text/markdown" in (o.get("data") or {})]
     assert md and md[0].count("\n- ") + 1 >= 2, f"{path.name}: the summary says too little: {md}"
     assert re.search(r"\d", md[0]), "a summary written from the numbers contains numbers"
+    for cell in nb.cells:
+        if cell.cell_type == "code" and BY_HAND in _tags(cell):
+            text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+            assert re.search(r"ratio \d\.\d{4}|no package value", text), f"{path.name}: by-hand cell printed {text!r}"
     if any("levers.headline(" in c.source for c in nb.cells if c.cell_type == "code"):
         h = read_headline(nb)
         assert h is not None and (h["measured_tok_s"] or h["predicted_tok_s"]), h
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bad, key", [({"n_ctx": "big"}, "n_ctx"), ({"n_ctxx": 512}, "n_ctxx"),
-                                      ({"cache_types": ["q9_9"]}, "cache_types")])
+@pytest.mark.parametrize("bad, key", [({"n_ctx": "big"}, "n_ctx"), ({"cache_types": ["q9_9"]}, "cache_types")])
 def test_a_bad_parameter_stops_at_the_validation_cell(tmp_path, bad, key):
     from papermill.exceptions import PapermillExecutionError
 

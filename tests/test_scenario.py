@@ -190,12 +190,15 @@ def test_from_notebook_ignores_ipython_modules_callables_and_underscores():
     assert from_notebook(ns).n_ctx == 1024
 
 
-def test_from_notebook_unknown_name_and_wrong_type():
+def test_from_notebook_reads_only_scenario_keys_and_refuses_a_typed_typo():
     ns = _run_cell(parameters_cell_source())
-    ns["n_ctxx"] = 1024
-    with pytest.raises(ConfigError, match="unknown scenario key 'n_ctxx'"):
+    ns["stairs"] = object()   # a later cell's frame: not a parameter, validating again still works
+    ns["n_ctxx"] = 1024       # an untyped name is the notebook's own (papermill warns about unknown parameters)
+    assert from_notebook(ns) == Scenario()
+    ns["__annotations__"]["n_ctxx"] = "int"   # `n_ctxx: int = 1024` in the parameters cell: a misspelt key
+    with pytest.raises(ConfigError, match="unknown scenario key 'n_ctxx'.*did you mean 'n_ctx'"):
         from_notebook(ns)
-    del ns["n_ctxx"]
+    del ns["__annotations__"]["n_ctxx"]
     ns["quants"] = "Q4_0"
     with pytest.raises(ConfigError, match="quants: expected a list of strings"):
         from_notebook(ns)
@@ -213,7 +216,10 @@ def test_from_notebook_inside_a_real_ipython_shell():
         assert shell.user_ns["scn"].n_gen == 3
         rerun = shell.run_cell("scn = from_notebook(globals())")  # re-running the cell by hand works
         rerun.raise_error()
-        result = shell.run_cell("bogus_key = 1\nfrom_notebook(globals())")
+        later = shell.run_cell("stairs = [1, 2]\nn_depths = 3\nscn = from_notebook(globals())")  # later cells' names
+        later.raise_error()
+        assert shell.user_ns["scn"].n_gen == 3
+        result = shell.run_cell("bogus_key: int = 1\nfrom_notebook(globals())")
         assert isinstance(result.error_in_exec, ConfigError) and "bogus_key" in str(result.error_in_exec)
     finally:
         InteractiveShell.clear_instance()
@@ -221,16 +227,27 @@ def test_from_notebook_inside_a_real_ipython_shell():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[Path(p).name for p in NOTEBOOKS])
 def test_notebook_parameters_cell_matches_the_schema(path):
-    """Notebooks and schema never drift: fix with ``v100lab.workbook.sync_parameters_cell(path)``."""
+    """Notebooks and schema never drift: each parameters cell is the schema's for the keys its notebook
+    reads (every key for a test notebook); fix with ``python -m v100lab.workbook``."""
     import nbformat
 
-    from v100lab.workbook import parameters_cell
+    from v100lab.workbook import notebook_keys, parameters_cell
 
     nb = nbformat.read(path, as_version=4)
     cell = parameters_cell(nb)
     assert cell is not None, f"{path} has no cell tagged 'parameters'"
-    assert cell.source == parameters_cell_source(), \
-        f"{path}: parameters cell differs from the schema; run v100lab.workbook.sync_parameters_cell"
+    assert cell.source == parameters_cell_source(notebook_keys(path)), \
+        f"{path}: parameters cell differs from the schema; run python -m v100lab.workbook"
+
+
+def test_parameters_cell_for_some_keys():
+    src = parameters_cell_source(["n_gen", "model", "n_ctx"])
+    ns = _run_cell(src)
+    assert [k for k in keys() if k in ns] == ["model", "n_ctx", "n_gen"], "schema order, only those keys"
+    assert "# -- llama.cpp flags" in src and "# -- levers swept" not in src, "group headings of the keys shown"
+    assert from_notebook(ns) == Scenario()
+    with pytest.raises(ConfigError, match="unknown scenario key 'n_ctxx'"):
+        parameters_cell_source(["n_ctxx"])
 
 
 def test_sync_parameters_cell(tmp_path):

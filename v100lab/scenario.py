@@ -10,9 +10,11 @@ default and ``metadata`` (``help`` comment, ``group``, ``choices``, ``min``) is 
 truth. Everything else is generated from it:
 
 * ``load_scenario(path | dict)`` validates a parameter file (YAML) or a mapping;
-* ``from_notebook(globals())`` validates a notebook's parameters after papermill injected them;
-* ``parameters_cell_source()`` writes the typed, commented literals of a notebook's ``parameters``
-  cell, so notebooks and schema never drift (a test compares every notebook's cell with it).
+* ``from_notebook(globals())`` validates a notebook's parameters after papermill injected them: the
+  names in the notebook's namespace that are scenario keys, and nothing else;
+* ``parameters_cell_source(keys)`` writes the typed, commented literals of a notebook's ``parameters``
+  cell for the keys that notebook reads (``v100lab.levers.course.keys_of``), so notebooks and schema never
+  drift (a test compares every notebook's cell with it).
 
 The llama.cpp flags are :class:`v100lab.config.RunConfig`'s fields under the same names; their
 defaults are read from ``RunConfig`` and ``Scenario.run_config()`` builds a ``RunConfig``, whose own
@@ -31,7 +33,7 @@ import types
 from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
 
 from v100lab.config import CACHE_TYPES, RunConfig
 from v100lab.errors import ConfigError, V100labError
@@ -346,51 +348,30 @@ def load_scenario(source: str | os.PathLike | Mapping[str, Any]) -> Scenario:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-# IPython's own names in a kernel's user namespace (besides those starting with "_")
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
-
-
 def notebook_parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """The names in a notebook's globals that are parameters.
-
-    Ignored: names starting with "_", IPython's own names (``In``, ``Out``, ``get_ipython``, ... and
-    whatever the shell lists as hidden), modules, and callables (functions, classes — the notebook's
-    imports), and a ``Scenario`` (the validation cell's own result, when it is run again by hand).
-    Every other name counts as a scenario key.
-    """
-    hidden: set[str] = set()
-    getter = namespace.get("get_ipython")
-    if callable(getter):
-        try:
-            shell = getter()
-            hidden = set(getattr(shell, "user_ns_hidden", {}) or {})
-        except Exception:  # outside a live shell; the fixed list still applies
-            hidden = set()
-    out = {}
-    for name, value in namespace.items():
-        if name.startswith("_") or name in _IPYTHON_NAMES or (name in hidden and name not in keys()):
-            continue
-        if isinstance(value, (types.ModuleType, Scenario)) or callable(value):
-            continue  # imports, and the validated scenario itself (re-running the cell by hand)
-        out[name] = value
-    return out
+    """The parameters in a notebook's globals: the names that are scenario keys — those of its parameters
+    cell and whatever papermill injected (a parameter file may set keys a notebook does not show). Every
+    other name is the notebook's own (its imports, ``sc``, the frames of later cells), so validating again
+    after running later cells sees the same parameters."""
+    return {k: namespace[k] for k in keys() if k in namespace}
 
 
 def from_notebook(namespace: Mapping[str, Any]) -> Scenario:
     """Validate a notebook's parameters: call ``from_notebook(globals())`` right after the parameters
-    cell (papermill's injected cell, if any, sits between them). Unknown name → ConfigError naming it."""
-    import types
+    cell (papermill's injected cell, if any, sits between them). Only scenario keys are read
+    (:func:`notebook_parameters`); a wrong type or value is a ConfigError naming the key.
 
+    A typed assignment (``n_ctxx: int = 8192``, the parameters cell's own form) whose name is not a key is
+    a ConfigError too: the cell was edited with a misspelt key. Parameter files are checked for unknown
+    keys when they are loaded (``v100lab batch``; papermill itself warns about unknown parameters)."""
     shadowed = [k for k in keys() if isinstance(namespace.get(k), types.ModuleType)]
     if shadowed:
         raise ConfigError(f"notebook parameter '{shadowed[0]}' was replaced by a module of that name (an import "
                           f"after the parameters cell); import it under another name")
-    data = notebook_parameters(namespace)
-    hint = ""
-    if callable(namespace.get("get_ipython")):
-        hint = "; names defined after this cell count too: run the notebook from the top"
-    _reject_unknown(data, "notebook parameters", hint)
-    return Scenario(**data)
+    typed = namespace.get("__annotations__")
+    if isinstance(typed, Mapping):
+        _reject_unknown({k: None for k in typed if not str(k).startswith("_")}, "notebook parameters")
+    return Scenario(**notebook_parameters(namespace))
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,12 +396,17 @@ def _literal(value) -> str:
     return repr(value)
 
 
-def parameters_cell_source() -> str:
-    """The source of every notebook's ``parameters`` cell: typed, commented literals from the schema."""
+def parameters_cell_source(names: Iterable[str] | None = None) -> str:
+    """The source of a notebook's ``parameters`` cell: typed, commented literals from the schema for the keys
+    in ``names`` (in the schema's order; None: every key). An unknown name is a ConfigError."""
     hints = _hints()
     lines = [PARAMETERS_HEADER]
     assigns = []
+    wanted = set(keys()) if names is None else set(names)
+    _reject_unknown(dict.fromkeys(wanted), "parameters_cell_source()")
     for f in fields(Scenario):
+        if f.name not in wanted:
+            continue
         default = f.default if f.default is not MISSING else f.default_factory()
         assigns.append((f.metadata["group"], f"{f.name}: {_annotation_text(hints[f.name])} = "
                         f"{_literal(default)}", f.metadata["help"]))

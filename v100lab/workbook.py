@@ -39,6 +39,7 @@ Everything from a parameter file, a model file or a notebook's output is HTML-es
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -175,16 +176,53 @@ def parameters_cell(nb):
     return None
 
 
-def sync_parameters_cell(path: str | os.PathLike) -> bool:
-    """Rewrite a notebook's ``parameters`` cell from the schema; True when the file changed.
+def notebook_keys(path: str | os.PathLike) -> tuple[str, ...]:
+    """The scenario keys a notebook's parameters cell holds: those its steps read
+    (:func:`v100lab.levers.course.keys_of`; every key for a notebook outside the course)."""
+    from v100lab.levers.course import keys_of
 
-    Adds the cell (first, tagged) when the notebook has none. Outputs are left as they are.
-    """
+    return keys_of(path)
+
+
+def paired_source(path: str | os.PathLike) -> Path | None:
+    """The jupytext pair of a notebook: the percent-format ``.py`` beside an ``.ipynb`` of the same stem
+    (None when there is none). The ``.py`` is the source people edit; the ``.ipynb`` is what papermill runs."""
+    p = Path(path).with_suffix(".py")
+    return p if p.is_file() else None
+
+
+def sync_parameters_cell(path: str | os.PathLike) -> bool:
+    """Rewrite a notebook's ``parameters`` cell from the schema, for the keys the notebook reads
+    (:func:`notebook_keys`); True when a file changed. The one writer of that cell.
+
+    Adds the cell (first, tagged) when the notebook has none; outputs are left as they are. A notebook with
+    a jupytext pair (:func:`paired_source`) has the cell rewritten in both files, the ``.ipynb`` first, so
+    the pair stays in sync and the text file is the newer one (jupytext reads the inputs from it)."""
     import nbformat
 
     p = Path(path)
-    nb = nbformat.read(p, as_version=4)
-    source = parameters_cell_source()
+    ipynb = p.with_suffix(".ipynb")
+    source = parameters_cell_source(notebook_keys(ipynb))
+    changed = False
+    if ipynb.is_file():
+        nb = nbformat.read(ipynb, as_version=4)
+        if _set_parameters(nb, source):
+            nbformat.write(nb, ipynb)
+            changed = True
+    py = paired_source(ipynb)
+    if py is not None:
+        import jupytext
+
+        text_nb = jupytext.read(py, fmt="py:percent")
+        if _set_parameters(text_nb, source):
+            jupytext.write(text_nb, py, fmt="py:percent")
+            changed = True
+    return changed
+
+
+def _set_parameters(nb, source: str) -> bool:
+    import nbformat
+
     cell = parameters_cell(nb)
     if cell is not None and cell.source == source:
         return False
@@ -194,8 +232,13 @@ def sync_parameters_cell(path: str | os.PathLike) -> bool:
         nb.cells.insert(0, cell)
     else:
         cell.source = source
-    nbformat.write(nb, p)
     return True
+
+
+def sync_notebooks(patterns: str | Sequence[str] = DEFAULT_NOTEBOOKS) -> list[Path]:
+    """:func:`sync_parameters_cell` for every notebook matching ``patterns``; the notebooks that changed.
+    Run after changing the scenario schema or a notebook's keys: ``python -m v100lab.workbook``."""
+    return [p for p in find_notebooks(patterns) if sync_parameters_cell(p)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,6 +477,29 @@ def _title(run: Run) -> str:
     return f"{run.scenario.scenario} · {run.notebook.stem}"
 
 
+class _KeysNotShown(logging.Filter):
+    """Drops papermill's "Passed unknown parameter: KEY" for scenario keys: a parameter file sets keys for every
+    notebook, and each notebook's parameters cell shows only those it reads (the validation cell still reads
+    them all). Any other name is left to warn."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from v100lab.scenario import keys
+
+        msg = record.getMessage()
+        prefix = "Passed unknown parameter: "
+        return not (msg.startswith(prefix) and msg[len(prefix):].strip() in keys())
+
+
+@contextlib.contextmanager
+def _quiet_about_keys_not_shown():
+    quiet = _KeysNotShown()
+    logging.getLogger("papermill").addFilter(quiet)
+    try:
+        yield
+    finally:
+        logging.getLogger("papermill").removeFilter(quiet)
+
+
 def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None = None, no_input: bool = False,
                 force: bool = False) -> RunResult:
     """Run one notebook with papermill and export its report; never raises for a failing notebook."""
@@ -458,10 +524,11 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
     t0 = time.perf_counter()
     status, reason, failed_cell = "ok", "", None
     try:
-        pm.execute_notebook(str(run.notebook), str(executed), parameters=dict(run.parameters),
-                            kernel_name=KERNEL_NAME, progress_bar=False, log_output=False,
-                            execution_timeout=timeout, cwd=str(run.notebook.parent.resolve()),
-                            kernel_manager_class=_kernel_manager_class(kernel_log))
+        with _quiet_about_keys_not_shown():
+            pm.execute_notebook(str(run.notebook), str(executed), parameters=dict(run.parameters),
+                                kernel_name=KERNEL_NAME, progress_bar=False, log_output=False,
+                                execution_timeout=timeout, cwd=str(run.notebook.parent.resolve()),
+                                kernel_manager_class=_kernel_manager_class(kernel_log))
     except PapermillExecutionError as exc:
         status, reason = "error", f"{exc.ename}: {exc.evalue}"
     except CellTimeoutError as exc:
@@ -666,3 +733,10 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
                      "measured_tok_s": h.get("measured_tok_s"), "predicted_tok_s": h.get("predicted_tok_s"),
                      "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed})
     return rows
+
+
+if __name__ == "__main__":   # python -m v100lab.workbook [NOTEBOOK ...]: rewrite the parameters cells
+    import sys
+
+    for changed in sync_notebooks(sys.argv[1:] or DEFAULT_NOTEBOOKS):
+        print(f"rewrote the parameters cell of {changed}")

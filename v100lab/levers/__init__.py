@@ -22,43 +22,59 @@ Measured rows are always for this machine (device ``host``) and carry the measur
 "(stand-in)" when the scenario measures a stand-in for its model.
 
 Layout: :mod:`~v100lab.levers._study` resolves the scenario and holds the row helpers every step shares;
-one module per notebook holds that notebook's steps (``overview`` 00, ``triangle`` 01, ``ceiling`` 02,
-``baseline`` 03, ``quantization`` 04, ``gpu_layers`` 05, ``context`` 06, ``serving`` 07, ``final`` 08);
-``summaries`` holds the ``summary_*`` paragraphs. The notebooks call everything through this package
-(``levers.baseline(sc)``), so the names below are the workbook's API.
+one module per notebook holds that notebook's steps and its ``PARAMETERS`` (the scenario keys its
+parameters cell holds): ``overview`` 00, ``triangle`` 01, ``ceiling`` 02, ``baseline`` 03, ``quantization``
+04, ``gpu_layers`` 05, ``context`` 06, ``flash_attn`` 07, ``batch`` 08, ``threads`` 09, ``parallel`` 10,
+``loading`` 11, ``final`` 12; :mod:`~v100lab.levers.course` lists them in reading order;
+:mod:`~v100lab.levers.by_hand` holds what the by-hand cells use (:func:`agree`); ``summaries`` holds the
+``summary_*`` paragraphs. The notebooks call everything through this package (``levers.baseline(sc)``), so
+the names below are the workbook's API.
 """
 
 from v100lab.skeleton import SKELETON_PREFIX, load_spec
 # _stage_model: used by benchmarks/bench_notebooks.py (it builds the stage files ahead of a timed run)
 from v100lab.levers._study import (
-    HOST, GIB, MIB, COMPONENTS, arch_of, spec_at_quant, Study, study, gpu_backend, gpu_host, predict_rows,
-    measure_sweep, capture_load, _stage_model,
+    HOST, GIB, MIB, COMPONENTS, STUDY_PARAMETERS, arch_of, spec_at_quant, Study, study, gpu_backend, gpu_host,
+    predict_rows, measure_sweep, capture_load, _stage_model,
 )
-from v100lab.levers.overview import NOTEBOOKS, notebook_map, scenario_facts, staircase
+from v100lab.levers.by_hand import (
+    agree, value_of, kv_layers, bytes_per_element, not_multiplied, output_bytes, subject,
+)
+from v100lab.levers.overview import notebook_map, scenario_facts, staircase, seed_stage
 from v100lab.levers.triangle import (
-    kv_bytes_per_token, header_facts, memory_breakdown, quant_specs, fit_grid, largest_context,
+    kv_bytes_per_token, header_facts, memory_breakdown, quant_specs, fit_grid, largest_context, kv_cache_bytes,
 )
-from v100lab.levers.ceiling import ceilings, device_ceilings, catalog_ceilings, roofline, apple
+from v100lab.levers.ceiling import ceilings, device_ceilings, catalog_ceilings, roofline, apple, flops_per_token
 from v100lab.levers.baseline import baseline, load_diagnosis, headline
-from v100lab.levers.quantization import quant_ladder, QUALITY_LADDER, quality_ladder
-from v100lab.levers.gpu_layers import gpu_layers_sweep, spill_effect
-from v100lab.levers.context import kv_memory, depth_sweep, quantized_v
-from v100lab.levers.serving import batch_sweep, flash_attn_sweep, parallel_sweep, mmap_mlock, threads_sweep
+from v100lab.levers.quantization import quant_ladder, QUALITY_LADDER, quality_ladder, rung_spec, file_size
+from v100lab.levers.gpu_layers import gpu_layers_sweep, spill_effect, offload_split
+from v100lab.levers.context import kv_memory, depth_sweep, quantized_v, kv_read_per_token
+from v100lab.levers.flash_attn import flash_attn_sweep, flash_attn_depth
+from v100lab.levers.batch import batch_sweep, batch_prompt, prompt_weight_bytes
+from v100lab.levers.threads import threads_sweep, thread_values
+from v100lab.levers.parallel import parallel_sweep, aggregate_ceiling
+from v100lab.levers.loading import load_modes, mmap_mlock
 from v100lab.levers.final import final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table
 from v100lab.levers.summaries import (
     summary_overview, summary_triangle, summary_ceiling, summary_baseline, summary_quantization,
-    summary_gpu_layers, summary_context, METRIC_NAMES, summary_levers, summary_final,
+    summary_gpu_layers, summary_context, summary_flash_attn, summary_batch, summary_threads, summary_parallel,
+    summary_loading, METRIC_NAMES, summary_final,
 )
+from v100lab.levers.course import LESSONS, Lesson, keys_of, lesson
 
 __all__ = [
-    'SKELETON_PREFIX', 'load_spec', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'arch_of', 'spec_at_quant', 'Study',
-    'study', 'gpu_backend', 'gpu_host', 'predict_rows', 'measure_sweep', 'capture_load', '_stage_model',
-    'NOTEBOOKS', 'notebook_map', 'scenario_facts', 'staircase', 'kv_bytes_per_token', 'header_facts',
-    'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'ceilings', 'device_ceilings',
-    'catalog_ceilings', 'roofline', 'apple', 'baseline', 'load_diagnosis', 'headline', 'quant_ladder',
-    'QUALITY_LADDER', 'quality_ladder', 'gpu_layers_sweep', 'spill_effect', 'kv_memory', 'depth_sweep',
-    'quantized_v', 'batch_sweep', 'flash_attn_sweep', 'parallel_sweep', 'mmap_mlock', 'threads_sweep',
-    'final_config', 'command_reasons', 'tuned_command', 'own_staircase', 'seed_verdict_table',
-    'summary_overview', 'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization',
-    'summary_gpu_layers', 'summary_context', 'METRIC_NAMES', 'summary_levers', 'summary_final',
+    'SKELETON_PREFIX', 'load_spec', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS', 'arch_of',
+    'spec_at_quant', 'Study', 'study', 'gpu_backend', 'gpu_host', 'predict_rows', 'measure_sweep', 'capture_load',
+    '_stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
+    'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',
+    'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'kv_cache_bytes', 'ceilings',
+    'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis',
+    'headline', 'quant_ladder', 'QUALITY_LADDER', 'quality_ladder', 'rung_spec', 'file_size', 'gpu_layers_sweep',
+    'spill_effect', 'offload_split', 'kv_memory', 'depth_sweep', 'quantized_v', 'kv_read_per_token',
+    'flash_attn_sweep', 'flash_attn_depth', 'batch_sweep', 'batch_prompt', 'prompt_weight_bytes', 'threads_sweep',
+    'thread_values', 'parallel_sweep', 'aggregate_ceiling', 'load_modes', 'mmap_mlock', 'final_config',
+    'command_reasons', 'tuned_command', 'own_staircase', 'seed_verdict_table', 'summary_overview',
+    'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
+    'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
+    'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson',
 ]

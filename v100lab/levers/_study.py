@@ -29,6 +29,24 @@ HOST = "host"
 GIB = 2**30
 MIB = 2**20
 
+# The scenario keys :func:`study` reads (what is studied, for which device, what is measured here): every
+# notebook reads them, so every notebook's parameters cell holds them.
+STUDY_PARAMETERS = ("model", "stand_in_model", "device", "measure")
+
+
+def parameters(*names: str) -> tuple[str, ...]:
+    """A notebook's parameters: :data:`STUDY_PARAMETERS` and ``names``, in the schema's order — what the
+    notebook's parameters cell holds (``v100lab.scenario.parameters_cell_source(keys)`` writes it).
+    An unknown name is a ConfigError (so a renamed key cannot leave a notebook behind)."""
+    from v100lab.scenario import keys
+
+    known = keys()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"notebook parameters: unknown scenario key '{unknown[0]}'")
+    wanted = set(STUDY_PARAMETERS) | set(names)
+    return tuple(k for k in known if k in wanted)
+
 
 # Memory components: MemoryPlan/DeviceMemory field → llama.cpp's buffer kind in the load log
 COMPONENTS = (("weights", "weights_bytes", "model"), ("KV cache", "kv_cache_bytes", "KV"),
@@ -254,6 +272,40 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
                                 above_ceiling=(bool(val > pred_tg.strict_ceiling_tg_tps * 1.0001)
                                                if metric == "tg_tps" else None), note=n))
     return rows
+
+
+def lever_rows(sc: Scenario, lever: str, values: Sequence[Any], cfg_of, tests: Sequence[str], depth: int = 0,
+               backend: str | None = None, predict: bool = True, n_prompt: int | None = None):
+    """Predicted rows for each value of one lever (the scenario's model on its device, and the measured model
+    here) and the measured sweep: ``cfg_of(value)`` gives each value's configuration. Returns (rows, failures).
+
+    ``n_prompt``: prompt tokens of the pp test and its prediction (default ``sc.n_prompt``)."""
+    st = study(sc)
+    n_prompt = sc.n_prompt if n_prompt is None else n_prompt
+    rows: list[Observation] = []
+    metrics = tuple(m for m, on in (("tg_tps", any(t.startswith("tg") for t in tests)),
+                                    ("pp_tps", any(t.startswith("pp") for t in tests))) if on)
+    metrics = metrics or ("tg_tps", "pp_tps")
+    for v in values:
+        cfg = cfg_of(v)
+        if predict:
+            if not st.same_model_here:
+                rows += predict_rows(st.spec, st.label, st.device, cfg, lever=lever, value=v, depth=depth,
+                                     n_prompt=n_prompt, n_gen=sc.n_gen, metrics=metrics + ("strict_ceiling_tg_tps",))
+            if st.measuring:
+                rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever=lever, value=v,
+                                     depth=depth, n_prompt=n_prompt, n_gen=sc.n_gen,
+                                     metrics=metrics + ("strict_ceiling_tg_tps",))
+    obs, failures = [], []
+    if st.measuring and tests:
+        from v100lab import bench
+
+        got = []
+        for v in values:
+            got += bench.run_tests(str(st.measured_path), cfg_of(v), list(tests), [depth], sc.repetitions,
+                                   backend=backend, monitor=False, lever=lever, value=v)
+        obs, failures = _measured(got, st.measured_label)
+    return rows + obs, failures
 
 
 def _failure(row: Mapping[str, Any]) -> dict[str, str]:

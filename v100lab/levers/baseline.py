@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 from v100lab.scenario import Scenario
-from v100lab.levers._study import capture_load, COMPONENTS, _ctx_for, _devices_for, _frame, gpu_backend, HOST, measure_sweep, MIB, predict_rows, study, _tests
+from v100lab.levers._study import capture_load, COMPONENTS, _ctx_for, _devices_for, _frame, gpu_backend, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
+
+PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
+                        "n_threads", "n_prompt", "n_gen", "repetitions")
 
 
 def baseline(sc: Scenario):

@@ -10,8 +10,10 @@ from v100lab.errors import ConfigError
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import _devices_for, _frame, _measured, predict_rows, spec_at_quant, study
+from v100lab.levers._study import _devices_for, _frame, _measured, predict_rows, spec_at_quant, study, parameters
 from v100lab.levers.triangle import quant_specs
+
+PARAMETERS = parameters("claims", "compare_devices", "n_ctx", "n_threads", "quants", "n_gen", "repetitions")
 
 
 def ceilings(sc: Scenario):
@@ -130,3 +132,14 @@ def apple(sc: Scenario):
         rows.append(Observation("Llama 2 7B", r["quant"], dev, "chip", value, metric, float(r["predicted"]), TPS,
                                 "predicted", note=f"fit on {r['fit_on']}"))
     return _frame(rows)
+
+
+def flops_per_token(sc: Scenario, spec: ModelSpec | None = None) -> float:
+    """FLOPs of one decoded token at depth 0 with every layer on the scenario's device (the speed model's
+    count: 2 per weight multiplied, 2 per attention multiply-add)."""
+    from v100lab import speed
+
+    st = study(sc)
+    spec = spec or st.spec
+    placed = {st.device.id: speed.Placed(st.device, tuple(range(spec.n_layer)), True)}
+    return sum(w.flops for w in speed.decode_work(spec, placed, sc.run_config(), 0).values())

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import capture_load, _ctx_for, _devices_for, _frame, HOST, measure_sweep, MIB, predict_rows, study, _tests
+from v100lab.levers._study import capture_load, _ctx_for, _devices_for, _frame, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
+
+PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "flash_attn", "swa_full", "n_threads", "ctx_sizes",
+                        "cache_types", "depths", "n_gen", "repetitions")
 
 
 def kv_memory(sc: Scenario):
@@ -90,3 +93,16 @@ def quantized_v(sc: Scenario):
         out.append({"flash attention": fa, "cache type K / V": f"{cfg.cache_type_k} / {ctv}",
                     "predicted": predicted, "llama.cpp here": measured})
     return pd.DataFrame(out)
+
+
+def kv_read_per_token(sc: Scenario, depth: int, flash_attn: str | None = None) -> float:
+    """KV cache bytes one decoded token reads at ``depth`` tokens of context, every layer on the scenario's
+    device, with the scenario's cache types (the speed model's count; ``flash_attn`` overrides the flag)."""
+    from v100lab import speed
+
+    st = study(sc)
+    cfg = _ctx_for(sc.run_config(), depth + 1)
+    if flash_attn is not None:
+        cfg = cfg.with_(flash_attn=flash_attn)
+    placed = {st.device.id: speed.Placed(st.device, tuple(range(st.spec.n_layer)), True)}
+    return sum(w.kv_bytes for w in speed.decode_work(st.spec, placed, cfg, depth).values())

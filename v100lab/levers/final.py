@@ -10,7 +10,9 @@ from v100lab.errors import ConfigError, V100labError
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.skeleton import parse_skeleton_name
-from v100lab.levers._study import _ctx_for, _frame, gpu_host, _measured, MIB, predict_rows, _renote, spec_at_quant, _stage_model, study
+from v100lab.levers._study import _ctx_for, _frame, gpu_host, _measured, MIB, predict_rows, _renote, spec_at_quant, _stage_model, study, parameters
+
+PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
 
 
 @lru_cache(maxsize=8)

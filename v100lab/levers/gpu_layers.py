@@ -6,7 +6,10 @@ from __future__ import annotations
 from v100lab.config import ALL_LAYERS
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _devices_for, _frame, gpu_backend, measure_sweep, predict_rows, study, _tests
+from v100lab.levers._study import _ctx_for, _devices_for, _frame, gpu_backend, measure_sweep, predict_rows, study, _tests, parameters
+
+PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "n_threads", "gpu_layers", "ctx_sizes", "n_prompt",
+                        "n_gen", "repetitions")
 
 
 def gpu_layers_sweep(sc: Scenario):
@@ -76,3 +79,26 @@ def spill_effect(sc: Scenario):
                  Observation(metric="kv_bytes_read_per_token", result=float(kv_read), unit="bytes",
                              note=f"at depth {depth}", **common)]
     return _frame(rows, depth=depth)
+
+
+def offload_split(sc: Scenario, n_gpu_layers: int) -> dict[str, float]:
+    """One decoded token with ``-ngl n_gpu_layers`` on the scenario's device (the CPU beside it holds the rest),
+    at depth 0, as the speed model accounts it: seconds reading the weights each side holds at its peak
+    bandwidth, and seconds on the host link (activations across, logits back). Keys: "device_s", "host_s",
+    "link_s", "total_s" — the time per token the by-hand cell rebuilds from the header."""
+    from v100lab import speed
+
+    st = study(sc)
+    devs = _devices_for(st.device)
+    cfg = sc.run_config().with_(n_gpu_layers=n_gpu_layers)
+    placement = speed.placement_for(st.spec, devs, cfg)
+    work = speed.decode_work(st.spec, placement, cfg, 0)
+    rates = {k: speed.rates_for(p.device, cfg) for k, p in placement.items()}
+    active = [k for k, w in work.items() if w.layers or w.has_output]
+    out = {"device_s": 0.0, "host_s": 0.0}
+    for k, w in work.items():
+        side = "host_s" if placement[k].device.kind == "cpu" else "device_s"
+        out[side] += w.weight_bytes_read / (placement[k].device.bandwidth_gbs * 1e9)
+    out["link_s"] = speed._tg_link_time(st.spec, placement, rates, active)
+    out["total_s"] = out["device_s"] + out["host_s"] + out["link_s"]
+    return out

@@ -6,30 +6,18 @@ from __future__ import annotations
 from v100lab.config import RunConfig
 from v100lab.errors import V100labError
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model, study
+from v100lab.levers._study import _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model, study, parameters
 
-
-# The map of the workbook (00 shows it): notebook → the question it answers.
-NOTEBOOKS = (
-    ("00_overview", "The story, this map, and the seed's staircase: claimed vs predicted vs measured."),
-    ("01_vram_triangle", "Model size × context × card memory: what fits, and the largest context."),
-    ("02_bandwidth_ceiling", "tok/s ≤ bandwidth / bytes per token: the ceiling per quant and device, the roofline "
-                             "with this machine's calibration, published Apple Silicon rows."),
-    ("03_baseline", "A real run with llama.cpp's defaults; what the load log says; measured vs predicted."),
-    ("04_quantization", "The quant ladder: speed and file size measured vs predicted; perplexity and KL divergence."),
-    ("05_gpu_layers", "-ngl: predicted for the device; why spilled layers explain the seed's 18 → 44 jump."),
-    ("06_context_and_kv_cache", "Context and cache types: KV memory, decode speed vs depth, quantized V needs "
-                                "flash attention."),
-    ("07_batch_flash_attn_parallel_mlock", "Batch sizes, flash attention, --parallel, mmap/mlock, threads."),
-    ("08_final_config", "The tuned configuration, its predicted and measured speed, the llama-server command."),
-)
+PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
 
 
 def notebook_map():
-    """The notebooks of the workbook and the question each answers."""
+    """The notebooks of the workbook, in reading order, and the question each answers."""
     import pandas as pd
 
-    return pd.DataFrame(NOTEBOOKS, columns=["notebook", "what it shows"])
+    from v100lab.levers.course import LESSONS
+
+    return pd.DataFrame([(x.notebook, x.question) for x in LESSONS], columns=["notebook", "what it shows"])
 
 
 def scenario_facts(sc: Scenario):
@@ -92,3 +80,17 @@ def staircase(sc: Scenario):
             rows += [_renote(o, note) for o in obs]
             failures += fails
     return _frame(rows, failures, why_not_measured=st.why_not_measured)
+
+
+def seed_stage(index: int = -1):
+    """One stage of the seed's staircase (default: the last) as the by-hand cell needs it: (the seed's
+    assumed model at the stage's quant, the seed's device, the stage's label in :func:`staircase`'s frame,
+    the stage's claimed tok/s range)."""
+    from v100lab.calibration import load_seed_claims
+    from v100lab.devices import get_device
+    from v100lab.skeleton import skeleton_spec
+
+    claims = load_seed_claims()
+    stage = claims["stages"][index]
+    spec = skeleton_spec(claims["model"]["arch"], stage["quant"])
+    return spec, get_device(claims["device"]), f"{stage['id']} {stage['name']}", tuple(stage["claimed_tps"])

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import arch_of, _ctx_for, _frame, HOST, _measured, predict_rows, study, _tests
+from v100lab.levers._study import arch_of, _ctx_for, _frame, HOST, _measured, predict_rows, study, _tests, parameters
 from v100lab.levers.triangle import quant_specs
+
+PARAMETERS = parameters("n_threads", "quants", "ladder_model", "n_prompt", "n_gen", "repetitions", "perplexity_ctx",
+                        "perplexity_chunks")
 
 
 def quant_ladder(sc: Scenario):
@@ -77,3 +80,26 @@ def quality_ladder(sc: Scenario):
                                         n_chunks=sc.perplexity_chunks, n_threads=sc.n_threads or None))
     rows = quality.ladder_observations(results, "SmolLM2-135M (default ladder)")
     return _frame(rows, corpus=quality.CORPUS_NAME, reference=ref, why_not_measured="")
+
+
+def rung_spec(sc: Scenario, quant: str):
+    """The header of one rung of the ladder this notebook shows: the file built here when measuring (the
+    ``ladder_model``'s), else the scenario's model described at ``quant``."""
+    from v100lab import zoo
+    from v100lab.header import read_spec
+    from v100lab.levers._study import spec_at_quant
+
+    q = quant.upper()
+    if study(sc).measuring:
+        return read_spec(zoo.ladder(sc.ladder_model, tuple(x.upper() for x in sc.quants))[q])
+    return spec_at_quant(sc.model, q)
+
+
+def file_size(ladder, quant: str) -> float | None:
+    """A rung's file size in the ladder frame: the file written by llama.cpp's quantizer when it was built
+    here (measured), else the predicted size."""
+    from v100lab.levers.by_hand import value_of
+
+    q = quant.upper()
+    measured = value_of(ladder, metric="file_bytes", value=q, source="measured")
+    return measured if measured is not None else value_of(ladder, metric="file_bytes", value=q, source="predicted")

@@ -357,40 +357,123 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
     return _markdown(lines)
 
 
+def _spread(note: str) -> tuple[float, int]:
+    """The standard deviation and repetitions a measured row's note carries ("±1.23 (r=3)"); (0, 1) without."""
+    import re
+
+    m = re.search(r"±([0-9.]+) \(r=(\d+)\)", str(note or ""))
+    return (float(m.group(1)), int(m.group(2))) if m else (0.0, 1)
+
+
 def _effect(df, metric: str, lever: str) -> str:
+    """The measured effect of a lever on one metric: the range over its values and the best one — "no
+    difference" when best and worst are within the noise (their standard deviations added), and said to be
+    unjudged when single runs give no spread. One value: the figure measured."""
     m = _pick(df, metric=metric, source="measured", lever=lever)
-    if len(m) < 2:
+    if not len(m):
         return ""
-    g = m.groupby("value")["result"].mean()
-    return (f"{METRIC_NAMES.get(metric, metric)} {g.min():.1f}–{g.max():.1f} tok/s "
-            f"(best {g.idxmax()}, {100 * (g.max() / g.min() - 1):.0f} % above the worst)")
+    name = METRIC_NAMES.get(metric, metric)
+    spread = m["note"].map(_spread)
+    g = m.assign(sd=spread.map(lambda x: x[0]), r=spread.map(lambda x: x[1])).groupby("value").agg(
+        result=("result", "mean"), sd=("sd", "max"), r=("r", "min"))
+    if len(g) < 2:
+        v = g.index[0]
+        return f"{name} {g.loc[v, 'result']:.1f} tok/s at {v} (one value measured: nothing to compare)"
+    best, worst = g["result"].idxmax(), g["result"].idxmin()
+    lo, hi = g.loc[worst, "result"], g.loc[best, "result"]
+    if g["r"].min() < 2:
+        return (f"{name} {lo:.1f}–{hi:.1f} tok/s ({best} highest; single runs, so no spread to tell a difference "
+                "from noise)")
+    noise = g.loc[best, "sd"] + g.loc[worst, "sd"]
+    if hi - lo <= noise:
+        return f"{name} {lo:.1f}–{hi:.1f} tok/s: no difference beyond the noise (± {noise:.1f} tok/s)"
+    return f"{name} {lo:.1f}–{hi:.1f} tok/s (best {best}, {100 * (hi / lo - 1):.0f} % above {worst})"
 
 
 METRIC_NAMES = {"tg_tps": "decode", "pp_tps": "prompt", "tg_tps_per_stream": "per-stream decode"}
 
 
-def summary_levers(sc: Scenario, batch, fa, par, load, threads):
-    """Batch, flash attention, parallel, loading and threads in sentences."""
+def _lever_lines(df, lever: str, name: str, metrics=("pp_tps", "tg_tps"), predicted: bool = True) -> list[str]:
+    parts = [e for e in (_effect(df, m, lever) for m in metrics) if e]
+    if parts:
+        pairs = [p for m in metrics for p in _pairs(df, m, lever)]
+        return [_md("{name}: {effects}; measured vs predicted: {agree}.", name=name, effects="; ".join(parts),
+                    agree=_agreement(pairs) if predicted else "one-stream prediction only")]
+    if df.attrs.get("why_not_measured"):
+        return [_md("{name}: not measured — {why}.", name=name, why=df.attrs["why_not_measured"])]
+    return []
+
+
+def _predicted_line(sc: Scenario, df, lever: str, metric: str, name: str) -> str:
+    """The prediction for the scenario's model on its device, over the lever's values."""
+    st = study(sc)
+    p = _pick(df, metric=metric, source="predicted", device=st.device.id, model=st.label, lever=lever)
+    if not len(p) or st.same_model_here:
+        return ""
+    return _md("{name} predicted for {model} on {dev}: {vals}.", name=name, model=st.label, dev=st.device.id,
+               vals=", ".join(f"{v} {r:,.1f}" for v, r in zip(p["value"], p["result"])))
+
+
+def summary_flash_attn(sc: Scenario, fa):
+    """Flash attention off vs on, in sentences."""
+    lines = [_md("Compared at depth {d} (tokens already in the context).", d=fa.attrs.get("depth", 0))]
+    lines += _lever_lines(fa, "flash_attn", "-fa")
+    lines += [_predicted_line(sc, fa, "flash_attn", "tg_tps", "Decode"), _above_line(fa), _failures_line(fa)]
+    return _markdown(lines)
+
+
+def summary_batch(sc: Scenario, batch):
+    """The micro-batch sweep, in sentences."""
+    lines = [_md("Prompt of {n} tokens, longer than the largest -ub, so each value splits it into a different "
+                 "number of steps.", n=batch.attrs.get("n_prompt", sc.n_prompt))]
+    lines += _lever_lines(batch, "n_ubatch", "-ub", metrics=("pp_tps",))
+    lines += [_predicted_line(sc, batch, "n_ubatch", "pp_tps", "Prompt processing"), _failures_line(batch)]
+    return _markdown(lines)
+
+
+def summary_threads(sc: Scenario, threads):
+    """The threads sweep, in sentences."""
+    import os
+
+    from v100lab.levers.threads import thread_values
+
+    lines = [_md("Swept -t over {vals} on a machine with {cores} logical cores; threads beyond the cores share them "
+                 "(and spin while they wait).", vals=", ".join(map(str, thread_values(sc))), cores=os.cpu_count())]
+    lines += _lever_lines(threads, "n_threads", "-t")
+    lines += [_above_line(threads), _failures_line(threads)]
+    return _markdown(lines)
+
+
+def summary_parallel(sc: Scenario, par):
+    """--parallel, in sentences."""
+    lines = _lever_lines(par, "n_parallel", "-np (total over slots)", metrics=("tg_tps", "tg_tps_per_stream"),
+                         predicted=False)
+    p = _pick(par, metric="tg_tps", source="predicted")
+    if len(p):
+        lines.append(_md("The speed model predicts one stream: {p} tok/s for {model} on {dev}; it does not predict "
+                         "how slots share a step.", p=_fmt(p["result"].iloc[0]), model=p["model"].iloc[0],
+                         dev=p["device"].iloc[0]))
+    lines += [_above_line(par), _failures_line(par)]
+    return _markdown(lines)
+
+
+def summary_loading(sc: Scenario, modes, load):
+    """The load modes and their measured times, in sentences."""
     lines = []
-    for df, lever, name in ((batch, "n_ubatch", "-ub"), (fa, "flash_attn", "-fa"), (threads, "n_threads", "-t"),
-                            (par, "n_parallel", "-np (total over slots)")):
-        parts = [e for e in (_effect(df, "pp_tps", lever), _effect(df, "tg_tps", lever)) if e]
-        if lever == "n_parallel":
-            parts.append(_effect(df, "tg_tps_per_stream", lever))
-        parts = [p for p in parts if p]
-        if parts:
-            pairs = _pairs(df, "tg_tps", lever) + _pairs(df, "pp_tps", lever)
-            lines.append(_md("{name}: {effects}; measured vs predicted: {agree}.", name=name, effects="; ".join(parts),
-                             agree=_agreement(pairs) if lever != "n_parallel" else "one-stream prediction only"))
-        elif df.attrs.get("why_not_measured"):
-            lines.append(_md("{name}: not measured — {why}.", name=name, why=df.attrs["why_not_measured"]))
+    if len(modes):
+        sel = modes[~modes["selected by"].str.startswith("no flag")]
+        lines.append(_md("This llama.cpp build has {n} load modes; the flags select {k} of them ({names}); "
+                         "mmap supported: {mm}, mlock supported: {ml}.", n=len(modes), k=len(sel),
+                         names=", ".join(sel["load mode"]), mm="yes" if modes.attrs.get("supports_mmap") else "no",
+                         ml="yes" if modes.attrs.get("supports_mlock") else "no"))
     ld = _pick(load, metric="load_s")
     if len(ld):
         g = ld.groupby("value")["result"].median()
         f = _pick(load, metric="first_token_s").groupby("value")["result"].median()
-        lines.append(_md("Loading (median): {modes}.", modes="; ".join(
-            f"{k} {g[k]:.2f} s to load, {f.get(k, float('nan')):.2f} s to the first token" for k in g.index)))
-    lines += [_above_line(batch, fa, par, threads), _failures_line(batch, fa, par, load, threads)]
+        lines.append(_md("Loading (median of {r} run(s)): {modes}.", r=int(ld.groupby("value").size().max()),
+                         modes="; ".join(f"{k} {g[k]:.2f} s to load, {f.get(k, float('nan')):.2f} s to the first "
+                                         "token" for k in g.index)))
+    lines += [_failures_line(load), _not_measured_line(load)]
     return _markdown(lines)
 
 

@@ -11,7 +11,10 @@ from v100lab.errors import ConfigError
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import capture_load, COMPONENTS, _devices_for, _frame, GIB, HOST, spec_at_quant, study
+from v100lab.levers._study import capture_load, COMPONENTS, _devices_for, _frame, GIB, HOST, spec_at_quant, study, parameters
+
+PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
+                        "n_parallel", "swa_full", "quants", "ctx_sizes", "cache_types")
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +138,10 @@ def largest_context(grid):
     wide = wide.astype(int).reset_index()
     wide.columns.name = None
     return wide
+
+
+def kv_cache_bytes(sc: Scenario) -> int:
+    """The KV cache the memory model predicts for the scenario's model and flags (all sequences, all layers)."""
+    from v100lab import memory
+
+    return memory.kv_cache_bytes(study(sc).spec, sc.run_config())

@@ -1,0 +1,95 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Baseline: llama.cpp's defaults, measured
+#
+# The seed's baseline was 4–5 tok/s with nvidia-smi showing a few hundred MB used: the weights were not on the
+# GPU (`--gpu-layers` defaulted to 0 in older llama.cpp). First admit a number is abnormal, then check it
+# against what it should be. Here: a real llama-bench-style run (prompt processing and decode, *pp* and *tg*,
+# repeated) with the scenario's flags, the load log's account of where each buffer went, and the prediction
+# for both.
+
+# %% tags=["parameters"]
+# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
+
+# -- the scenario: what is studied, for which device
+model: str = "default"                  # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
+stand_in_model: "Optional[str]" = None  # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
+device: str = "host"                    # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+measure: bool = True                    # run real llama.cpp measurements here (False: predictions only)
+
+# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+n_gpu_layers: int = 999                 # -ngl: layers offloaded to the GPU (999: all)
+n_ctx: int = 4096                       # -c: context size in tokens (0: the model's training context)
+n_batch: int = 2048                     # -b: logical batch size
+n_ubatch: int = 512                     # -ub: physical batch size, at most n_batch
+cache_type_k: str = "f16"               # -ctk: K cache type
+cache_type_v: str = "f16"               # -ctv: V cache type (quantized V needs flash attention)
+flash_attn: str = "auto"                # -fa: on, off or auto
+n_threads: int = 0                      # -t: CPU threads (0: llama.cpp's choice, all cores)
+
+# -- measurement budget
+n_prompt: int = 512                     # prompt tokens per pp test (llama-bench -p)
+n_gen: int = 128                        # generated tokens per tg test (llama-bench -n)
+repetitions: int = 5                    # repetitions per test (llama-bench -r); reports show the spread
+
+# %%
+# Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
+from v100lab import levers, plots, render
+from v100lab.scenario import from_notebook
+
+sc = from_notebook(globals())
+render.table(levers.scenario_facts(sc))
+
+# %% [markdown]
+# ## Measured vs predicted
+
+# %%
+base = levers.baseline(sc)
+plots.sweep(base, "Baseline: llama.cpp's defaults", lever="config")
+
+# %% [markdown]
+# ## How close to the ceiling, by hand
+#
+# The efficiency of a run is what it measured divided by what the bandwidth allows: the ceiling of the model
+# measured here at this machine's bandwidth. A GPU decodes at 60–90 % of its ceiling; a CPU that spends its
+# time de-quantizing stays further below.
+
+# %% tags=["by-hand"]
+spec, machine, label = levers.subject(sc)   # the model measured here and this machine (else: the scenario's)
+ceiling = machine.bandwidth_gbs * 1e9 / spec.weight_bytes
+measured = levers.value_of(base, metric="tg_tps", source="measured")
+levers.agree(f"the ceiling of {label} on {machine.id}", ceiling,
+             levers.value_of(base, metric="ceiling_tg_tps", model=label, device=machine.id), "tok/s")
+if measured:
+    print(f"efficiency: measured {measured:,.1f} tok/s ÷ ceiling {ceiling:,.1f} tok/s = {measured / ceiling:.0%}")
+
+# %% [markdown]
+# ## What the load log says
+
+# %%
+diag = levers.load_diagnosis(sc)
+render.table(diag)
+
+# %% [markdown]
+# ## What this run showed
+
+# %%
+levers.summary_baseline(sc, base, diag)
+
+# %%
+levers.headline(base, lever="config")

@@ -1,0 +1,89 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Batch size: prompt processing, one step at a time
+#
+# A prompt is processed in steps of `-ub` tokens (the physical batch, *ubatch*; `-b` is the logical batch the
+# server hands over, at least as large). Each step reads every weight once for all its tokens, so a larger
+# step reads the weights fewer times per prompt — until the step is compute-bound. Decoding produces one token
+# per step whatever the batch sizes, so this lever is about prompt processing only. The sweep uses a prompt
+# longer than the largest `-ub`, so every value splits it differently.
+
+# %% tags=["parameters"]
+# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
+
+# -- the scenario: what is studied, for which device
+model: str = "default"                    # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
+stand_in_model: "Optional[str]" = None    # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
+device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
+
+# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+n_ctx: int = 4096                         # -c: context size in tokens (0: the model's training context)
+n_batch: int = 2048                       # -b: logical batch size
+flash_attn: str = "auto"                  # -fa: on, off or auto
+n_threads: int = 0                        # -t: CPU threads (0: llama.cpp's choice, all cores)
+
+# -- levers swept by the notebooks
+batch_sizes: list[int] = [128, 512, 2048]  # n_ubatch values for the batch sweep, n_batch at least each (07)
+
+# -- measurement budget
+n_prompt: int = 512                       # prompt tokens per pp test (llama-bench -p)
+repetitions: int = 5                      # repetitions per test (llama-bench -r); reports show the spread
+
+# %%
+# Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
+from v100lab import levers, plots, render
+from v100lab.scenario import from_notebook
+
+sc = from_notebook(globals())
+render.table(levers.scenario_facts(sc))
+
+# %% [markdown]
+# ## Prompt processing against -ub
+
+# %%
+batch = levers.batch_sweep(sc)
+plots.sweep(batch, "-ub: prompt processing of a prompt longer than the largest -ub", lever="n_ubatch",
+            metrics=("pp_tps",), ceiling=False)
+
+# %% [markdown]
+# ## Weights read per prompt, by hand
+#
+# Steps = prompt tokens ÷ `-ub`, rounded up; each step reads every layer's weights once.
+
+# %% tags=["by-hand"]
+spec = levers.study(sc).spec
+prompt = levers.batch_prompt(sc)
+per_step = sum(spec.layer_bytes)                          # every repeating layer's weights (header)
+small, large = min(sc.batch_sizes), max(sc.batch_sizes)
+steps_small, steps_large = -(-prompt // small), -(-prompt // large)
+print(f"{prompt} tokens: {steps_small} steps with -ub {small}, {steps_large} with -ub {large}; "
+      f"{steps_small * per_step / 1e9:.3f} vs {steps_large * per_step / 1e9:.3f} GB of weights read")
+levers.agree(f"weights read per prompt with -ub {small}", steps_small * per_step,
+             levers.prompt_weight_bytes(sc, small), "bytes")
+levers.agree(f"weights read per prompt with -ub {large}", steps_large * per_step,
+             levers.prompt_weight_bytes(sc, large), "bytes")
+
+# %% [markdown]
+# ## What this run showed
+
+# %%
+levers.summary_batch(sc, batch)
+
+# %%
+levers.headline(batch, metric="pp_tps", lever="n_ubatch")

@@ -1,0 +1,96 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · --parallel: slots that share one pass over the weights
+#
+# `-np N` gives llama-server N slots: N conversations decoded together, one token each per step. A step reads
+# the weights once for all of them, and each slot's own KV cache — so the total tok/s rises with the slots
+# while each stream gets slower, and the context `-c` is split between the slots. The speed model predicts
+# one stream; llama-server measures the rest when its binary is installed.
+
+# %% tags=["parameters"]
+# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
+
+# -- the scenario: what is studied, for which device
+model: str = "default"                  # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
+stand_in_model: "Optional[str]" = None  # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
+device: str = "host"                    # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+measure: bool = True                    # run real llama.cpp measurements here (False: predictions only)
+
+# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+n_ctx: int = 4096                       # -c: context size in tokens (0: the model's training context)
+n_threads: int = 0                      # -t: CPU threads (0: llama.cpp's choice, all cores)
+
+# -- levers swept by the notebooks
+parallel_slots: list[int] = [1, 2, 4]   # -np values through llama-server (07)
+
+# -- measurement budget
+n_gen: int = 128                        # generated tokens per tg test (llama-bench -n)
+repetitions: int = 5                    # repetitions per test (llama-bench -r); reports show the spread
+
+# %%
+# Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
+from v100lab import levers, plots, render
+from v100lab.scenario import from_notebook
+
+sc = from_notebook(globals())
+render.table(levers.scenario_facts(sc))
+
+# %% [markdown]
+# ## Total and per-stream decode against -np
+
+# %%
+par = levers.parallel_sweep(sc)
+plots.sweep(par, "--parallel: decode of all slots together and per stream", lever="n_parallel",
+            metrics=("tg_tps", "tg_tps_per_stream"), ceiling=False)
+
+# %% [markdown]
+# ## The ceiling of N streams, by hand
+#
+# One step reads the weights a token multiplies once, and each slot's KV cache (and, in recurrent layers, its
+# state) once per slot: N tokens for weights + N × (KV + state) bytes. At depth 1024 (a few turns into a chat):
+
+# %% tags=["by-hand"]
+st = levers.study(sc)
+spec, dev = st.spec, st.device
+read = spec.weight_bytes - sum(t.n_bytes for t in levers.not_multiplied(spec))   # weights one step reads
+layers = levers.kv_layers(spec)
+heads = spec.n_head_kv(layers[0])
+cell = heads * (spec.head_dim_k * levers.bytes_per_element(sc.cache_type_k)
+                + spec.head_dim_v * levers.bytes_per_element(sc.cache_type_v))
+d = 1024
+used = d + 1 if sc.flash_attn != "off" else max(256, -(-(d + 1) // 256) * 256)
+n_swa = len(spec.swa_layers)
+kv_slot = ((len(layers) - n_swa) * used + n_swa * min(used, spec.sliding_window or used)) * cell
+conv = max((spec.ssm_conv_kernel or 1) - 1, 0) * ((spec.ssm_inner_size or 0)
+                                                  + 2 * (spec.ssm_group_count or 0) * (spec.ssm_state_size or 0))
+state_slot = len(spec.recurrent_layers) * 2 * 4 * (conv + (spec.ssm_state_size or 0) * (spec.ssm_inner_size or 0))
+slots = max(sc.parallel_slots)
+one = dev.bandwidth_gbs * 1e9 / (read + kv_slot + state_slot)
+many = slots * dev.bandwidth_gbs * 1e9 / (read + slots * (kv_slot + state_slot))
+print(f"{dev.name}: one stream ≤ {one:,.1f} tok/s; {slots} streams ≤ {many:,.1f} tok/s together, "
+      f"{many / slots:,.1f} each")
+levers.agree(f"ceiling of {slots} streams at depth {d}", many, levers.aggregate_ceiling(sc, slots, d), "tok/s")
+
+# %% [markdown]
+# ## What this run showed
+
+# %%
+levers.summary_parallel(sc, par)
+
+# %%
+levers.headline(par, lever="n_parallel")

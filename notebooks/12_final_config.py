@@ -1,0 +1,115 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · The final configuration
+#
+# Everything before, put together by `v100lab tune`: every combination of quant (4 bits and more), KV cache
+# type, flash attention and micro-batch is predicted for the scenario's device at the context the scenario
+# needs; those that fit with a margin are ranked by predicted decode speed (measured and chosen by measurement
+# when the device is this machine). The result is a llama-server command with a reason for every flag.
+
+# %% tags=["parameters"]
+# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
+
+# -- the scenario: what is studied, for which device
+model: str = "default"                    # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
+stand_in_model: "Optional[str]" = None    # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
+device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
+claims: str = "seed"                      # reference rows to plot: seed (the blog post's claimed figures) or none
+
+# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+n_parallel: int = 1                       # -np: parallel sequences (server slots)
+n_threads: int = 0                        # -t: CPU threads (0: llama.cpp's choice, all cores)
+
+# -- levers swept by the notebooks
+quants: list[str] = ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"]  # quant ladder: predicted for `model`, measured on `ladder_model` (04)
+target_ctx: int = 2048                    # context the tuned configuration must hold (08)
+
+# -- measurement budget
+n_gen: int = 128                          # generated tokens per tg test (llama-bench -n)
+repetitions: int = 5                      # repetitions per test (llama-bench -r); reports show the spread
+
+# %%
+# Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
+from v100lab import levers, plots, render
+from v100lab.scenario import from_notebook
+
+sc = from_notebook(globals())
+render.table(levers.scenario_facts(sc))
+
+# %% [markdown]
+# ## The tuned command
+
+# %%
+render.code(levers.tuned_command(sc))
+
+# %% [markdown]
+# ## Why each flag is there, and what it buys
+
+# %%
+render.table(levers.command_reasons(sc))
+
+# %% [markdown]
+# ## The tuned configuration's KV cache, by hand
+#
+# The same arithmetic as in 01, for the tuned quant, cache types and context.
+
+# %% tags=["by-hand"]
+best = levers.final_config(sc).best
+tuned = levers.spec_at_quant(sc.model, best.quant)     # the scenario's model at the tuned quant
+cfg = best.config
+layers = levers.kv_layers(tuned)
+heads = tuned.n_head_kv(layers[0])
+cells = -(-(cfg.n_ctx or tuned.n_ctx_train) // 256) * 256
+window = tuned.sliding_window or cells
+swa_cells = min(cells, -(-(window + min(cfg.n_ubatch, cfg.n_batch, cells)) // 256) * 256)
+n_swa = len(tuned.swa_layers)
+per_cell = heads * (tuned.head_dim_k * levers.bytes_per_element(cfg.cache_type_k)
+                    + tuned.head_dim_v * levers.bytes_per_element(cfg.cache_type_v))
+kv_total = ((len(layers) - n_swa) * cells + n_swa * swa_cells) * per_cell
+print(f"{best.quant}, -c {cfg.n_ctx}, K {cfg.cache_type_k} / V {cfg.cache_type_v}: {kv_total / 2**20:,.1f} MiB of "
+      f"KV cache beside {tuned.weight_bytes / 2**30:,.2f} GiB of weights")
+levers.agree("KV cache of the tuned configuration", kv_total, best.kv_bytes, "bytes")
+
+# %% [markdown]
+# ## This scenario's own staircase
+#
+# From llama.cpp's defaults to the tuned configuration, one change per stage: predicted on the scenario's
+# device, and each stage's flags measured here with the measured model.
+
+# %%
+stairs = levers.own_staircase(sc)
+plots.sweep(stairs, "From llama.cpp's defaults to the tuned command", lever="stage", metrics=("tg_tps",))
+
+# %% [markdown]
+# ## The seed's final command, flag by flag
+#
+# The seed's own command for its V100, against the tuned one for the same device and assumed model.
+
+# %%
+verdict = levers.seed_verdict_table(sc)
+render.table(verdict)
+
+# %% [markdown]
+# ## What this run showed
+
+# %%
+levers.summary_final(sc, stairs, verdict)
+
+# %%
+levers.headline(stairs, lever="stage")

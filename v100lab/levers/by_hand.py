@@ -1,0 +1,88 @@
+"""What the by-hand cells use: the check that compares a value worked out by hand with the package's, and
+the few header facts the arithmetic needs that are lists rather than single fields.
+
+Each notebook has one or more cells tagged ``by-hand`` that compute the lesson's key quantity with plain
+arithmetic from the model's header fields (:class:`v100lab.spec.ModelSpec`) and the device's figures
+(:class:`v100lab.devices.Device`), then call :func:`agree` with the value the package computes for the
+same thing — the value behind the notebook's plots. A by-hand value more than 1 % away from the package's
+stops the notebook: either the lesson's formula or the package is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+from v100lab.spec import ModelSpec, TensorInfo
+
+TOLERANCE = 0.01
+
+
+def agree(what: str, by_hand: float, package: float | None, unit: str = "", tolerance: float = TOLERANCE) -> None:
+    """Print ``what`` by hand, the package's value and their ratio; raise AssertionError when they differ by
+    more than ``tolerance`` (1 %). A package value of None (nothing to compare with in this run, e.g. nothing
+    was measured) is printed as such and not checked."""
+    u = f" {unit}" if unit else ""
+    if package is None:
+        print(f"{what}: by hand {_num(by_hand)}{u}; no package value to compare with in this run")
+        return
+    ratio = by_hand / package if package else (1.0 if by_hand == package else math.inf)
+    print(f"{what}: by hand {_num(by_hand)}{u} · v100lab {_num(package)}{u} · ratio {ratio:.4f}")
+    if not abs(ratio - 1.0) <= tolerance:
+        raise AssertionError(f"{what}: by hand {_num(by_hand)}{u} differs from v100lab's {_num(package)}{u} by "
+                             f"{100 * (ratio - 1):+.2f} % (more than {100 * tolerance:g} %)")
+
+
+def _num(x: float) -> str:
+    x = float(x)
+    if x == 0 or 1e-3 <= abs(x) < 1e15:
+        return f"{x:,.6g}" if abs(x) < 1e6 else f"{x:,.0f}"
+    return f"{x:.4g}"
+
+
+def value_of(df, **eq) -> float | None:
+    """The value of the rows of a tidy frame matching ``eq`` (column = value; the mean when several rows
+    match, e.g. repetitions), None when none matches."""
+    m = df
+    for k, v in eq.items():
+        m = m[m[k] == (str(v) if k == "value" else v)]
+    return float(m["result"].mean()) if len(m) else None
+
+
+def kv_layers(spec: ModelSpec) -> list[int]:
+    """The layers that keep a KV cache: not recurrent (those keep a fixed-size state) and with KV heads."""
+    return [il for il in range(spec.n_layer) if spec.has_kv(il)]
+
+
+def bytes_per_element(type_name: str) -> float:
+    """Bytes per stored value of a ggml type: a block's bytes over its values (gguf.GGML_QUANT_SIZES) —
+    f16 2, q8_0 34/32 (32 int8 values and one f16 scale), q4_0 18/32."""
+    from v100lab.memory import type_size
+
+    block, size = type_size(type_name)
+    return size / block
+
+
+def not_multiplied(spec: ModelSpec) -> list[TensorInfo]:
+    """The tensors a decoded token does not multiply: the input embedding table when the model has its own
+    output matrix (only the token's row is looked up), and the MTP/nextn layers plain decoding skips."""
+    tied = spec.tensor("output.weight") is None
+    first_mtp = spec.n_layer - (spec.nextn_layers or 0)
+    return [t for t in spec.tensors
+            if (t.name == "token_embd.weight" and not tied) or (t.layer is not None and t.layer >= first_mtp)]
+
+
+def output_bytes(spec: ModelSpec) -> int:
+    """Bytes of the output matrix (the embedding table when the model ties them)."""
+    t = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
+    return t.n_bytes if t is not None else 0
+
+
+def subject(sc):
+    """What a by-hand cell about this machine works on: (model header, device, label) — the model measured
+    here on this machine, or, when nothing is measured, the scenario's model on its device."""
+    from v100lab.levers._study import study
+
+    st = study(sc)
+    if st.measuring:
+        return st.measured_spec, st.host, st.measured_label
+    return st.spec, st.device, st.label

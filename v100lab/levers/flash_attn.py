@@ -1,0 +1,31 @@
+"""Notebook 07, flash attention: decode and prompt speed with ``-fa off`` and ``-fa on`` at a depth where
+attention has cells to read, measured vs predicted.
+"""
+
+from __future__ import annotations
+
+from v100lab.scenario import Scenario
+from v100lab.levers._study import _ctx_for, _frame, lever_rows, parameters, study, _tests
+
+PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "n_threads", "depths", "n_prompt", "n_gen",
+                        "repetitions")
+
+
+def flash_attn_depth(sc: Scenario) -> int:
+    """The depth flash attention is compared at: the deepest of ``depths`` (at depth 0 attention reads
+    almost nothing, so on and off cannot differ)."""
+    return max(sc.depths) if sc.depths else 0
+
+
+def flash_attn_sweep(sc: Scenario):
+    """Flash attention off vs on at :func:`flash_attn_depth` tokens of context: measured vs predicted (lever
+    "flash_attn"; the frame's ``depth`` attribute says where)."""
+    st = study(sc)
+    depth = flash_attn_depth(sc)
+    base = _ctx_for(sc.run_config(), depth + sc.n_prompt + sc.n_gen + 1)
+
+    def cfg_of(v):
+        return base.with_(flash_attn=v)
+
+    rows, failures = lever_rows(sc, "flash_attn", ["off", "on"], cfg_of, _tests(sc), depth=depth)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=depth)

@@ -1,0 +1,73 @@
+"""Notebook 10, ``--parallel``: llama-server's slots — decode of all slots together and per stream,
+measured through llama-server when its binary is here, beside the single-stream prediction.
+"""
+
+from __future__ import annotations
+
+from v100lab.results import TPS, Observation
+from v100lab.scenario import Scenario
+from v100lab.levers._study import _ctx_for, _frame, HOST, _measured, parameters, predict_rows, study
+
+PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repetitions")
+
+
+def _slot_config(sc: Scenario, slots: int):
+    base = _ctx_for(sc.run_config(), sc.n_gen + 1)
+    return base.with_(n_parallel=slots, n_ctx=max(base.n_ctx, (sc.n_gen + 64) * slots))
+
+
+def parallel_sweep(sc: Scenario):
+    """--parallel through llama-server (the seed's server): total decode tok/s of all slots together and
+    per stream, measured; the single-stream prediction beside them (the speed model predicts one stream;
+    lever "n_parallel", metrics "tg_tps" total and "tg_tps_per_stream")."""
+    from v100lab import bench
+    from v100lab.backends.server import find_llama_server
+
+    st = study(sc)
+    vals = list(sc.parallel_slots)
+    rows: list[Observation] = []
+    for v in vals:
+        cfg = _slot_config(sc, v)
+        if st.measuring:
+            rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="n_parallel", value=v,
+                                 n_gen=sc.n_gen, metrics=("tg_tps",), note="one stream (the model predicts one)")
+        else:
+            rows += predict_rows(st.spec, st.label, st.device, cfg, lever="n_parallel", value=v, n_gen=sc.n_gen,
+                                 metrics=("tg_tps",), note="one stream (the model predicts one)")
+    failures: list[dict[str, str]] = []
+    why = st.why_not_measured
+    server = find_llama_server() if st.measuring and sc.n_gen else None
+    if st.measuring and sc.n_gen and server is None:
+        why = "no llama-server binary here (install the extra [server-bin]): --parallel not measured"
+    if server is not None:
+        got = []
+        for v in vals:
+            got += bench.run_tests(str(st.measured_path), _slot_config(sc, v), [f"tg{sc.n_gen}"], [0],
+                                   sc.repetitions, backend=f"server-bin:{server}", monitor=False,
+                                   lever="n_parallel", value=v)
+        obs, failures = _measured(got, st.measured_label)
+        rows += obs
+        for r in got:
+            if r.get("status") != "ok":
+                continue
+            slot_ts = (r.get("extra") or {}).get("slot_ts") or []   # per repetition: each slot's tok/s
+            flat = [x for rep in slot_ts for x in (rep if isinstance(rep, list) else [rep])]
+            per = [float(x) for x in flat if x] or [float(r["avg_ts"]) / max(1, int(r.get("value") or 1))]
+            rows.append(Observation(st.measured_label, r.get("model_file_type") or "", HOST, "n_parallel",
+                                    str(r.get("value")), "tg_tps_per_stream", sum(per) / len(per), TPS, "measured",
+                                    note=f"mean of {len(per)} slot(s); llama-server"))
+    return _frame(rows, failures, why_not_measured=why)
+
+
+def aggregate_ceiling(sc: Scenario, slots: int, depth: int) -> float:
+    """The bandwidth ceiling of ``slots`` sequences decoding together at ``depth`` tokens each, every layer on
+    the scenario's device: one step reads the weights once for all of them and each sequence's own KV cache
+    and state (the speed model's per-token bytes), so tok/s of all slots ≤ slots × bandwidth / bytes."""
+    from v100lab import speed
+
+    st = study(sc)
+    cfg = _ctx_for(sc.run_config(), depth + 1)
+    placed = {st.device.id: speed.Placed(st.device, tuple(range(st.spec.n_layer)), True)}
+    w = speed.decode_work(st.spec, placed, cfg, depth)[st.device.id]
+    step_bytes = w.weight_bytes_read + slots * (w.kv_bytes + w.state_bytes)
+    return slots * st.device.bandwidth_gbs * 1e9 / step_bytes
