@@ -9,8 +9,7 @@
 #                    explicitly, AMX off: llama.cpp issue #20824)
 #   CMAKE_ARGS=...   yours, as given (e.g. the CUDA build); kept on later runs until you give others
 #   V100LAB_NATIVE=1 llama.cpp's own default, -DGGML_NATIVE=ON (-march=native, AMX included)
-# Built wheels are cached per flag set in ${V100LAB_CACHE:-~/.cache/v100lab}/wheels (pip's own cache does
-# not know CMAKE_ARGS). Idempotent: a second run only checks a stamp. Usage: scripts/setup.sh [EXTRAS].
+# Built wheels are cached per flag set by scripts/build-wheel.sh (pip's own cache does not know CMAKE_ARGS). Idempotent: a second run only checks a stamp. Usage: scripts/setup.sh [EXTRAS].
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extras="${1:-}"
@@ -48,25 +47,15 @@ fi
 stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
 [ -f "$stamp" ] && exit 0
 
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
-wheels="${V100LAB_CACHE:-$HOME/.cache/v100lab}/wheels"
-
-# install_llama ARGS SOURCE: llama-cpp-python built with ARGS (from the per-flags wheel cache when there)
+# install_llama ARGS SOURCE: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per flag set)
 install_llama() {
-  local a="$1" s="$2" key dir
+  local a="$1" s="$2" whl
   if [ "$(recorded_args)" = "$a" ] && "$vpy" -c 'import llama_cpp' >/dev/null 2>&1; then
     return 0
   fi
-  key="$(printf '%s' "$a" | sha256sum | cut -c1-16)"
-  dir="$wheels/llama-cpp-python-$LCP_VERSION-$key"
-  if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    echo "setup: compiling llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-llama.cpp's defaults} [$s] (~4-8 min on 2 cores)" >&2
-    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
-    CMAKE_ARGS="$a" "$vpy" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
-      -w "$dir.tmp" "llama-cpp-python==$LCP_VERSION"
-    rm -rf "$dir" && mv "$dir.tmp" "$dir"
-  fi
-  "$vpy" -m pip install -q --no-deps --force-reinstall "$dir"/llama_cpp_python-*.whl
+  echo "setup: llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-llama.cpp's defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time" >&2
+  whl="$(PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")"
+  "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
   "$vpy" -m v100lab.buildflags --record "$a" --source "$s" >/dev/null
 }
 
@@ -84,8 +73,8 @@ if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
     echo "setup: llama.cpp fails its self-test even with the safe build flags; see above" >&2
     exit 1
   fi
-  # keep the user's other flags (e.g. -DGGML_CUDA=on); the safe CPU flags come last, so they win
-  fallback="$args $safe_args"
+  # keep a user's other flags (e.g. -DGGML_CUDA=on); the safe CPU flags come last, so they win
+  if [ "$source" = user ]; then fallback="$args $safe_args"; else fallback="$safe_args"; fi
   echo "setup: llama.cpp built with '$args' fails its self-test on this CPU; rebuilding once with the safe flags" >&2
   install_llama "$fallback" safe
   if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then

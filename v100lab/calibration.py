@@ -97,7 +97,6 @@ def pure_quantized_path(src, type_name: str):
     """``src`` (an F16 synthetic model) with every matrix — output and embeddings included — in
     ``type_name``: llama.cpp's quantizer with ``pure`` and explicit output/embedding types. Cached."""
     import gguf
-    import llama_cpp
 
     if type_name == "F16":
         return src
@@ -107,7 +106,7 @@ def pure_quantized_path(src, type_name: str):
     stem = src.name.removesuffix(".gguf").removesuffix("-F16")
     path = zoo.cache_dir() / f"{stem}-pure-{type_name}.gguf"
     tid = int(gguf.GGMLQuantizationType[type_name])
-    recipe = {"kind": "pure-quantized", "type": type_name, "ftype": ftype, "llama_cpp_python": llama_cpp.__version__,
+    recipe = {"kind": "pure-quantized", "type": type_name, "ftype": ftype, "llama_cpp_python": zoo.llama_cpp_python_version(),
               "source": src.name, "source_size": src.stat().st_size}
 
     def write(tmp):

@@ -376,18 +376,27 @@ def _quantize_here(src: str, dst: str, ftype: int, n_threads: int, allow_requant
     return int(rc), captured.text
 
 
+def llama_cpp_python_version() -> str:
+    """The installed llama-cpp-python's version, read from its metadata (the library itself is not loaded:
+    llama.cpp runs only in worker processes)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def quantized_path(src: Path, quant: str, base_recipe: dict | None = None,
                    allow_requantize: bool = False) -> Path:
     """The cached ``quant`` rung made from ``src`` (an F16/F32 GGUF), built when absent or stale."""
-    import llama_cpp
-
     ftype_of(quant)  # validate early
     stem = src.name.removesuffix(".gguf")
     for suffix in ("-F16", "-F32"):
         stem = stem.removesuffix(suffix)
     path = cache_dir() / f"{stem}-{quant.upper()}.gguf"
     src_meta = _recipe_path(src)
-    recipe = {"kind": "quantized", "quant": quant.upper(), "llama_cpp_python": llama_cpp.__version__,
+    recipe = {"kind": "quantized", "quant": quant.upper(), "llama_cpp_python": llama_cpp_python_version(),
               "source": base_recipe or (json.loads(src_meta.read_text())["recipe_hash"] if src_meta.exists()
                                         else {"path": str(src), "size": src.stat().st_size})}
     return build_atomically(path, recipe, lambda tmp: quantize(src, tmp, quant, allow_requantize=allow_requantize))

@@ -390,10 +390,12 @@ def _renote(o: Observation, note: str) -> Observation:
 
 
 def capture_load(st: Study, cfg: RunConfig):
-    """Load the measured model with ``cfg`` and return llama.cpp's load facts (None when not measuring)."""
+    """Load the measured model with ``cfg`` and return llama.cpp's load facts (None when not measuring).
+    The load runs in a worker process (a crash raises WorkerCrashed, a RunFailed)."""
     from v100lab.loadlog import load_and_capture
+    from v100lab.worker import call_isolated
 
     if not st.measuring:
         return None
-    facts, _ = load_and_capture(st.measured_path, cfg)
+    facts, _ = call_isolated(load_and_capture, st.measured_path, cfg, what=f"loading {st.measured_path.name}")
     return facts
