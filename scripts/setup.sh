@@ -53,7 +53,7 @@ install_llama() {
   if [ "$(recorded_args)" = "$a" ] && "$vpy" -c 'import llama_cpp' >/dev/null 2>&1; then
     return 0
   fi
-  echo "setup: llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-llama.cpp's defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time" >&2
+  echo "setup: llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time" >&2
   whl="$(PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")"
   "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
   "$vpy" -m v100lab.buildflags --record "$a" --source "$s" >/dev/null
