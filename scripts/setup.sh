@@ -56,7 +56,7 @@ install_llama() {
   echo "setup: llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time" >&2
   whl="$(PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")"
   "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
-  "$vpy" -m v100lab.buildflags --record "$a" --source "$s" >/dev/null
+  "$vpy" -m v100lab.buildflags --record="$a" --source="$s" >/dev/null
 }
 
 echo "setup: installing v100lab${extras:+[$extras]}" >&2
