@@ -38,8 +38,26 @@ from v100lab.errors import RunFailed
 
 log = logging.getLogger(__name__)
 
+TIMEOUT_ENV = "V100LAB_WORKER_TIMEOUT"
+
+
+def _timeout_from_env(default: float = 900.0) -> float:
+    """``$V100LAB_WORKER_TIMEOUT`` (seconds, finite and > 0), else ``default``; a bad value is logged, not fatal."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        log.warning("$%s=%r is not a positive number of seconds; using %g", TIMEOUT_ENV, text, default)
+        return default
+    return value
+
+
 #: seconds one call may take before the worker is killed and the call reported as ``timeout``
-DEFAULT_TIMEOUT_S = float(os.environ.get("V100LAB_WORKER_TIMEOUT", "900"))
+DEFAULT_TIMEOUT_S = _timeout_from_env()
 #: seconds the child may take to import and say it is ready
 START_TIMEOUT_S = 60.0
 #: lines of the worker's log kept in a crash report
