@@ -121,3 +121,13 @@ render.table(levers.largest_context(grid))
 
 # %%
 levers.summary_triangle(sc, mem, grid)
+
+# %% [markdown]
+# ## Try it
+#
+# Halve `n_ctx`. How much memory comes back? What happens to decode at depth 0 — and halfway through the
+# (shorter) context? Write your guess down, then open the answer below (the package's prediction for the
+# scenario's model on its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, scale={"n_ctx": 0.5}))

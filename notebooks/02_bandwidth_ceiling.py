@@ -120,3 +120,13 @@ levers.summary_ceiling(sc, ceil, cat, roof, apple)
 
 # %%
 levers.headline(roof, lever="quant")
+
+# %% [markdown]
+# ## Try it
+#
+# Set `device: a100-80gb`. What will the ceiling be? Predict it from the two devices' bandwidths before you
+# look. Write your guess down, then open the answer below (the package's prediction for the scenario's model on
+# its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, device="a100-80gb"))

@@ -93,3 +93,13 @@ levers.summary_baseline(sc, base, diag)
 
 # %%
 levers.headline(base, lever="config")
+
+# %% [markdown]
+# ## Try it
+#
+# Set `n_ctx: 0` — the model's training context, what llama.cpp takes when `-c` is not given. How much memory
+# does the baseline need then, and does it still fit? Write your guess down, then open the answer below (the
+# package's prediction for the scenario's model on its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, n_ctx=0))

@@ -109,3 +109,13 @@ levers.summary_quantization(sc, ladder, qual)
 
 # %%
 levers.headline(ladder, lever="quant")
+
+# %% [markdown]
+# ## Try it
+#
+# Take the model to Q8_0. How much more memory does it need, and how much slower should decode be — what does
+# the ratio of the file sizes say? Write your guess down, then open the answer below (the package's prediction
+# for the scenario's model on its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, quant="Q8_0"))

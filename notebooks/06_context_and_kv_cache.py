@@ -107,3 +107,13 @@ levers.summary_context(sc, kv, depth, qv)
 
 # %%
 levers.headline(depth, lever="n_depth")
+
+# %% [markdown]
+# ## Try it
+#
+# Switch both cache types to q8_0 (`cache_type_k`, `cache_type_v`). How much KV memory comes back, and does
+# decode halfway through the context change? Write your guess down, then open the answer below (the package's
+# prediction for the scenario's model on its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, cache_type_k="q8_0", cache_type_v="q8_0"))

@@ -95,3 +95,13 @@ levers.summary_flash_attn(sc, fa)
 
 # %%
 levers.headline(fa, lever="flash_attn")
+
+# %% [markdown]
+# ## Try it
+#
+# Turn flash attention off (`flash_attn: "off"`). Which rows of the table should change, and which should not?
+# Write your guess down, then open the answer below (the package's prediction for the scenario's model on its
+# device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, flash_attn="off"))

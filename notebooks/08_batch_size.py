@@ -87,3 +87,13 @@ levers.summary_batch(sc, batch)
 
 # %%
 levers.headline(batch, metric="pp_tps", lever="n_ubatch")
+
+# %% [markdown]
+# ## Try it
+#
+# Set `n_ubatch: 64`. How many more steps does the prompt take, and what should that do to prompt processing —
+# and to decode? Write your guess down, then open the answer below (the package's prediction for the scenario's
+# model on its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, n_ubatch=64))

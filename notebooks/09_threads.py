@@ -81,3 +81,12 @@ levers.summary_threads(sc, threads)
 
 # %%
 levers.headline(threads, lever="n_threads")
+
+# %% [markdown]
+# ## Try it
+#
+# Set `n_threads: 1`. Which falls more, prompt processing or decode — and why? Write your guess down, then open
+# the answer below (the package's prediction for the scenario's model on its device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, n_threads=1))

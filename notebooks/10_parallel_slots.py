@@ -94,3 +94,13 @@ levers.summary_parallel(sc, par)
 
 # %%
 levers.headline(par, lever="n_parallel")
+
+# %% [markdown]
+# ## Try it
+#
+# Set `n_parallel: 4`. How much context does each slot get, and does the KV cache grow? Write your guess down,
+# then open the answer below (the package's prediction for the scenario's model on its device, now and with the
+# change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, n_parallel=4))

@@ -82,3 +82,13 @@ levers.agree(f"{label}: the file's size", size, spec.file_bytes, "bytes")
 
 # %%
 levers.summary_loading(sc, modes, load)
+
+# %% [markdown]
+# ## Try it
+#
+# Set `use_mmap: false` (`--no-mmap`). Do the bytes the model needs change, or only how they get into memory?
+# Write your guess down, then open the answer below (the package's prediction for the scenario's model on its
+# device, now and with the change).
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+render.table(levers.what_if(sc, use_mmap=False))

@@ -252,6 +252,28 @@ def test_agree_fails_loudly_beyond_one_percent(capsys):
     assert "no package value" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_closes_with_an_exercise_and_its_collapsed_answer(path):
+    """Each notebook ends with "Try it": a change to make and a question to predict before re-running, then the
+    package's answer in a cell collapsed in JupyterLab (source and output hidden until the reader opens it)."""
+    nb = _read(path)
+    question, answer = nb.cells[-2], nb.cells[-1]
+    assert question.cell_type == "markdown" and question.source.startswith("## Try it"), path.name
+    assert "?" in question.source, f"{path.name}: an exercise asks a question"
+    assert answer.cell_type == "code" and "answer" in _tags(answer), path.name
+    hidden = answer.metadata.get("jupyter", {})
+    assert hidden.get("source_hidden") and hidden.get("outputs_hidden"), f"{path.name}: the answer is collapsed"
+    assert re.fullmatch(r"render\.table\(levers\.what_if\(sc, .+\)\)", answer.source.strip()), answer.source
+
+
+def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
+    glossary = (NB_DIR / "GLOSSARY.md").read_text(encoding="utf-8")
+    for word in ("tok/s", "pp / tg", "depth", "ubatch", "-ngl", "SWA", "GQA", "KV cache", "roofline", "strict ceiling",
+                 "calibrated", "memory-bound", "margin", "nats", "recurrent state"):
+        assert word in glossary, f"GLOSSARY.md does not define {word!r}"
+    assert "(GLOSSARY.md)" in _read(NB_DIR / "00_overview.ipynb").cells[0].source
+
+
 def test_last_cells_summarise_from_the_numbers():
     for path in NOTEBOOKS:
         code = [c.source for c in _read(path).cells if c.cell_type == "code"]

@@ -26,7 +26,8 @@ one module per notebook holds that notebook's steps and its ``PARAMETERS`` (the 
 parameters cell holds): ``overview`` 00, ``triangle`` 01, ``ceiling`` 02, ``baseline`` 03, ``quantization``
 04, ``gpu_layers`` 05, ``context`` 06, ``flash_attn`` 07, ``batch`` 08, ``threads`` 09, ``parallel`` 10,
 ``loading`` 11, ``final`` 12; :mod:`~v100lab.levers.course` lists them in reading order;
-:mod:`~v100lab.levers.by_hand` holds what the by-hand cells use (:func:`agree`); ``summaries`` holds the
+:mod:`~v100lab.levers.by_hand` holds what the by-hand cells use (:func:`agree`), :mod:`~v100lab.levers.exercises`
+the "try it" answers (:func:`what_if`); ``summaries`` holds the
 ``summary_*`` paragraphs. The notebooks call everything through this package (``levers.baseline(sc)``), so
 the names below are the workbook's API.
 """
@@ -61,6 +62,7 @@ from v100lab.levers.summaries import (
     summary_loading, METRIC_NAMES, summary_final,
 )
 from v100lab.levers.course import LESSONS, Lesson, keys_of, lesson
+from v100lab.levers.exercises import what_if
 
 __all__ = [
     'SKELETON_PREFIX', 'load_spec', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS', 'arch_of',
@@ -76,5 +78,5 @@ __all__ = [
     'command_reasons', 'tuned_command', 'own_staircase', 'seed_verdict_table', 'summary_overview',
     'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
     'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
-    'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson',
+    'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson', 'what_if',
 ]
