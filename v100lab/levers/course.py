@@ -37,7 +37,8 @@ LESSONS = (
            "overview"),
     Lesson("01_vram_triangle", "Model size × context × card memory: what fits, and the largest context.", "triangle"),
     Lesson("02_bandwidth_ceiling", "tok/s ≤ bandwidth / bytes per token: the ceiling per quant and device, the "
-                                   "roofline with this machine's calibration, published Apple Silicon rows.", "ceiling"),
+                                   "roofline with this machine's calibration, published Apple Silicon rows.",
+           "ceiling"),
     Lesson("03_baseline", "A real run with llama.cpp's defaults; what the load log says; measured vs predicted.",
            "baseline"),
     Lesson("04_quantization", "The quant ladder: speed and file size measured vs predicted; perplexity and KL "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.scenario import Scenario
 from v100lab.levers._study import _devices_for, GIB, MIB, spec_at_quant, study
@@ -42,7 +41,7 @@ def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
         else "—",
         "fits": "yes" if plan.fits else f"no: -ngl {fitted.n_gpu_layers} fits" if fitted is not cfg else "no",
         "decode at depth 0 (tok/s)": f"{p0.tg_tps:,.1f} ({p0.bound}-bound)",
-        f"decode halfway through the context (tok/s)": f"{pd.tg_tps:,.1f} at depth {depth:,}",
+        "decode halfway through the context (tok/s)": f"{pd.tg_tps:,.1f} at depth {depth:,}",
         "prompt processing (tok/s)": f"{p0.pp_tps:,.1f} ({sc.n_prompt} tokens)",
         "strict ceiling at depth 0 (tok/s)": f"{p0.strict_ceiling_tg_tps:,.1f}",
     }
