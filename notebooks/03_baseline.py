@@ -86,6 +86,16 @@ diag = levers.load_diagnosis(sc)
 render.table(diag)
 
 # %% [markdown]
+# ## Where it ran
+#
+# A measurement means little without its conditions: the same model decodes at different speeds on another CPU,
+# or with llama.cpp built with other flags (AVX2 vs AVX-512 kernels, weights repacked or not — the `REPACK`
+# and `AVX512` entries of the system-info line). Every measured row carries these facts.
+
+# %%
+render.table(levers.run_environment())
+
+# %% [markdown]
 # ## What this run showed
 
 # %%

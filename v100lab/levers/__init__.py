@@ -46,7 +46,7 @@ from v100lab.levers.triangle import (
     kv_bytes_per_token, header_facts, memory_breakdown, quant_specs, fit_grid, largest_context, kv_cache_bytes,
 )
 from v100lab.levers.ceiling import ceilings, device_ceilings, catalog_ceilings, roofline, apple, flops_per_token
-from v100lab.levers.baseline import baseline, load_diagnosis, headline
+from v100lab.levers.baseline import baseline, load_diagnosis, headline, run_environment
 from v100lab.levers.quantization import quant_ladder, QUALITY_LADDER, quality_ladder, rung_spec, file_size
 from v100lab.levers.gpu_layers import gpu_layers_sweep, spill_effect, offload_split
 from v100lab.levers.context import kv_memory, depth_sweep, quantized_v, kv_read_per_token
@@ -70,7 +70,7 @@ __all__ = [
     '_stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
     'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',
     'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'kv_cache_bytes', 'ceilings',
-    'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis',
+    'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis', 'run_environment',
     'headline', 'quant_ladder', 'QUALITY_LADDER', 'quality_ladder', 'rung_spec', 'file_size', 'gpu_layers_sweep',
     'spill_effect', 'offload_split', 'kv_memory', 'depth_sweep', 'quantized_v', 'kv_read_per_token',
     'flash_attn_sweep', 'flash_attn_depth', 'batch_sweep', 'batch_prompt', 'prompt_weight_bytes', 'threads_sweep',

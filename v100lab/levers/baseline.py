@@ -33,6 +33,28 @@ def baseline(sc: Scenario):
     return _frame(rows, failures, why_not_measured=st.why_not_measured)
 
 
+def run_environment():
+    """Where the measurements of this notebook ran: the CPU and the flags llama.cpp's kernels use, the llama.cpp
+    build (commit, its system-info line), the build flags scripts/setup.sh chose and why, the OS — the same
+    facts every measured row carries (``env``), so that rows from two builds or CPUs can be told apart."""
+    import pandas as pd
+
+    from v100lab.bench import environment
+
+    env = environment()
+    rows = [("CPU", env.get("cpu_model"), f"{env.get('cpu_count')} cores"),
+            ("CPU flags llama.cpp uses", env.get("cpu_flags") or "?", "/proc/cpuinfo"),
+            ("llama.cpp build", env.get("llama_cpp_build") or "?",
+             f"llama-cpp-python {env.get('llama_cpp_python') or '?'}, ggml {env.get('ggml_version') or '?'}"),
+            ("llama.cpp system info", env.get("system_info") or "?", "llama_print_system_info()"),
+            ("build flags", env.get("build_flags") or "not recorded (llama-cpp-python installed by hand?)",
+             {"safe": "the safe flags for this CPU (AMX off)", "user": "your CMAKE_ARGS",
+              "native": "llama.cpp's -march=native"}.get(env.get("build_flags_source") or "", "")),
+            ("GPU", env.get("gpu") or "none (a CPU build)", "ggml devices"),
+            ("OS, Python", f"{env.get('os')}, Python {env.get('python')}", "")]
+    return pd.DataFrame(rows, columns=["fact", "value", "note"])
+
+
 def load_diagnosis(sc: Scenario):
     """What llama.cpp's load log says for the measured model with the scenario's flags — offloaded layers,
     flash attention, context, and each buffer with its device — beside the memory plan's figure for it.
