@@ -17,7 +17,7 @@ from v100lab import __version__
 from v100lab.errors import V100labError
 
 # Order is the order of `v100lab --help`.
-COMMANDS = ("models", "inspect", "plan", "bench", "calibrate", "tune", "doctor", "selftest", "batch")
+COMMANDS = ("models", "inspect", "plan", "bench", "calibrate", "tune", "doctor", "selftest", "batch", "serve-bench")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
-            mod = importlib.import_module(f"v100lab.commands.{name}")
+            mod = importlib.import_module(f"v100lab.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"v100lab.commands.{name}":
+            if exc.name == f"v100lab.commands.{name.replace('-', '_')}":
                 continue  # not written yet
             raise
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)

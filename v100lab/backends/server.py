@@ -379,6 +379,17 @@ class ServerSession:
         self._eog = sorted(set(eog))
         self._bos = spec.metadata.get("tokenizer.ggml.bos_token_id") if spec else None
 
+    def exit_reason(self) -> str | None:
+        """Why the server this session started can no longer answer (it exited: status and llama.cpp's
+        reason from its log); None while it runs, and always for an attached server."""
+        if self.proc is None:
+            return None
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        reason = self._log_reason("")
+        return f"the server exited with status {rc}" + (f": {reason}" if reason else "")
+
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             try:
