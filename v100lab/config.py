@@ -9,6 +9,8 @@ configuration.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
@@ -18,6 +20,16 @@ from v100lab.errors import ConfigError
 # common/arg.cpp: kv_cache_types (the values --cache-type-k/-v accept)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 FLASH_ATTN = ("on", "off", "auto")
+# common/arg.cpp common_arg_utils::is_truthy / is_falsey / is_autoy: the spellings -fa accepts
+FLASH_ATTN_SPELLINGS = {"on": "on", "enabled": "on", "true": "on", "1": "on",
+                        "off": "off", "disabled": "off", "false": "off", "0": "off",
+                        "auto": "auto", "-1": "auto"}
+# src/llama.cpp llama_max_devices() (16); common/arg.cpp -ts refuses split_arg.size() >= llama_max_devices()
+MAX_DEVICES = 16
+# include/llama.h: the C types of llama_context_params / llama_model_params fields (ctypes would wrap a
+# larger value silently, so it is refused here)
+UINT32_MAX = 2**32 - 1
+INT32_MAX = 2**31 - 1
 # llama.cpp include/llama.h: enum llama_flash_attn_type
 FLASH_ATTN_ENUM = {"auto": -1, "off": 0, "on": 1}
 # ggml type enum values (ggml/include/ggml.h) for llama_context_params.type_k/type_v
@@ -47,6 +59,10 @@ class RunConfig:
     tensor_split: tuple[float, ...] = ()  # -ts/--tensor-split (per-GPU proportions)
 
     def __post_init__(self):
+        if isinstance(self.flash_attn, str):
+            object.__setattr__(self, "flash_attn", normalize_flash_attn(self.flash_attn))
+        if isinstance(self.tensor_split, list):
+            object.__setattr__(self, "tensor_split", tuple(self.tensor_split))
         validate(self)
 
     # ---- derived -------------------------------------------------------------------------
@@ -175,14 +191,64 @@ class RunConfig:
         cparams.kv_unified = self.kv_unified
 
 
+def normalize_flash_attn(value: str) -> str:
+    """llama.cpp's spellings of -fa (on/enabled/true/1, off/disabled/false/0, auto/-1) → on, off or auto;
+    anything else is returned unchanged (``validate`` names it)."""
+    return FLASH_ATTN_SPELLINGS.get(value, value) if isinstance(value, str) else value
+
+
+# field → (lowest, highest, C type) for the integer fields
+_INT_RANGES = {
+    "n_gpu_layers": (-1, INT32_MAX, "int32"),
+    "n_ctx": (0, UINT32_MAX, "uint32"),
+    "n_batch": (1, UINT32_MAX, "uint32"),
+    "n_ubatch": (1, UINT32_MAX, "uint32"),
+    "n_parallel": (1, UINT32_MAX, "uint32"),
+    "n_threads": (0, INT32_MAX, "int32"),
+}
+
+
+def _check_types(cfg: RunConfig) -> None:
+    """Every field has its type (a RunConfig built by hand could hold anything)."""
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.name == "tensor_split":
+            ok = isinstance(v, tuple)
+        elif isinstance(f.default, bool):
+            ok = isinstance(v, bool) or type(v).__name__ == "bool_"    # numpy's bool too
+        elif isinstance(f.default, int):
+            ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, str)
+        if not ok:
+            raise ConfigError(f"{f.name}: expected {type(f.default).__name__}, got {type(v).__name__}")
+
+
+def _check_tensor_split(split: tuple) -> None:
+    if len(split) >= MAX_DEVICES:
+        raise ConfigError(f"tensor_split: {len(split)} values, but llama.cpp takes at most {MAX_DEVICES - 1} "
+                          f"(llama_max_devices() is {MAX_DEVICES})")
+    for x in split:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 or x > 1e9:
+            raise ConfigError(f"tensor_split: proportions must be finite numbers in [0, 1e9], got "
+                              f"{list(split)}")
+
+
 def validate(cfg: RunConfig) -> None:
     """Raise ConfigError naming the first bad field."""
+    _check_types(cfg)
+    for name, (low, high, ctype) in _INT_RANGES.items():
+        v = getattr(cfg, name)
+        if v > high:
+            raise ConfigError(f"{name}: {v} does not fit llama.cpp's {ctype} (at most {high})")
+    _check_tensor_split(cfg.tensor_split)
     if cfg.cache_type_k not in CACHE_TYPES:
         raise ConfigError(f"cache_type_k: unknown cache type '{cfg.cache_type_k}' (allowed: {', '.join(CACHE_TYPES)})")
     if cfg.cache_type_v not in CACHE_TYPES:
         raise ConfigError(f"cache_type_v: unknown cache type '{cfg.cache_type_v}' (allowed: {', '.join(CACHE_TYPES)})")
     if cfg.flash_attn not in FLASH_ATTN:
-        raise ConfigError(f"flash_attn: must be one of on/off/auto, got '{cfg.flash_attn}'")
+        raise ConfigError(f"flash_attn: must be on, off or auto (or llama.cpp's 1/true/enabled, 0/false/disabled, "
+                          f"-1), got '{cfg.flash_attn}'")
     if cfg.n_gpu_layers < -1:
         raise ConfigError(f"n_gpu_layers: must be >= -1, got {cfg.n_gpu_layers}")
     if cfg.n_ctx < 0:
@@ -197,8 +263,6 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"n_parallel: must be >= 1, got {cfg.n_parallel}")
     if cfg.n_threads < 0:
         raise ConfigError(f"n_threads: must be >= 0, got {cfg.n_threads}")
-    if any(x < 0 for x in cfg.tensor_split):
-        raise ConfigError(f"tensor_split: proportions must be >= 0, got {list(cfg.tensor_split)}")
 
 
 def add_flag_arguments(parser) -> None:
@@ -213,7 +277,8 @@ def add_flag_arguments(parser) -> None:
                    help=f"physical batch (default {d.n_ubatch})")
     g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", default=d.cache_type_k, help="K cache type")
     g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", default=d.cache_type_v, help="V cache type")
-    g.add_argument("-fa", "--flash-attn", dest="flash_attn", default=d.flash_attn, help="on, off or auto")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", default=d.flash_attn,
+                   help="on, off or auto (llama.cpp's 1/true/enabled, 0/false/disabled, -1 too)")
     g.add_argument("-np", "--parallel", dest="n_parallel", type=int, default=d.n_parallel, help="parallel sequences")
     g.add_argument("--kv-unified", dest="kv_unified", action="store_true", help="one KV buffer for all sequences")
     g.add_argument("--swa-full", dest="swa_full", action="store_true", help="full-size cache for SWA layers")
@@ -224,14 +289,25 @@ def add_flag_arguments(parser) -> None:
                    help="per-GPU proportions, e.g. 3,1")
 
 
+def parse_tensor_split(text: str) -> tuple[float, ...]:
+    """``-ts 3,1`` (or ``3/1``) → (3.0, 1.0), as common/arg.cpp splits it (on runs of "," and "/");
+    ConfigError for anything not a list of finite numbers >= 0."""
+    import re
+
+    parts = [p for p in re.split(r"[,/]+", str(text).strip()) if p != ""]
+    try:
+        split = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"tensor_split: not a list of numbers: '{text}'") from None
+    if not split:
+        raise ConfigError(f"tensor_split: not a list of numbers: '{text}'")
+    _check_tensor_split(split)
+    return split
+
+
 def from_flag_args(args) -> RunConfig:
     """The RunConfig that ``add_flag_arguments``' parsed flags describe."""
-    split = ()
-    if args.tensor_split:
-        try:
-            split = tuple(float(x) for x in str(args.tensor_split).replace("/", ",").split(","))
-        except ValueError:
-            raise ConfigError(f"tensor_split: not a list of numbers: '{args.tensor_split}'") from None
+    split = parse_tensor_split(args.tensor_split) if args.tensor_split else ()
     return RunConfig(n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
                      cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
                      n_parallel=args.n_parallel, kv_unified=args.kv_unified, swa_full=args.swa_full,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import socket
@@ -27,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from v100lab.errors import DeviceError
+from v100lab.safeio import read_text_bounded
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,19 @@ HOST_PROFILE = "host-profile.json"
 _CATALOG_FILE = "devices.yaml"
 # fields a device row must have; the rest default to None
 _REQUIRED = ("id", "name", "kind", "memory_gib", "bandwidth_gbs")
+MAX_DEVICE_FILE_BYTES = 1 << 20
+# (lowest, highest) for each number; far beyond any machine built, so only typos and hostile values
+# fail (NaN, infinities, 1e300, 10**400 are refused, not carried into the predictions)
+_RANGES = {
+    "memory_gib": (2**-10, 1 << 20),       # 1 MiB .. 1 PiB
+    "bandwidth_gbs": (1e-3, 1e6),          # 1 MB/s .. 1 PB/s
+    "fp16_tflops": (0.0, 1e6),
+    "fp32_tflops": (0.0, 1e6),
+    "host_link_gbs": (0.0, 1e5),
+    "runtime_overhead_mib": (0.0, float(1 << 30)),
+}
+_POSITIVE = ("memory_gib", "bandwidth_gbs")   # required, and at least their lowest value
+MAX_TEXT_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -56,16 +71,23 @@ class Device:
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self):
+        for name in ("id", "name"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v.strip() or len(v) > MAX_TEXT_CHARS:
+                raise DeviceError(f"device {name} must be a non-empty string of at most {MAX_TEXT_CHARS} "
+                                  f"characters, got {_short_repr(v)}")
         if self.kind not in KINDS:
-            raise DeviceError(f"device '{self.id}': kind must be one of {', '.join(KINDS)}, got '{self.kind}'")
-        for name in ("memory_gib", "bandwidth_gbs"):
+            raise DeviceError(f"device '{self.id}': kind must be one of {', '.join(KINDS)}, got {_short_repr(self.kind)}")
+        for name, (low, high) in _RANGES.items():
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise DeviceError(f"device '{self.id}': {name} must be a positive number, got {v!r}")
-        for name in ("fp16_tflops", "fp32_tflops", "host_link_gbs", "runtime_overhead_mib"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-                raise DeviceError(f"device '{self.id}': {name} must be a number >= 0, got {v!r}")
+            if v is None and name not in _POSITIVE:
+                continue
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and _in_range(v, low, high)
+            if not ok:
+                raise DeviceError(f"device '{self.id}': {name} must be a finite number in [{low:g}, {high:g}], "
+                                  f"got {_short_repr(v)}")
+        if not isinstance(self.source_url, str):
+            raise DeviceError(f"device '{self.id}': source_url must be a string, got {_short_repr(self.source_url)}")
         if not isinstance(self.extra, MappingProxyType):
             object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
@@ -96,6 +118,22 @@ class Device:
 _FIELD_NAMES = tuple(f.name for f in fields(Device) if f.name != "extra")
 
 
+def _in_range(v: int | float, low: float, high: float) -> bool:
+    """Whether ``v`` is finite and within [low, high], without converting a huge int to float first
+    (10**400 would overflow)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return False
+    return low <= v <= high
+
+
+def _short_repr(v) -> str:
+    try:
+        text = repr(v)
+    except ValueError:   # an int of more than 4300 digits cannot be printed
+        text = "an integer too long to print"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
 def device_from_mapping(data: Mapping[str, Any], where: str, keep_extra: bool = False) -> Device:
     """Build a Device from a catalog row or a device file; unknown keys are an error unless kept."""
     if not isinstance(data, Mapping):
@@ -106,13 +144,19 @@ def device_from_mapping(data: Mapping[str, Any], where: str, keep_extra: bool = 
     known = {k: v for k, v in data.items() if k in _FIELD_NAMES}
     unknown = {k: v for k, v in data.items() if k not in _FIELD_NAMES}
     if unknown and not keep_extra:
-        raise DeviceError(f"{where}: unknown device field(s) {', '.join(sorted(unknown))} "
+        raise DeviceError(f"{where}: unknown device field(s) {', '.join(sorted(map(str, unknown)))} "
                           f"(known: {', '.join(_FIELD_NAMES)})")
     if known.get("compute_capability") is not None:
-        known["compute_capability"] = str(known["compute_capability"])
+        cc = known["compute_capability"]
+        if isinstance(cc, bool) or not isinstance(cc, (str, int, float)) or len(str(cc)) > 16:
+            raise DeviceError(f"{where}: compute_capability must be a version such as \"7.0\", got {_short_repr(cc)}")
+        known["compute_capability"] = str(cc)
     if known.get("runtime_overhead_mib") is None:
         known["runtime_overhead_mib"] = 0.0
-    known["id"] = str(known["id"])
+    if isinstance(known["id"], (int, float)) and not isinstance(known["id"], bool):
+        known["id"] = str(known["id"])
+    if known.get("source_url") is None:
+        known["source_url"] = ""
     try:
         return Device(**known, extra=unknown)
     except TypeError as exc:
@@ -169,15 +213,13 @@ def load_device_file(path: str | os.PathLike) -> Device:
     import yaml
 
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise DeviceError(f"device file {path}: {exc.strerror or exc}") from None
+    text = read_text_bounded(path, MAX_DEVICE_FILE_BYTES, what="device file", error=DeviceError)
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise DeviceError(f"device file {path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
-                          f"{str(exc).splitlines()[0]}") from None
+                          f"{first}") from None
     if isinstance(data, Mapping) and "devices" in data:
         rows = data["devices"]
         if not isinstance(rows, list) or len(rows) != 1:

@@ -18,6 +18,10 @@ cpu-fallback           tensors or ops that wanted a device and run on the CPU ("
 debug-build            llama-bench's "debug build" / "asserts enabled" warnings
 mmap-low-ram           mmap'ed weights that run on the CPU, with less free RAM than they need (page faults)
 mlock-failed           ``--mlock`` asked for, and the kernel refused it
+slot-split             llama-server splits ``-c`` over ``--parallel`` slots (``n_slots = 4, n_ctx_slot = 2048,
+                       kv_unified = 'false'``): each request gets a quarter of the context asked for
+quiet-log              a llama-server/llama-cli log without load lines (they are printed at verbosity 4,
+                       ``-lv 4``): what the doctor cannot see, and the flag that shows it
 above-ceiling          a decode tok/s above bandwidth / model size for the device: impossible, so the
                        measurement or the model size is wrong
 far-below-ceiling      decode on a GPU under a quarter of that ceiling (the seed's 4 tok/s)
@@ -29,11 +33,21 @@ lines); this module adds what the load log does not cover: speeds (llama-server'
 :mod:`v100lab.backends.llamabench`), the GPUs ggml-cuda reports, memory the tools say is free, allocation
 failures and build warnings. llama-server's line prefixes (``0.00.123.456 I srv  ...``) are stripped first.
 
+A log is read with bounded memory (:func:`v100lab.safeio.read_bounded`: at most ``MAX_LOG_BYTES`` actually
+read, whatever ``st_size`` says; a FIFO or device never hangs it). Evidence lines are cut to
+``MAX_EVIDENCE_CHARS`` and every string of the text report is printed with control characters escaped.
+
+Verbosity (common/log.cpp ``common_log_get_verbosity``): llama.cpp's own messages at INFO level (the load
+lines: ``load_tensors``, ``llama_context``, ``llama_kv_cache``, buffer sizes) are printed only from
+verbosity 4 (``LOG_LEVEL_TRACE``: ``-lv 4`` or ``-v``); llama-server's default is 3, where a log shows
+little more than ``n_slots``, the timings and warnings.
+
 Every pattern mirrors a llama.cpp format string (the citations are beside the patterns).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -47,6 +61,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from v100lab import loadlog
 from v100lab.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
 from v100lab.errors import V100labError
+from v100lab.safeio import read_bounded, shorten, term_text
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +70,9 @@ NEAR_CAPACITY = 0.95        # a device filled beyond this fraction gets a near-c
 FAR_BELOW = 0.25            # decode under this fraction of the ceiling on a GPU is "abnormal" (the seed's 4 of 62)
 MMAP_RAM_FRACTION = 1.0     # mapped host weights above this fraction of free RAM: pages will be evicted
 MAX_LOG_BYTES = 256 * 2**20
+MAX_EVIDENCE_CHARS = 300    # an evidence line longer than this is cut (with "…")
+MAX_TITLE_CHARS = 500
+MAX_LINE_CHARS = 4000       # longer log lines are cut before parsing
 
 
 class LogError(V100labError):
@@ -70,12 +88,12 @@ class LogError(V100labError):
 # %8.2f tokens per second)", "       eval time = ..."; src/llama-context.cpp llama_perf_context_print:
 # "%s: prompt eval time = ... tokens (...)" and "%s:        eval time = %10.2f ms / %5d runs   (%8.2f ms per
 # token, %8.2f tokens per second)"
-_RE_EVAL = re.compile(r"(prompt eval|eval) time = +([\d.]+) ms / +(\d+) (?:tokens|runs) +\( *([\d.]+|inf|nan) ms "
-                      r"per token, +([\d.]+|inf|nan) tokens per second\)")
+_RE_EVAL = re.compile(r"(prompt eval|eval) time = +(\d+(?:\.\d+)?) ms / +(\d+) (?:tokens|runs) +\( *(\d+(?:\.\d+)?|inf|nan) ms "
+                      r"per token, +(\d+(?:\.\d+)?|inf|nan) tokens per second\)")
 # tools/llama-bench/llama-bench.cpp (markdown_printer): "| model | size | params | backend | ngl | test | t/s |"
 _RE_MD_ROW = re.compile(r"^\|(.+)\|\s*$")
-_RE_TS = re.compile(r"([\d.]+)\s*±\s*([\d.]+)")
-_RE_SIZE = re.compile(r"([\d.]+)\s*(KiB|MiB|GiB|TiB|B)\b")
+_RE_TS = re.compile(r"(\d+(?:\.\d+)?)\s*±\s*(\d+(?:\.\d+)?)")
+_RE_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|TiB|B)\b")
 # tools/llama-bench/llama-bench.cpp main(): build warnings
 _RE_DEBUG = re.compile(r"warning: (debug build|asserts enabled|sanitizer enabled), performance may be affected")
 # ggml/src/ggml-cuda/ggml-cuda.cu ggml_cuda_init: "ggml_cuda_init: found %d CUDA devices:" and
@@ -90,7 +108,7 @@ _RE_DEV_INFO = re.compile(r"(?:^|: +)- (\S+) *: (.*) \((\d+) MiB, (\d+) MiB free
 _RE_FIT_HOST = re.compile(r"projected to use (\d+) MiB of host memory vs\. (\d+) MiB of total host memory")
 # ggml/src/ggml-cuda/ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer:
 # "%s: allocating %.2f MiB on device %d: cudaMalloc failed: %s"
-_RE_CUDA_OOM = re.compile(r"allocating ([\d.]+) MiB on device (\d+): cudaMalloc failed: (.+)$")
+_RE_CUDA_OOM = re.compile(r"allocating (\d+(?:\.\d+)?) MiB on device (\d+): cudaMalloc failed: (.+)$")
 # ggml/src/ggml-alloc.c (alloc_tensor_range, ggml_gallocr_reserve_n): "%s: failed to allocate %s buffer of size %zu"
 _RE_ALLOC_FAIL = re.compile(r"failed to allocate (\S+) buffer of size (\d+)")
 # src/llama-context.cpp llama_init_from_model / llama_context: the refusal, in its spellings over time
@@ -103,8 +121,22 @@ _RE_GENERIC_FALLBACK = re.compile(r"not supported.*(?:fall(?:ing)? ?back|using C
 # %zu bytes): %s"
 _RE_MLOCK = re.compile(r"failed to mlock (\d+)-byte buffer")
 # src/llama-model-loader.cpp print_info: "%s: file size   = %.2f GiB (%.2f BPW) " (MiB below 1 GiB)
-_RE_FILE_SIZE = re.compile(r"([\d.]+) (GiB|MiB) \(([\d.]+) BPW\)")
+_RE_FILE_SIZE = re.compile(r"(\d+(?:\.\d+)?) (GiB|MiB) \((\d+(?:\.\d+)?) BPW\)")
 _RE_LOAD_START = re.compile(r"^llama_model_loader: loaded meta data")
+# tools/server/server-context.cpp server_context::load_model (SRV_INF, printed at the default verbosity):
+# "initializing, n_slots = %d, n_ctx_slot = %d, kv_unified = '%s'"
+_RE_SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'")
+# common/common.cpp common_params_print_info (COM_INF): "%s: verbosity = %d (adjust with the `-lv N` CLI arg)"
+_RE_VERBOSITY = re.compile(r"verbosity = (-?\d+) \(adjust with the `-lv N` CLI arg\)")
+# common/arg.cpp (-ngl, -ts, -sm, -mg on a build without GPU offload; fprintf to stderr, any verbosity):
+# "warning: no usable GPU found, --gpu-layers option will be ignored",
+# "warning: llama.cpp was compiled without support for GPU offload. Setting %s has no effect."
+_RE_NO_GPU = re.compile(r"warning: no usable GPU found, --gpu-layers option will be ignored|"
+                        r"warning: llama\.cpp was compiled without support for GPU offload")
+# llama-server lines printed at the default verbosity (tools/server/server.cpp main / llama_server):
+# "initializing ...", "model loaded", "listening on %s"
+_RE_SERVER_LINE = re.compile(r"^(?:main|llama_server): (?:initializing \.\.\.|model loaded|listening on )|"
+                             r"^load_model: (?:loading model '|initializing, n_slots = )")
 
 _GPU_BUFFER = re.compile(r"^(CUDA|ROCm|Vulkan|MTL|Metal|SYCL|CANN|MUSA|OpenCL|RPC)", re.I)
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -129,6 +161,9 @@ class Finding:
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+        # a log line can be 20,000 characters: evidence points at it, it does not reprint it
+        object.__setattr__(self, "evidence", shorten(self.evidence, MAX_EVIDENCE_CHARS))
+        object.__setattr__(self, "title", shorten(self.title, MAX_TITLE_CHARS))
         if not isinstance(self.numbers, MappingProxyType):
             object.__setattr__(self, "numbers", MappingProxyType(dict(self.numbers)))
 
@@ -190,7 +225,8 @@ class Diagnosis:
         return next((f for f in self.findings if f.code == code), None)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        """The JSON form (a contract); a NaN or infinity a log may hold becomes null."""
+        return _json_safe({
             "source": self.source, "kind": self.kind, "device": self.device, "device_guessed": self.device_guessed,
             "model_bytes": self.model_bytes, "ceiling_tg_tps": _r(self.ceiling_tg_tps),
             "host_free_bytes": self.host_free_bytes, "n_loads": self.n_loads,
@@ -202,13 +238,17 @@ class Diagnosis:
             "offloaded_layers": self.facts.offloaded_layers, "offloadable_layers": self.facts.offloadable_layers,
             "flash_attn": self.facts.flash_attn, "buffers_mib": self.facts.by_device(),
             "notes": list(self.notes),
-        }
+        })
 
     def format_text(self) -> str:
-        """The human report: one block per finding (severity, title, evidence with line number, fix)."""
-        head = f"{self.source}: {self.kind} log"
+        """The human report: one block per finding (severity, title, evidence with line number, fix).
+
+        Every string is printed through :func:`~v100lab.safeio.term_text`: a log line or a GPU name
+        holding terminal escape sequences is shown escaped, never executed by the terminal."""
+        t = term_text
+        head = f"{t(self.source)}: {self.kind} log"
         if self.device:
-            head += f", device {self.device}" + (" (from the log)" if self.device_guessed else "")
+            head += f", device {t(self.device)}" + (" (from the log)" if self.device_guessed else "")
         if self.model_bytes:
             head += f", model {self.model_bytes / 1e9:.2f} GB"
         if self.ceiling_tg_tps:
@@ -217,13 +257,25 @@ class Diagnosis:
         if not self.findings:
             lines.append("  no problems found")
         for f in self.findings:
-            lines.append(f"  [{f.severity}] {f.code}: {f.title}")
+            lines.append(f"  [{f.severity}] {f.code}: {t(f.title)}")
             if f.evidence:
-                lines.append(f"      line {f.line_no}: {f.evidence}" if f.line_no else f"      {f.evidence}")
-            lines.append(f"      fix: {f.fix}")
+                ev = t(f.evidence, limit=MAX_EVIDENCE_CHARS)
+                lines.append(f"      line {f.line_no}: {ev}" if f.line_no else f"      {ev}")
+            lines.append(f"      fix: {t(f.fix)}")
         for n in self.notes:
-            lines.append(f"  note: {n}")
+            lines.append(f"  note: {t(n)}")
         return "\n".join(lines)
+
+
+def _json_safe(value):
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None, in nested dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _r(x: float | None, nd: int = 3):
@@ -235,32 +287,31 @@ def _r(x: float | None, nd: int = 3):
 # ------------------------------------------------------------------------------------------------
 
 def read_log(path: str | os.PathLike) -> str:
-    """The text of a log file; LogError (one line) when it is missing, unreadable or binary."""
+    """The text of a log file; LogError (one line) when it is missing, unreadable, binary or larger than
+    ``MAX_LOG_BYTES`` (counted as read: ``/dev/zero`` or a FIFO cannot make it read without end)."""
     p = Path(path)
     try:
-        if not p.exists():
-            raise LogError(f"{p}: no such file")
-        if p.is_dir():
-            raise LogError(f"{p}: is a directory, not a log file")
-        size = p.stat().st_size
-        if size > MAX_LOG_BYTES:
-            raise LogError(f"{p}: {size / 2**20:.0f} MiB is larger than {MAX_LOG_BYTES // 2**20} MiB; "
-                           "cut the part with the run you want diagnosed")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise LogError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if b"\x00" in data[:65536]:
-        raise LogError(f"{p}: not a llama.cpp log (binary data)")
+        data = read_bounded(p, MAX_LOG_BYTES, what="log", error=LogError, refuse_binary=True)
+    except LogError as exc:
+        msg = str(exc)
+        if "binary data" in msg:
+            raise LogError(f"{term_text(p)}: not a llama.cpp log (binary data)") from None
+        if "larger than" in msg:
+            raise LogError(f"{msg}; cut the part with the run you want diagnosed") from None
+        raise
     return data.decode("utf-8", errors="replace")
 
 
 def _lines(text: str) -> list[tuple[int, str]]:
-    """(1-based line number, normalized text) for every non-empty line; ``# `` comment lines are skipped."""
+    """(1-based line number, normalized text) for every non-empty line; ``# `` comment lines are skipped.
+
+    A line is cut at ``MAX_LINE_CHARS``: llama.cpp's lines the checks read are short, and a hostile one
+    (thousands of digits, which ``int()`` refuses past 4300) must not reach the number parsers."""
     out = []
     for i, raw in enumerate(text.splitlines(), 1):
         if raw.startswith("# "):
             continue
-        line = normalize_line(raw)
+        line = normalize_line(raw[:MAX_LINE_CHARS])
         if line:
             out.append((i, line))
     return out
@@ -349,13 +400,15 @@ def _bench_records(text: str) -> list[SpeedFact]:
 
     try:
         recs = parse_llama_bench(text)
-    except (V100labError, ValueError):
+    except (V100labError, ValueError, TypeError, RecursionError, csv.Error):
         return []
     out = []
-    for i, r in enumerate(recs, 1):
-        if not isinstance(r.get("avg_ts"), (int, float)):
+    for i, r in enumerate(recs if isinstance(recs, list) else [], 1):
+        if not isinstance(r, Mapping) or not _finite_number(r.get("avg_ts")):
             continue
-        n_p, n_g = int(r.get("n_prompt") or 0), int(r.get("n_gen") or 0)
+        n_p, n_g = r.get("n_prompt") or 0, r.get("n_gen") or 0
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**31 for n in (n_p, n_g)):
+            continue
         phase = "pg" if n_p and n_g else "tg" if n_g else "pp"
         test = f"pp{n_p}+tg{n_g}" if phase == "pg" else f"tg{n_g}" if phase == "tg" else f"pp{n_p}"
         out.append(SpeedFact(phase=phase, tps=float(r["avg_ts"]), n_tokens=n_g or n_p, origin="llama-bench",
@@ -363,6 +416,10 @@ def _bench_records(text: str) -> list[SpeedFact]:
                              model_bytes=r.get("model_size") if isinstance(r.get("model_size"), int) else None,
                              test=test, backend=str(r.get("backends") or "")))
     return out
+
+
+def _finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def parse_gpus(lines: Sequence[tuple[int, str]]) -> list[GpuFact]:
@@ -469,6 +526,83 @@ def _check_build(lines, device, has_gpu: bool) -> list[Finding]:
             "rebuild with -DGGML_CUDA=ON" + (f" -DCMAKE_CUDA_ARCHITECTURES={arch}" if arch else "")
             + " -DCMAKE_BUILD_TYPE=Release", {"device": device.id}))
     return out
+
+
+def _check_no_gpu_warning(lines, device) -> list[Finding]:
+    """llama.cpp's own word that it has no GPU (common/arg.cpp, printed at any verbosity when -ngl, -ts,
+    -sm or -mg is given to a build without GPU offload)."""
+    hit = _find(lines, _RE_NO_GPU)
+    if not hit:
+        return []
+    arch = (device.compute_capability or "").replace(".", "") if device is not None else ""
+    return [Finding(
+        "no-gpu-backend", "error",
+        "this llama.cpp has no usable GPU backend: --gpu-layers is ignored and every layer runs on the CPU "
+        "(a CPU-only build, or the GPU is not visible to it)", hit[1], hit[0],
+        "use a GPU build: cmake -B build -DGGML_CUDA=ON" + (f" -DCMAKE_CUDA_ARCHITECTURES={arch}" if arch else "")
+        + " -DCMAKE_BUILD_TYPE=Release (or the CUDA wheel of your package); check that nvidia-smi sees the card",
+        {"device": device.id} if device is not None else {})]
+
+
+def _check_slots(seg, facts: loadlog.LoadFacts) -> list[Finding]:
+    """llama-server's slot split: with --parallel N and no unified KV cache, each slot holds n_ctx / N cells.
+
+    tools/server/server-context.cpp load_model logs ``n_slots``, ``n_ctx_slot`` (llama_n_ctx_seq, capped by
+    the training context) and ``kv_unified``; src/llama-context.cpp sets ``n_ctx_seq = GGML_PAD(n_ctx /
+    n_seq_max, 256)`` unless kv_unified. The -c asked for is ``llama_context: n_ctx`` at verbosity 4; at the
+    default verbosity it is inferred as n_slots × n_ctx_slot."""
+    hit = _find(seg, _RE_SLOTS, last=True)
+    if hit:
+        m = _RE_SLOTS.search(hit[1])
+        n_slots, per_slot, unified = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
+    elif facts.n_seq_max and facts.n_ctx_seq and facts.kv_unified is not None:
+        n_slots, per_slot, unified = facts.n_seq_max, facts.n_ctx_seq, facts.kv_unified
+        hit = _find(seg, re.compile(r"^llama_context: n_ctx_seq +=")) or (0, "")
+    else:
+        return []
+    if n_slots < 2 or unified:
+        return []
+    asked, inferred = facts.n_ctx, facts.n_ctx is None
+    if inferred:
+        asked = n_slots * per_slot
+    if per_slot >= asked:
+        return []
+    need = f"-c {n_slots * asked}" if not inferred else f"-c {n_slots} × the tokens one request needs"
+    return [Finding(
+        "slot-split", "warning",
+        f"each of the {n_slots} server slots holds {per_slot} tokens, not the {asked} of -c"
+        + (" (inferred: n_slots × n_ctx_slot)" if inferred else "")
+        + f": the KV cache is split over --parallel {n_slots}, so a request longer than {per_slot} tokens "
+        "is cut or refused", hit[1], hit[0],
+        f"give every slot the context a request needs ({need}), or --kv-unified (the slots share all {asked} "
+        f"cells), or fewer slots (--parallel 1 when requests do not overlap)",
+        {"n_slots": n_slots, "n_ctx_slot": per_slot, "n_ctx": asked, "n_ctx_inferred": inferred,
+         "kv_unified": unified})]
+
+
+def _has_load_lines(facts: loadlog.LoadFacts) -> bool:
+    return bool(facts.buffers or facts.kv_caches or facts.recurrent or facts.model_info
+                or facts.offloaded_layers is not None or facts.n_ctx is not None)
+
+
+def _check_quiet(lines, kind: str, seg_facts: Sequence[loadlog.LoadFacts]) -> list[Finding]:
+    """A llama-server or llama-cli log without load lines: say what cannot be checked and how to see it.
+
+    common/log.cpp ``common_log_get_verbosity`` maps llama.cpp's INFO messages (every load line) to
+    LOG_LEVEL_TRACE (4); llama-server's default verbosity is 3 (common/common.h), so they are dropped."""
+    if kind not in ("llama-server", "llama-cli") or any(_has_load_lines(f) for f in seg_facts):
+        return []
+    hit = _find(lines, _RE_VERBOSITY)
+    level = int(_RE_VERBOSITY.search(hit[1]).group(1)) if hit else None
+    at = f" (it ran at verbosity {level}; llama.cpp prints them from 4)" if level is not None else ""
+    return [Finding(
+        "quiet-log", "warning",
+        f"the log has no load lines{at}: where the layers went (GPU or CPU), the memory per device, the KV "
+        "cache and flash attention cannot be checked, so no finding here means nothing about them",
+        hit[1] if hit else "", hit[0] if hit else 0,
+        f"run {kind} again with -lv 4 (or -v) and keep stdout and stderr together "
+        f"({kind} ... -lv 4 > {kind}.log 2>&1), then diagnose that log",
+        {"verbosity": level} if level is not None else {})]
 
 
 def _check_offload(seg, facts: loadlog.LoadFacts, gpu_present: bool) -> list[Finding]:
@@ -713,7 +847,8 @@ def _is_llama_log(facts: loadlog.LoadFacts, lines, speeds, gpus) -> bool:
                 or facts.n_ctx is not None or speeds or gpus or facts.system_info
                 or _find(lines, re.compile(r"^(llama_model_load|llama_model_loader|llama_init_from_model|load_tensors|"
                                            r"llama_context|ggml_cuda_init|common_init_)"))
-                or _find(lines, _RE_DEBUG))
+                or _find(lines, _RE_DEBUG) or _find(lines, _RE_SERVER_LINE) or _find(lines, _RE_SLOTS)
+                or _find(lines, _RE_VERBOSITY) or _find(lines, _RE_NO_GPU))
 
 
 def _model_bytes(facts: loadlog.LoadFacts) -> int | None:
@@ -755,9 +890,13 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
                or any(_GPU_BUFFER.match(s.backend) for s in speeds if s.backend))
     # "no GPU backend" needs proof that the log covers a load (buffers, or llama-bench's backend column)
     knows_backend = any(f.buffers for f in seg_facts) or any(s.backend for s in speeds)
-    findings: list[Finding] = _check_build(lines, dev, has_gpu or not knows_backend)
+    no_gpu = _check_no_gpu_warning(lines, dev)
+    findings: list[Finding] = no_gpu + _check_build(lines, dev, has_gpu or not knows_backend or bool(no_gpu))
+    kind = _kind(lines, speeds)
+    findings += _check_quiet(lines, kind, seg_facts)
     for seg, f in zip(segments, seg_facts):
         gpu_present = has_gpu or bool(_gpu_names(f, gpus))
+        findings += _check_slots(seg, f)
         findings += _check_offload(seg, f, gpu_present)
         findings += _check_capacity(seg, f, gpus, dev)
         findings += _check_quantized_v(seg, f)
@@ -776,7 +915,7 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
             seen.add(key)
             unique.append(f)
     unique.sort(key=lambda f: (_ORDER[f.severity], f.line_no or 10**9))
-    return Diagnosis(source=source, kind=_kind(lines, speeds), findings=tuple(unique), facts=facts,
+    return Diagnosis(source=source, kind=kind, findings=tuple(unique), facts=facts,
                      speeds=tuple(speeds), gpus=tuple(gpus), model_bytes=model_bytes or next(
                          (s.model_bytes for s in speeds if s.model_bytes), None),
                      device=dev.id if dev is not None else None, device_guessed=guessed, ceiling_tg_tps=ceiling,

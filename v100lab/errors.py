@@ -5,11 +5,22 @@ Every message is one line that names what is wrong; the CLI prints it and exits 
 
 from __future__ import annotations
 
+from v100lab.safeio import term_text
+
+MAX_MESSAGE_CHARS = 1000
+
 
 class V100labError(Exception):
-    """Base class for every error v100lab raises on bad input."""
+    """Base class for every error v100lab raises on bad input.
+
+    ``str()`` of any of them is one terminal-safe line: control characters a message may carry from a
+    model file, a log or a path (ESC sequences, newlines) are escaped, and it is at most
+    ``MAX_MESSAGE_CHARS`` long (cut with an ellipsis)."""
 
     exit_status = 2
+
+    def __str__(self) -> str:
+        return term_text(super().__str__(), limit=MAX_MESSAGE_CHARS)
 
 
 class ModelNotFoundError(V100labError):

@@ -18,8 +18,13 @@ file that declares an array of 2**62 elements. This reader
 Types, type sizes and key names come from the ``gguf`` package (``GGUFValueType``,
 ``GGMLQuantizationType``, ``GGML_QUANT_SIZES``, ``LlamaFileType``); the parsing itself is ours.
 
-A header-only file (a *skeleton*, see :mod:`v100lab.skeleton`) is accepted: the data section may be
-absent or cut short; :attr:`GGUFHeader.data_complete` says whether it is all there.
+A file whose tensor data runs past its end is refused (:class:`~v100lab.errors.GGUFError` naming the
+byte where it ends): llama.cpp refuses it too (src/llama-model-loader.h, ``llama_tensor_weight``:
+"tensor '%s' data is not within the file bounds, model is corrupted or incomplete"), and a partial
+download must not get a prediction. The size is the file's, or the total of an HTTP ``Content-Range``.
+Two files without their data are accepted as descriptions: a header-only file (it ends before the data
+section starts) and a *skeleton* (see :mod:`v100lab.skeleton`, marked in ``general.description``);
+:attr:`GGUFHeader.data_complete` says whether the data is all there.
 
 Public API: :func:`read_header` (the raw header), :func:`read_spec` (the derived ``ModelSpec``) and
 :func:`spec_from_header` (derivation, shared with the skeleton writer).
@@ -27,13 +32,18 @@ Public API: :func:`read_header` (the raw header), :func:`read_spec` (the derived
 
 from __future__ import annotations
 
+import base64
+import http.client
 import io
 import logging
+import math
 import os
 import re
+import stat
 import struct
 import urllib.error
 import urllib.request
+from urllib.parse import unquote, urlsplit, urlunsplit
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -42,7 +52,8 @@ from typing import BinaryIO, Mapping, Sequence
 import gguf
 import numpy as np
 
-from v100lab.errors import GGUFError, ModelNotFoundError
+from v100lab.errors import ConfigError, GGUFError, ModelNotFoundError
+from v100lab.safeio import redact_url, term_text
 from v100lab.spec import ModelSpec, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -54,6 +65,8 @@ GGML_MAX_DIMS = 4                   # ggml.h
 INT64_MAX = 2**63 - 1
 FIRST_CHUNK = 1 << 20               # first read: 1 MiB
 SECOND_CHUNK_TOTAL = 8 << 20        # second read brings the buffer to 8 MiB, then doubling
+MAX_TIMEOUT_S = 3600.0              # an HTTP timeout beyond an hour is a typo
+SKELETON_MARK = "v100lab skeleton"  # general.description of v100lab.skeleton's header-only files
 
 VT = gguf.GGUFValueType
 # value type → (struct format, size); STRING and ARRAY are handled separately
@@ -150,10 +163,15 @@ class _FileSource(_Source):
         except (AttributeError, OSError, ValueError):
             self.seekable = False
         if self.seekable:
-            self.base = f.tell()
-            end = f.seek(0, io.SEEK_END)
-            self.size = max(0, end - self.base)
-            f.seek(self.base)
+            try:
+                self.base = f.tell()
+                end = f.seek(0, io.SEEK_END)
+                f.seek(self.base)
+                self.size = max(0, end - self.base)
+            except (OSError, ValueError):
+                # /proc files claim to seek but refuse SEEK_END: read them as a stream of unknown
+                # size (the cap bounds it), from where the reader stands
+                self.seekable, self.base, self.size = False, 0, None
         self.pos = 0
 
     def fetch(self, start: int, n: int) -> bytes:
@@ -177,7 +195,7 @@ class _FileSource(_Source):
             self.f.close()
 
 
-_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.I)
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d{1,20})-(\d{1,20})/(\d{1,20}|\*)\s*$", re.I)
 
 
 class _HTTPSource(_Source):
@@ -186,7 +204,8 @@ class _HTTPSource(_Source):
     body is never read beyond what was asked."""
 
     def __init__(self, url: str, timeout: float):
-        self.url = url
+        self.label = redact_url(url)        # what messages show: never a password or a token
+        self.url, self.auth = _split_credentials(url, self.label)
         self.timeout = timeout
 
     def next_total(self, have: int) -> int:
@@ -200,32 +219,36 @@ class _HTTPSource(_Source):
             n = min(n, self.size - start)
             if n <= 0:
                 return b""
-        req = urllib.request.Request(self.url, headers={"Range": f"bytes={start}-{start + n - 1}",
-                                                        "Accept-Encoding": "identity",
-                                                        "User-Agent": "v100lab-header"})
+        headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity",
+                   "User-Agent": "v100lab-header"}
+        if self.auth:
+            headers["Authorization"] = self.auth
+        req = urllib.request.Request(self.url, headers=headers)
         self.requests += 1
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             if exc.code == 416:
                 raise GGUFError(f"server answered 416 (range not satisfiable) for bytes {start}-"
-                                f"{start + n - 1} of {self.url}", start) from None
+                                f"{start + n - 1} of {self.label}", start) from None
             if exc.code == 404:
-                raise ModelNotFoundError(f"URL not found (404): {self.url}") from None
-            raise GGUFError(f"server answered HTTP {exc.code} for {self.url}", start) from None
+                raise ModelNotFoundError(f"URL not found (404): {self.label}") from None
+            raise GGUFError(f"server answered HTTP {exc.code} for {self.label}", start) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise ModelNotFoundError(f"cannot fetch {self.url}: {reason}") from None
+            raise ModelNotFoundError(f"cannot fetch {self.label}: {_redacted(reason, self.url)}") from None
+        except (http.client.HTTPException, ValueError) as exc:   # InvalidURL, a bad status line, ...
+            raise ModelNotFoundError(f"cannot fetch {self.label}: {type(exc).__name__}") from None
         with resp:
             status = resp.status
             if status == 200:
                 raise GGUFError(f"server ignores Range requests (answered 200 with the whole body) "
-                                f"for {self.url}", start)
+                                f"for {self.label}", start)
             if status != 206:
-                raise GGUFError(f"server answered HTTP {status} to a Range request for {self.url}", start)
+                raise GGUFError(f"server answered HTTP {status} to a Range request for {self.label}", start)
             m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
             if not m:
-                raise GGUFError(f"206 answer without a valid Content-Range from {self.url}", start)
+                raise GGUFError(f"206 answer without a valid Content-Range from {self.label}", start)
             first, last, total = int(m.group(1)), int(m.group(2)), m.group(3)
             if first != start or last < first or last > start + n - 1:
                 raise GGUFError(f"server sent bytes {first}-{last}, asked for {start}-{start + n - 1}",
@@ -236,11 +259,37 @@ class _HTTPSource(_Source):
             try:
                 data = resp.read(want)
             except Exception as exc:  # http.client.IncompleteRead, socket timeout, reset
-                raise GGUFError(f"short read from {self.url}: {type(exc).__name__}", start) from None
+                raise GGUFError(f"short read from {self.label}: {type(exc).__name__}", start) from None
         self.bytes_read += len(data)
         if len(data) != want:
-            raise GGUFError(f"short read from {self.url}: got {len(data)} of {want} bytes", start + len(data))
+            raise GGUFError(f"short read from {self.label}: got {len(data)} of {want} bytes", start + len(data))
         return data
+
+
+def _split_credentials(url: str, label: str) -> tuple[str, str | None]:
+    """(the URL without ``user:password@``, a Basic ``Authorization`` value or None); ModelNotFoundError
+    (naming the redacted URL) when the URL cannot be parsed or has no host or a bad port."""
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port   # .port raises ValueError for a bad port
+    except ValueError as exc:
+        raise ModelNotFoundError(f"not a valid URL: {label} ({exc})") from None
+    if not host:
+        raise ModelNotFoundError(f"not a valid URL: {label} (no host)")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ModelNotFoundError(f"not a valid URL: {label} (it holds spaces or control characters)")
+    if parts.username is None and parts.password is None:
+        return url, None
+    netloc = parts.netloc.rpartition("@")[2]
+    clean = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    cred = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+    return clean, "Basic " + base64.b64encode(cred).decode("ascii")
+
+
+def _redacted(reason, url: str) -> str:
+    """An error reason with the URL (if it repeats it) redacted."""
+    text = str(reason)
+    return text.replace(url, redact_url(url)) if url in text else text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -562,19 +611,62 @@ def _open_source(source, timeout: float) -> tuple[_Source, str]:
     if hasattr(source, "read"):
         return _FileSource(source, own=False), getattr(source, "name", "<file object>")
     if _is_url(source):
-        return _HTTPSource(source, timeout), source
+        src = _HTTPSource(source, timeout)
+        return src, src.label
     if isinstance(source, (str, os.PathLike)):
         from v100lab import zoo
 
         path = Path(os.fspath(source))
         if not path.is_file():
             path = zoo.resolve(os.fspath(source))  # alias, or ModelNotFoundError naming the path
-        try:
-            f = open(path, "rb")
-        except OSError as exc:
-            raise ModelNotFoundError(f"cannot open model file '{path}': {exc.strerror}") from None
-        return _FileSource(f, own=True), str(path)
+        return _FileSource(_open_regular(path), own=True), str(path)
     raise ModelNotFoundError(f"not a model path, URL, alias or file object: {source!r}")
+
+
+def _open_regular(path: Path):
+    """``path`` opened for reading, refusing anything but a regular file (opened non-blocking, so a
+    FIFO put in its place cannot hang the open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot open model file '{term_text(path)}': {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ModelNotFoundError(f"model path '{term_text(path)}' is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_limits(max_header_bytes, timeout) -> None:
+    if isinstance(max_header_bytes, bool) or not isinstance(max_header_bytes, int) or max_header_bytes < 1:
+        raise ConfigError(f"the header cap must be a positive number of bytes, got {max_header_bytes!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT_S):
+        raise ConfigError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout!r}")
+
+
+def check_data(hdr: GGUFHeader) -> None:
+    """Refuse a file whose tensor data runs past its end (a partial download or copy).
+
+    Mirrors llama.cpp src/llama-model-loader.h ``llama_tensor_weight``: every tensor's
+    ``data_offset + offset + nbytes`` must lie within the file. Accepted without data: a header-only
+    file (it ends before the data section starts) and a v100lab skeleton (``general.description``
+    starts with "v100lab skeleton"). Nothing is checked when the size is unknown (a stream).
+    """
+    size = hdr.file_bytes
+    if size is None or hdr.data_complete or size <= hdr.data_offset:
+        return
+    desc = hdr.metadata.get("general.description")
+    if isinstance(desc, str) and desc.startswith(SKELETON_MARK):
+        return
+    cut = next(t for t in hdr.tensors if hdr.data_offset + t.offset + t.n_bytes > size)
+    start = hdr.data_offset + cut.offset
+    raise GGUFError(f"truncated model file of {size} bytes: tensor '{cut.name}' needs bytes {start}-"
+                    f"{start + cut.n_bytes} and the tensor data runs to byte {hdr.data_offset + hdr.data_bytes} "
+                    "(a partial download or copy? llama.cpp refuses it: tensor data not within the file "
+                    "bounds); the file ends", size)
 
 
 def read_header(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
@@ -582,14 +674,17 @@ def read_header(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     """Parse only the GGUF header of ``source`` (path, zoo alias, binary file object, http(s) URL).
 
     Reads at most ``max_header_bytes`` (default 64 MiB); a header that needs more raises
-    :class:`GGUFError`. ``timeout`` applies to each HTTP request. A file object is read from its
-    current position and left open.
+    :class:`GGUFError`, and so does a file whose tensor data runs past its end (:func:`check_data`).
+    ``timeout`` applies to each HTTP request (seconds, finite, at most an hour). A file object is read
+    from its current position and left open. Messages never show a URL's password or query values.
     """
+    _check_limits(max_header_bytes, timeout)
     src, label = _open_source(source, timeout)
     try:
         hdr = _parse(_Reader(src, max_header_bytes))
     finally:
         src.close()
+    check_data(hdr)
     log.debug("read header of %s: %d bytes, %d tensors, %d bytes read in %d requests", label,
               hdr.header_bytes, len(hdr.tensors), hdr.bytes_read, hdr.requests)
     return hdr

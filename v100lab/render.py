@@ -20,6 +20,11 @@ Notebooks display such strings only through these helpers:
   3.11). Either way ``$`` would make mathtext parse a model name as math (or fail to draw):
   ``mpl_text`` escapes it.
 
+Terminal output (the command line) has its own hazard: a model name or a log line holding ESC sequences
+can recolour, retitle or rewrite the terminal. ``term_text(value, limit=None)`` (from
+:mod:`v100lab.safeio`) escapes every control character (``\\x1b``) and shortens with an ellipsis; every
+command prints untrusted strings through it.
+
 Plain ``print()`` output and tracebacks are escaped by nbconvert itself (as ``text/plain``), and so is a
 DataFrame shown as a cell's last expression (pandas escapes by default); raw ``IPython.display.HTML`` or
 ``Markdown`` built by string concatenation is what these helpers replace.
@@ -31,6 +36,8 @@ import html as _html
 import re
 import string
 from typing import Any, Iterable, Mapping
+
+from v100lab.safeio import shorten, term_text  # noqa: F401  (re-exported: the terminal's escaping)
 
 # CommonMark lets a backslash escape any ASCII punctuation character. These are the ones that can
 # start or end Markdown syntax (emphasis, links, images, code, headings, lists, tables, math,

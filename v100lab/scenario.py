@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
+import sys
 import types
 from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
 
-from v100lab.config import CACHE_TYPES, RunConfig
+from v100lab.config import CACHE_TYPES, RunConfig, normalize_flash_attn
 from v100lab.errors import ConfigError, V100labError
+from v100lab.safeio import read_text_bounded
 from v100lab.zoo import LADDER, ftype_of
 
 GROUPS = {
@@ -47,6 +50,7 @@ GROUPS = {
 }
 
 CLAIMS = ("seed", "none")
+MAX_PARAMETER_FILE_BYTES = 1 << 20
 CORPORA = ("pydoc_data.topics",)
 
 
@@ -143,6 +147,8 @@ class Scenario:
         for f in fields(self):
             value = _check(f.name, getattr(self, f.name), hints[f.name], f.metadata)
             object.__setattr__(self, f.name, value)
+        # llama.cpp's own spellings of -fa (1, true, enabled, ...) mean on/off/auto here too
+        object.__setattr__(self, "flash_attn", normalize_flash_attn(self.flash_attn))
         if self.n_prompt == 0 and self.n_gen == 0:
             raise ConfigError("n_prompt/n_gen: at least one must be > 0")
         if self.perplexity_ctx % 2:
@@ -248,21 +254,37 @@ def _check(name: str, value, annotation, meta: Mapping[str, Any]):
         item = inner
         if not all(_scalar_ok(v, item) for v in value):
             raise bad
-        items = tuple(float(v) if item is float else v for v in value)
+        items = tuple(_as_float(name, v) if item is float else v for v in value)
         for v in items:
             _check_limits(name, v, meta)
         return items
     if not _scalar_ok(value, annotation):
         raise bad
     if annotation is float:
-        value = float(value)
+        value = _as_float(name, value)
     _check_limits(name, value, meta)
     if annotation is str and not value.strip():
         raise ConfigError(f"{name}: must not be empty")
     return value
 
 
+MAX_INT = 2**53   # any integer key beyond this is a typo (and would lose precision as a float)
+
+
+def _as_float(name: str, value) -> float:
+    """A number as a finite float; ConfigError for NaN, infinities and integers too large for a float."""
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise ConfigError(f"{name}: must be a finite number, got {_short(value)}")
+    return x
+
+
 def _check_limits(name: str, value, meta: Mapping[str, Any]) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise ConfigError(f"{name}: {_short(value)} is too large (at most 2**53)")
     choices, lo = meta.get("choices"), meta.get("min")
     if choices and value not in choices:
         raise ConfigError(f"{name}: {_short(value)} is not one of {', '.join(map(str, choices))}")
@@ -277,7 +299,10 @@ def _check_limits(name: str, value, meta: Mapping[str, Any]) -> None:
 
 
 def _short(value) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:   # an int of more than 4300 digits cannot be printed
+        text = f"an integer of over {sys.get_int_max_str_digits()} digits"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -306,12 +331,9 @@ def read_parameters(path: str | os.PathLike) -> dict[str, Any]:
     import yaml
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: parameter file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read parameter file: {exc}") from None
+    if not (p.exists() or p.is_symlink()):
+        raise ConfigError(f"{p}: parameter file not found")
+    text = read_text_bounded(p, MAX_PARAMETER_FILE_BYTES, what="parameter file", error=ConfigError)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -319,8 +341,14 @@ def read_parameters(path: str | os.PathLike) -> dict[str, Any]:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{p}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid YAML: nested too deeply") from None
+    except ValueError as exc:   # PyYAML's int() of a number too long to convert
+        raise ConfigError(f"{p}: not valid YAML: {str(exc).splitlines()[0][:200]}") from None
     if data is None:
-        return {}
+        # an empty file (or only comments) is more likely a mistake than a wish for every default
+        raise ConfigError(f"{p}: the parameter file is empty; write at least `scenario: NAME` "
+                          "(or `{}` for every default)")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a parameter file must be a mapping of keys to values, "
                           f"got {type(data).__name__}")

@@ -3,8 +3,18 @@
 Why a line-per-row file and not a database: a sweep can run for hours and may be killed (kill -9, an
 out-of-memory killer, a closed laptop). Each row is appended, flushed and fsync'ed before the next
 configuration starts, so everything measured before the kill is on disk; the only thing a kill can leave
-is a *torn last line* (a row half-written). Readers skip a torn last line, and the next append truncates
-it away first, so the file stays valid JSONL.
+is a *torn last line* (a row half-written). A torn line is a tail (after the last newline) that does not
+parse as JSON: readers skip it, and the next append truncates it away first, so the file stays valid
+JSONL. A last line that parses but lacks its newline (an editor, ``echo -n``, a copy) is a complete row:
+it is kept, and the next append writes the missing newline first.
+
+Nothing in the file can stop a resume: a line that does not parse, or a row of unexpected shape (a list,
+a string where a number belongs, no ``key``), is reported as a logging warning with its line number and
+skipped (:func:`row_problem` says what is wrong), and every other row is used.
+
+Before a sweep measures anything, :func:`check_writable` makes sure its rows can be stored (the path is
+creatable and writable, its folder is a folder, the sidecar folder is usable) — creating nothing, so a
+refusal leaves no trace.
 
 Resume: every row carries a ``key`` (a hash of what was measured: model header, backend, run config, test,
 depth, repetitions). A sweep asks :meth:`ResultsStore.done_keys` and skips keys already recorded with
@@ -22,11 +32,30 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
+import stat
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from v100lab.errors import ConfigError, V100labError
+from v100lab.safeio import check_creatable, term_text
+
 log = logging.getLogger(__name__)
+
+MAX_TAIL_CHECK_BYTES = 64 << 20   # a tail without a newline larger than this is kept (newline added), not parsed
+
+# what a stored row's fields must be when present (None is always allowed); "ok" rows need the speeds
+_NUMBER_FIELDS = ("avg_ts", "stddev_ts", "avg_ns", "stddev_ns", "cv")
+_INT_FIELDS = ("n_prompt", "n_gen", "n_depth", "repetitions")
+_STR_FIELDS = ("status", "log_file", "monitor_file", "run_id", "load_id", "test", "backend")
+_LIST_FIELDS = ("samples_ts", "samples_ns")
+_OK_NEEDS = ("avg_ts",)
+
+
+class StoreError(V100labError):
+    """A results file that cannot be written (a path that is a folder, a parent that is a file, no
+    permission, a full disk)."""
 
 
 def row_key(row: Mapping[str, Any]) -> str:
@@ -48,12 +77,70 @@ def row_key(row: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def row_problem(row: Any) -> str | None:
+    """What makes a stored row unusable (None when it is fine): not an object, no string ``key``, a field
+    of the wrong type (a string for ``avg_ts``, a list for ``status``), or an "ok" row without its speeds."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    key = row.get("key")
+    if not isinstance(key, str) or not key:
+        return "no 'key' (a non-empty string)" if key is None else f"'key' is a {type(key).__name__}, not a string"
+    for name in _STR_FIELDS:
+        if row.get(name) is not None and not isinstance(row[name], str):
+            return f"'{name}' is a {type(row[name]).__name__}, not a string"
+    for name in _NUMBER_FIELDS:
+        if row.get(name) is not None and not _is_number(row[name]):
+            return f"'{name}' is {_short(row[name])}, not a finite number"
+    for name in _INT_FIELDS:
+        v = row.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"'{name}' is {_short(v)}, not an integer"
+    for name in _LIST_FIELDS:
+        v = row.get(name)
+        if v is not None and (not isinstance(v, list) or not all(_is_number(x) for x in v)):
+            return f"'{name}' is not a list of numbers"
+    if row.get("config") is not None and not isinstance(row["config"], dict):
+        return f"'config' is a {type(row['config']).__name__}, not an object"
+    if row.get("status") == "ok":
+        missing = [n for n in _OK_NEEDS if row.get(n) is None]
+        if missing:
+            return f"status 'ok' without {', '.join(missing)}"
+    return None
+
+
+def _short(v) -> str:
+    text = json.dumps(v, default=str) if not isinstance(v, str) else repr(v)
+    return term_text(text, limit=40)
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Make sure rows can be appended to the results file at ``path`` — before anything is measured.
+
+    Raises :class:`StoreError` (one line) when the path is a folder or a special file, a parent on the way
+    is a file, the file or the folder that would hold it is not writable, or the sidecar folder
+    ``<path>.runs`` is not a writable folder. Creates nothing (no file, no folder), so a refusal leaves no
+    trace. Returns the path.
+    """
+    p = Path(path)
+    check_creatable(p, what="results file", error=StoreError)
+    check_creatable(p.with_name(p.name + ".runs"), what="results sidecar folder", error=StoreError, folder=True)
+    return p
+
+
 class ResultsStore:
     """Append-only JSONL file of result rows (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._checked_tail = False
+
+    def check_writable(self) -> None:
+        """:func:`check_writable` for this store's path (call it before measuring)."""
+        check_writable(self.path)
 
     # ---- writing ---------------------------------------------------------------------------
     @property
@@ -79,21 +166,28 @@ class ResultsStore:
             _write_durably(self.sidecar_dir / name, json.dumps(series, default=_json_default))
             row["monitor_file"] = f"{self.sidecar_dir.name}/{name}"
         line = json.dumps(row, default=_json_default, allow_nan=False) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                self._drop_torn_tail(f)
-                f.write(line.encode())
-                f.flush()
-                os.fsync(f.fileno())
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a+b") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    self._mend_tail(f)
+                    f.write(line.encode())
+                    f.flush()
+                    os.fsync(f.fileno())
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise StoreError(f"results file {term_text(self.path)}: cannot append a row "
+                             f"({exc.strerror or exc})") from None
         return row
 
     @staticmethod
-    def _drop_torn_tail(f) -> None:
-        """If the file does not end with a newline, the last line is a torn write: cut it off."""
+    def _mend_tail(f) -> None:
+        """Make the file end with a newline before a row is appended.
+
+        The tail after the last newline is a complete row when it parses as JSON (kept: only the newline
+        is missing) and a torn write otherwise (cut off). A tail too large to check is kept too."""
         f.seek(0, os.SEEK_END)
         size = f.tell()
         if size == 0:
@@ -101,46 +195,49 @@ class ResultsStore:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return
-        # find the last newline; everything after it is the torn row
-        pos = size
-        step = 1 << 16
-        cut = 0
-        while pos > 0:
-            start = max(0, pos - step)
-            f.seek(start)
-            chunk = f.read(pos - start)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                cut = start + i + 1
-                break
-            pos = start
-        log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write", f.name, size - cut)
-        f.truncate(cut)
+        cut = _last_line_start(f, size)
+        if size - cut <= MAX_TAIL_CHECK_BYTES:
+            f.seek(cut)
+            tail = f.read(size - cut)
+            if not _parses(tail):
+                log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write",
+                            f.name, size - cut)
+                f.truncate(cut)
+                f.seek(0, os.SEEK_END)
+                return
         f.seek(0, os.SEEK_END)
+        f.write(b"\n")
 
     # ---- reading ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.rows())
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every complete row in file order (a torn or unreadable line is skipped with a warning)."""
+        """Every usable row in file order. A torn last line, a line that does not parse and a row of
+        unexpected shape (see :func:`row_problem`) are skipped, each with a warning naming its line."""
         if not self.path.exists():
             return []
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise StoreError(f"results file {term_text(self.path)}: cannot read it ({exc.strerror or exc})") from None
         out = []
-        with open(self.path, "rb") as f:
-            data = f.read()
         lines = data.split(b"\n")
         for i, raw in enumerate(lines):
             if not raw.strip():
                 continue
             try:
                 row = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 torn = i == len(lines) - 1
                 log.warning("%s: skipping %s line %d", self.path, "a torn last" if torn else "an unreadable", i + 1)
                 continue
-            if isinstance(row, dict):
-                out.append(row)
+            problem = row_problem(row)
+            if problem:
+                log.warning("%s: skipping line %d: %s", self.path, i + 1, problem)
+                continue
+            out.append(row)
         return out
 
     def done_keys(self) -> set[str]:
@@ -168,11 +265,37 @@ class ResultsStore:
         return json.loads(p.read_text()) if p else None
 
     def _side_path(self, row: Mapping[str, Any], field: str) -> Path | None:
+        """The sidecar file a row names, only inside ``<results>.runs/`` (a row cannot point elsewhere)."""
         rel = row.get(field)
-        if not rel:
+        if not rel or not isinstance(rel, str):
             return None
         p = self.path.parent / rel
-        return p if p.exists() else None
+        try:
+            inside = p.resolve().is_relative_to(self.sidecar_dir.resolve())
+        except (OSError, ValueError):
+            return None
+        return p if inside and p.is_file() else None
+
+
+def _last_line_start(f, size: int) -> int:
+    """The offset just after the last newline before ``size`` (0 when there is none)."""
+    pos, step = size, 1 << 16
+    while pos > 0:
+        start = max(0, pos - step)
+        f.seek(start)
+        i = f.read(pos - start).rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
+
+
+def _parses(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _write_durably(path: Path, text: str) -> None:

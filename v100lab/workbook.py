@@ -57,6 +57,7 @@ from urllib.parse import quote
 from v100lab import __version__
 from v100lab.errors import ConfigError
 from v100lab.render import escape
+from v100lab.safeio import check_creatable
 from v100lab.scenario import Scenario, load_scenario, parameters_cell_source, read_parameters
 
 log = logging.getLogger(__name__)
@@ -588,11 +589,12 @@ def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str
     Parameter files are validated before anything runs (ConfigError naming file and key).
     ``timeout`` is papermill's per-cell execution timeout in seconds (None: no limit).
     """
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout}")
     notebooks = find_notebooks(notebooks)
     runs = plan_runs(params_files, notebooks)
     out = Path(out_dir).resolve()
+    check_creatable(out, what="output folder", error=ConfigError, folder=True)   # before any run
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results: list[RunResult] = []

@@ -9,14 +9,18 @@ run failed, 2 for bad input (a missing or invalid parameter file, no notebook ma
 from __future__ import annotations
 
 import json
+import math
 import sys
+from pathlib import Path
 
 from v100lab import workbook
 from v100lab.errors import ConfigError
+from v100lab.safeio import check_creatable, term_text
 
 NAME = "batch"
 HELP = "run every notebook for each parameter file (papermill) and export HTML reports with an index"
 DEFAULT_TIMEOUT_S = 1200.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week per cell: beyond that, 0 (no limit) says it better
 
 
 def add_arguments(p):
@@ -41,8 +45,8 @@ def _status_line(r: workbook.RunResult) -> str:
                 f"predicted {workbook.format_tps(h.get('predicted_tok_s'))} tok/s")
     cached = " (unchanged, not re-run)" if r.cached else ""
     reason = f"  — {r.reason}" if r.reason else ""
-    return (f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
-            f"{workbook.format_duration(r.duration_s)}{head}{reason}")
+    return term_text(f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
+                     f"{workbook.format_duration(r.duration_s)}{head}{reason}")
 
 
 def _stem(path: str) -> str:
@@ -61,7 +65,7 @@ def _summary_table(result: workbook.BatchResult) -> str:
                       workbook.format_tps(row["measured_tok_s"]), workbook.format_tps(row["predicted_tok_s"]),
                       row["report"] or "-"))
     widths = [min(max(len(str(r[i])) for r in table), 40) for i in range(len(header))]
-    lines = ["  ".join(str(c)[:40].ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines = ["  ".join(term_text(c, limit=40).ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     n_fail = len(result.failed)
     lines.append("")
@@ -83,10 +87,13 @@ def run(args) -> int:
 
     patterns = args.notebooks or [workbook.DEFAULT_NOTEBOOKS]
     notebooks = workbook.find_notebooks(patterns)
-    if args.timeout < 0:
-        raise ConfigError(f"--timeout must be >= 0 seconds (0 = none), got {args.timeout:g}")
+    if not math.isfinite(args.timeout) or not 0 <= args.timeout <= MAX_TIMEOUT_S:
+        raise ConfigError(f"--timeout must be a number of seconds in [0, {MAX_TIMEOUT_S:g}] (0 = none), "
+                          f"got {args.timeout:g}")
     timeout = args.timeout or None
     total = len(workbook.plan_runs(args.params, notebooks))  # validates every parameter file first
+    # the output folder, before anything runs: not a file, creatable, writable
+    check_creatable(Path(args.out), what="--out", error=ConfigError, folder=True)
     bar = tqdm(total=total, unit="run", desc="batch", file=sys.stderr, dynamic_ncols=True)
 
     def on_start(run, i, n):

@@ -13,7 +13,10 @@ offloadable_layers, flash_attn, buffers_mib, notes.
 from __future__ import annotations
 
 import json
+import math
 import sys
+
+from v100lab.errors import ConfigError
 
 NAME = "doctor"
 HELP = "diagnose a llama.cpp log (llama-server, llama-cli, llama-bench): findings with evidence and fixes"
@@ -29,13 +32,24 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
+MAX_RAM_GIB = float(1 << 20)   # 1 PiB: beyond any machine, so only typos fail
+
+
+def _free_ram_bytes(gib: float | None) -> int | None:
+    if gib is None:
+        return None
+    if not math.isfinite(gib) or not 0 <= gib <= MAX_RAM_GIB:
+        raise ConfigError(f"--free-ram-gib must be a number of GiB in [0, {MAX_RAM_GIB:g}], got {gib:g}")
+    return int(gib * 2**30)
+
+
 def run(args) -> int:
     from v100lab.doctor import diagnose_file
 
-    free = int(args.free_ram_gib * 2**30) if args.free_ram_gib is not None else None
+    free = _free_ram_bytes(args.free_ram_gib)
     d = diagnose_file(args.logfile, args.device, free_ram_bytes=free)
     if args.json:
-        json.dump(d.as_json(), sys.stdout, indent=2)
+        json.dump(d.as_json(), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
         print(d.format_text())

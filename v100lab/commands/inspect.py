@@ -1,16 +1,24 @@
 """``v100lab inspect MODEL [--json]``: what a GGUF header says, and what llama.cpp derives from it.
 
 MODEL is a path, an http(s) URL (only the header is fetched, with Range requests) or a zoo alias.
-The JSON keys are a contract (scripts rely on them); see :func:`spec_to_json`.
+The JSON keys are a contract (scripts rely on them); see :func:`spec_to_json`. A file whose tensor data
+runs past its end is refused (exit 2). Every string from the file is printed through
+:func:`v100lab.render.term_text` (control characters escaped), and a URL without its secrets.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 
-from v100lab.header import DEFAULT_MAX_HEADER_BYTES, read_spec
+from v100lab.errors import ConfigError
+from v100lab.header import DEFAULT_MAX_HEADER_BYTES, MAX_TIMEOUT_S, read_spec
+from v100lab.render import term_text
+from v100lab.safeio import redact_url
 from v100lab.spec import ModelSpec
+
+MAX_HEADER_MIB = 4096.0   # the cap itself is capped: a header beyond 4 GiB is not a model
 
 NAME = "inspect"
 HELP = "parse a GGUF header (path, URL or alias) and show layers, heads, SWA/recurrent layers, sizes"
@@ -43,7 +51,7 @@ def spec_to_json(spec: ModelSpec, tensors: bool = False) -> dict:
         "head_dim_v": spec.head_dim_v,
         "n_ctx_train": spec.n_ctx_train,
         "n_vocab": spec.n_vocab,
-        "rope_freq_base": spec.rope_freq_base,
+        "rope_freq_base": _finite(spec.rope_freq_base),
         "rope_dimension_count": spec.rope_dimension_count,
         "sliding_window": spec.sliding_window,
         "swa_layers": list(spec.swa_layers),
@@ -68,6 +76,7 @@ def spec_to_json(spec: ModelSpec, tensors: bool = False) -> dict:
         "alignment": spec.alignment,
         "data_offset": spec.data_offset,
         "file_bytes": spec.file_bytes,
+        "data_complete": _data_complete(spec),
         "tensor_types": dict(sorted(spec.tensor_types.items())),
         "layer_bytes": list(spec.layer_bytes),
     }
@@ -75,6 +84,28 @@ def spec_to_json(spec: ModelSpec, tensors: bool = False) -> dict:
         out["tensors"] = [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "n_bytes": t.n_bytes,
                            "offset": t.offset, "layer": t.layer} for t in spec.tensors]
     return out
+
+
+def _finite(x: float | None) -> float | None:
+    """A metadata float for JSON: NaN and infinities (a file can hold them) become null."""
+    return x if x is None or math.isfinite(x) else None
+
+
+def _data_complete(spec: ModelSpec) -> bool | None:
+    """Whether the file holds all tensor data (None when its size is unknown)."""
+    if spec.file_bytes is None:
+        return None
+    end = max((t.offset + t.n_bytes for t in spec.tensors), default=0)
+    return spec.file_bytes >= spec.data_offset + end
+
+
+def _data_line(spec: ModelSpec) -> str:
+    complete = _data_complete(spec)
+    if complete is None:
+        return "tensor data: not checked (size unknown)"
+    if complete:
+        return "tensor data: complete"
+    return "tensor data: none (a header-only description; llama.cpp cannot load it)"
 
 
 def _ranges(idx) -> str:
@@ -102,8 +133,9 @@ def _fmt_bytes(n: int | None) -> str:
 def _summary(spec: ModelSpec, source: str) -> str:
     d = spec_to_json(spec)
     lines = [
-        f"{source}",
-        f"  {spec.architecture} '{spec.name}', {spec.file_type}, {spec.n_params / 1e6:.1f} M params, "
+        f"{term_text(source)}",
+        f"  {term_text(spec.architecture)} '{term_text(spec.name, limit=200)}', {spec.file_type}, "
+        f"{spec.n_params / 1e6:.1f} M params, "
         f"{_fmt_bytes(spec.weight_bytes)} of weights ({spec.bits_per_weight:.2f} bits/weight)",
         f"  layers {spec.n_layer}, n_embd {spec.n_embd}, n_ff {d['n_ff']}, heads {d['n_head']} "
         f"(KV {d['n_head_kv']}), head_dim k/v {spec.head_dim_k}/{spec.head_dim_v}",
@@ -124,18 +156,28 @@ def _summary(spec: ModelSpec, source: str) -> str:
         f"  per layer {_fmt_bytes(max(spec.layer_bytes, default=0))} (max), outside layers "
         f"{_fmt_bytes(spec.nonlayer_bytes)}",
         f"  header {_fmt_bytes(spec.header_bytes)} (alignment {spec.alignment}), file {_fmt_bytes(spec.file_bytes)}",
+        f"  {_data_line(spec)}",
     ]
     return "\n".join(lines)
 
 
+def _check_args(args) -> None:
+    mib = args.max_header_mib
+    if not math.isfinite(mib) or not 0 < mib <= MAX_HEADER_MIB:
+        raise ConfigError(f"--max-header-mib must be in (0, {MAX_HEADER_MIB:g}], got {mib:g}")
+    if not math.isfinite(args.timeout) or not 0 < args.timeout <= MAX_TIMEOUT_S:
+        raise ConfigError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {args.timeout:g}")
+
+
 def run(args) -> int:
-    spec = read_spec(args.model, max_header_bytes=int(args.max_header_mib * 2**20), timeout=args.timeout)
+    _check_args(args)
+    spec = read_spec(args.model, max_header_bytes=max(1, int(args.max_header_mib * 2**20)), timeout=args.timeout)
     if args.json:
-        json.dump(spec_to_json(spec, tensors=args.tensors), sys.stdout, indent=2)
+        json.dump(spec_to_json(spec, tensors=args.tensors), sys.stdout, indent=2, allow_nan=False)
         print()
         return 0
-    print(_summary(spec, args.model))
+    print(_summary(spec, redact_url(args.model) if "://" in args.model else args.model))
     if args.tensors:
         for t in spec.tensors:
-            print(f"  {t.name:<40} {t.type_name:<6} {str(list(t.shape)):<22} {t.n_bytes:>12}")
+            print(f"  {term_text(t.name):<40} {t.type_name:<6} {str(list(t.shape)):<22} {t.n_bytes:>12}")
     return 0

@@ -7,6 +7,7 @@ import sys
 
 from v100lab import zoo
 from v100lab.errors import V100labError
+from v100lab.render import term_text
 
 NAME = "models"
 HELP = "list the model zoo (aliases, files, types, sizes), or build models with `models make`"
@@ -41,13 +42,29 @@ def _list(args) -> int:
         json.dump(rows, sys.stdout, indent=2)
         print()
         return 0
-    print(f"cache: {zoo.cache_dir()}  (set ${zoo.CACHE_ENV} to move it)")
+    print(f"cache: {term_text(zoo.cache_dir())}  (set ${zoo.CACHE_ENV} to move it)")
     print(f"{'alias':<22} {'type':<8} {'size':>10}  {'present':<7}  path")
     for r in rows:
         size = f"{r['size_bytes'] / 2**20:.1f} MiB" if r["size_bytes"] else "-"
         print(f"{r['alias']:<22} {r['file_type'] or '-':<8} {size:>10}  {'yes' if r['present'] else 'no':<7}  "
-              f"{r['path'] or '(package not installed)'}")
+              f"{term_text(r['path'] or '(package not installed)')}")
     return 0
+
+
+def _check_target(target: str) -> None:
+    """A ``models make`` target is an alias this command builds, with a known quant: refused (one line)
+    before any file is written (a wrong quant must not cost a 258 MiB F16 build first)."""
+    base, sep, quant = target.partition(":")
+    known = (zoo.GEMMA_ALIAS, zoo.DEFAULT_ALIAS, *zoo.SYNTH_PRESETS)
+    if base not in known:
+        raise V100labError(f"models make: '{term_text(base, limit=80)}' is not an alias it builds "
+                           f"(known: {', '.join(known)})")
+    if base == zoo.GEMMA_ALIAS and sep:
+        raise V100labError(f"models make: '{zoo.GEMMA_ALIAS}' has no quant ladder; drop ':{term_text(quant, limit=20)}'")
+    if sep:
+        if not quant:
+            raise V100labError(f"models make: '{term_text(target, limit=80)}' names no quant after ':'")
+        zoo.ftype_of(quant)   # V100labError naming the known quants
 
 
 def _make(args) -> int:
@@ -55,6 +72,8 @@ def _make(args) -> int:
 
     if not args.targets:
         raise V100labError("models make: name at least one alias, e.g. `v100lab models make synth-tiny --ladder`")
+    for target in args.targets:   # every name and quant checked before anything is built
+        _check_target(target)
     made = {}
     for target in args.targets:
         base, _, quant = target.partition(":")
@@ -84,7 +103,7 @@ def _make(args) -> int:
         print()
     else:
         for alias, path in made.items():
-            print(f"{alias:<22} {path}")
+            print(f"{term_text(alias):<22} {term_text(path)}")
     return 0
 
 
