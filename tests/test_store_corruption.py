@@ -180,6 +180,8 @@ def test_fifo_is_not_a_results_file(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(StoreError, match="FIFO"):
         check_writable(tmp_path / "pipe")
+    with pytest.raises(StoreError, match="not a regular file"):      # reading it does not block either
+        ResultsStore(tmp_path / "pipe").rows()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file (os.access says so too)")

@@ -217,11 +217,7 @@ class ResultsStore:
         unexpected shape (see :func:`row_problem`) are skipped, each with a warning naming its line."""
         if not self.path.exists():
             return []
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise StoreError(f"results file {term_text(self.path)}: cannot read it ({exc.strerror or exc})") from None
+        data = _read_regular(self.path)
         out = []
         lines = data.split(b"\n")
         for i, raw in enumerate(lines):
@@ -275,6 +271,24 @@ class ResultsStore:
         except (OSError, ValueError):
             return None
         return p if inside and p.is_file() else None
+
+
+def _read_regular(path: Path) -> bytes:
+    """The whole results file; StoreError when it is not a regular file (a FIFO would block, /dev/zero
+    would never end) or cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise StoreError(f"results file {term_text(path)}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"results file {term_text(path)} is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise StoreError(f"results file {term_text(path)}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
 
 
 def _last_line_start(f, size: int) -> int:
