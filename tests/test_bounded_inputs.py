@@ -352,3 +352,9 @@ def test_from_flag_args_reads_tensor_split():
     p = argparse.ArgumentParser()
     add_flag_arguments(p)
     assert from_flag_args(p.parse_args(["-ts", "3/1", "-fa", "true"])).tensor_split == (3.0, 1.0)
+
+
+@pytest.mark.parametrize("args", [["-t", "0"], ["-t", str((os.cpu_count() or 1) + 1)], ["-t", "nan"], ["-t", "1,,x"],
+                                  ["-t", "9" * 5000], ["-r", "0"], ["-r", "1000000"]])
+def test_calibrate_flags_refused_before_measuring(capsys, args):
+    one_line_error(capsys, ["calibrate", *args], within_s=5)

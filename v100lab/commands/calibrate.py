@@ -7,9 +7,14 @@ busy: llama.cpp's threads spin while they wait, so any other process collapses t
 from __future__ import annotations
 
 import json
+import os
 import sys
 
+from v100lab.render import term_text
+
 NAME = "calibrate"
+MAX_REPETITIONS = 100   # a calibration is about a minute at 3; 100 is already an hour
+
 HELP = "measure this host (bandwidth, llama.cpp's cost per weight type and thread count) for --device host"
 
 
@@ -29,9 +34,12 @@ def _threads(text: str) -> list[int] | None:
     try:
         out = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise ConfigError(f"--threads: not a list of integers: '{text}'") from None
-    if not out or any(t < 1 for t in out):
-        raise ConfigError(f"--threads: thread counts must be >= 1, got '{text}'")
+        raise ConfigError(f"--threads: not a list of integers: '{term_text(text, limit=60)}'") from None
+    cores = os.cpu_count() or 1
+    if not out or any(not 1 <= t <= cores for t in out):
+        # more threads than cores only measures the scheduler (llama.cpp's threads spin while they wait)
+        raise ConfigError(f"--threads: thread counts must be between 1 and this machine's {cores} cores, "
+                          f"got '{term_text(text, limit=60)}'")
     return out
 
 
@@ -64,8 +72,8 @@ def run(args) -> int:
         if not cal:
             raise V100labError("no calibration stored for this host: run `v100lab calibrate`")
     else:
-        if args.repetitions < 1:
-            raise ConfigError(f"--repetitions must be >= 1, got {args.repetitions}")
+        if not 1 <= args.repetitions <= MAX_REPETITIONS:
+            raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
         say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
         cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say)
     if args.json:
