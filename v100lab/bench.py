@@ -270,6 +270,8 @@ def run_tests(model: str | os.PathLike, cfg: RunConfig | None = None,
         raise ConfigError(f"repetitions must be >= 1, got {repetitions}")
     be = get_backend(backend)
     store = results if isinstance(results, ResultsStore) or results is None else ResultsStore(results)
+    if store is not None:
+        store.check_writable()          # before anything is measured: a row that cannot be stored is lost
     path = _resolve_model(model)
     facts = model_facts(path)
     planned = [(t, _base_row(facts, cfg, t, be.name, repetitions, lever, value)) for t in make_tests(tests, depths)]
@@ -377,6 +379,8 @@ def sweep(model: str | os.PathLike, base_cfg: RunConfig | None, lever: str, valu
     if lever not in SPECIAL_LEVERS and lever not in base_cfg.as_dict():
         raise ConfigError(f"unknown lever '{lever}' (a RunConfig field, or one of {', '.join(SPECIAL_LEVERS)})")
     store = ResultsStore(results) if results is not None else None
+    if store is not None:
+        store.check_writable()
     plans = []
     for v in values:
         m, cfg, d = model, base_cfg, depths
