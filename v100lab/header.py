@@ -221,9 +221,9 @@ class _HTTPSource(_Source):
                 return b""
         headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity",
                    "User-Agent": "v100lab-header"}
-        if self.auth:
-            headers["Authorization"] = self.auth
         req = urllib.request.Request(self.url, headers=headers)
+        if self.auth:   # not forwarded when the server redirects to another host (a CDN)
+            req.add_unredirected_header("Authorization", self.auth)
         self.requests += 1
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout)
