@@ -212,6 +212,12 @@ def test_model_metadata_is_escaped_in_inspect(tmp_path, capsys):
     assert main(["inspect", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["name"] == evil.decode()                            # JSON keeps it exact (escaped by JSON)
+    # plan and tune print the model's name too
+    for argv in (["plan", str(path), "--device", "v100-16gb", "-c", "2048"],
+                 ["tune", str(path), "--device", "a100-80gb", "--min-ctx", "2048"]):
+        main(argv)
+        out = capsys.readouterr().out
+        assert out and "\x1b" not in out and "\x07" not in out, argv
 
 
 # ------------------------------------------------------------------------------------------------

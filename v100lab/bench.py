@@ -463,7 +463,7 @@ def format_markdown(rows: Iterable[Mapping[str, Any]]) -> str:
         params = r.get("model_n_params")
         p = "-" if not params else (f"{params / 1e6:.2f} M" if params < 1e9 else f"{params / 1e9:.2f} B")
         if r.get("status") == "ok":
-            ts = f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" + (" (noisy)" if r.get("noisy") else "")
+            ts = f"{r['avg_ts']:.2f} ± {r.get('stddev_ts') or 0:.2f}" + (" (noisy)" if r.get("noisy") else "")
         else:
             ts = f"{r.get('status')}: {r.get('reason')}"
         lines.append(f"| {r.get('model_type') or Path(str(r.get('model_filename'))).name} | "

@@ -20,6 +20,7 @@ error class itself can use it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -60,6 +61,22 @@ def term_text(value, limit: int | None = None) -> str:
     if not text.isprintable():
         text = "".join(c if c.isprintable() else _escape_char(c) for c in text)
     return shorten(text, limit) if limit is not None else text
+
+
+def term_lines(text) -> str:
+    """A multi-line report safe to print: :func:`term_text` applied line by line (its newlines kept)."""
+    return "\n".join(term_text(line) for line in str(text).split("\n"))
+
+
+def json_safe(value):
+    """``value`` with every NaN or infinite float replaced by None, so ``json.dump(allow_nan=False)`` holds."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def shorten(text: str, limit: int) -> str:

@@ -23,6 +23,7 @@ import sys
 from v100lab import config as config_mod
 from v100lab.errors import ConfigError
 from v100lab.memory import fmt_bytes
+from v100lab.safeio import json_safe, term_lines
 
 NAME = "plan"
 HELP = "predict llama.cpp's memory per device (weights, KV, compute, output), whether it fits, and the largest context"
@@ -117,8 +118,8 @@ def run(args) -> int:
                                f"({mplan.n_ctx_seq})")
     doc["predicted"] = _predicted(spec, devices, cfg, mplan, args)
     if args.json:
-        json.dump(doc, sys.stdout, indent=2)
+        json.dump(json_safe(doc), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
-        print(_human(doc))
+        print(term_lines(_human(doc)))   # model names and notes come from files: escape them
     return 0

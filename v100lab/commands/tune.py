@@ -22,6 +22,7 @@ import json
 import sys
 
 from v100lab.errors import ConfigError
+from v100lab.safeio import json_safe, term_lines
 
 NAME = "tune"
 HELP = "the fastest llama.cpp configuration that fits a device, as a llama-server command with reasons"
@@ -62,12 +63,12 @@ def run(args) -> int:
     except NothingFits as exc:
         # no command: the JSON document says so (fits false, argv empty, the blockers); one line on stderr
         if args.json:
-            json.dump(exc.result.as_json(), sys.stdout, indent=2)
+            json.dump(json_safe(exc.result.as_json()), sys.stdout, indent=2, allow_nan=False)
             print()
         raise
     if args.json:
-        json.dump(r.as_json(), sys.stdout, indent=2)
+        json.dump(json_safe(r.as_json()), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
-        print(r.format_text())
+        print(term_lines(r.format_text()))   # model names and notes come from files: escape them
     return 0
