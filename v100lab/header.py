@@ -774,6 +774,11 @@ def _first(v) -> int:
     return v[0] if isinstance(v, tuple) else v
 
 
+def _largest(v) -> int:
+    """A per-layer array's largest value (llama.cpp's n_ff_exp() reads layer 0; arrays are uniform in practice)."""
+    return max(v, default=0) if isinstance(v, tuple) else v
+
+
 # archs whose SWA layers follow llama_hparams::set_swa_pattern(n) with a fixed n in llama.cpp's
 # load_hparams (the GGUF's sliding_window_pattern key is not read for them)
 _FIXED_SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "gemma-embedding": 6, "gemma3n": 5}
@@ -922,6 +927,8 @@ def spec_from_metadata(md: Mapping[str, object], tensors: Sequence[TensorInfo], 
         value_length_mla=m.int("attention.value_length_mla"),
         expert_count=m.int("expert_count", 0),
         expert_used_count=m.int("expert_used_count", 0),
+        n_ff_exp=_largest(m.int_or_array("expert_feed_forward_length", n_layer, default=0)),
+        n_ff_shexp=m.int("expert_shared_feed_forward_length", 0),
         ssm_conv_kernel=m.int("ssm.conv_kernel"),
         ssm_state_size=m.int("ssm.state_size"),
         ssm_group_count=m.int("ssm.group_count"),

@@ -242,12 +242,13 @@ def _is_input(name: str) -> bool:
 
 # ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type (x86 with AVX2/AVX-512, the usual host of
 # a GPU): these weight types are re-laid out into interleaved 8x8 blocks in a separate "CPU_REPACK" buffer
-# when the tensor is a matrix multiplied on the CPU (not token_embd, read by GET_ROWS) with ne[1] % 8 == 0.
+# when the tensor is a matrix multiplied on the CPU (not token_embd, read by GET_ROWS) with ne[1] % 8 == 0 —
+# a 2-D weight of MUL_MAT or a 3-D stack of experts of MUL_MAT_ID (extra_buffer_type::supports_op).
 REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 
 
 def _repacked(t) -> bool:
-    return (t.type_name.upper() in REPACK_TYPES and len(t.shape) == 2 and t.shape[1] % 8 == 0
+    return (t.type_name.upper() in REPACK_TYPES and len(t.shape) in (2, 3) and t.shape[1] % 8 == 0
             and not _is_input(t.name))
 
 
@@ -293,34 +294,55 @@ def weights_by_device(spec: ModelSpec, slots: Mapping[int, str], use_mmap: bool 
 # ------------------------------------------------------------------------------------------------
 
 
+# Architectures whose full-attention layers project a gate with the query (Q and gate in one matrix,
+# src/models/qwen35.cpp build_layer_attn) and whose output rows are gathered after the final norm
+# (get_rows on inp_out_ids after output_norm, not in the last layer).
+GATED_ATTN_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
+
 def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *, has_output: bool = True,
                            attn_layers: bool = True, kv_cells_full: int | None = None,
                            kv_cells_swa: int | None = None) -> dict[str, int]:
     """Peak bytes of the worst-case graph's intermediate tensors, phase by phase, on one device.
 
     llama.cpp reserves its compute buffer by building the graph for a full physical batch (n_ubatch tokens,
-    every token an output) and letting ggml-alloc place every intermediate tensor; the buffer is the
-    allocator's high-water mark. Tensors die after their last use, so the peak is reached in one of three
-    phases, each a sum of what is alive at that moment (F32 activations, u = n_ubatch):
+    every token an output; n_seq_max sequences) and letting ggml-alloc place every intermediate tensor; the
+    buffer is the allocator's high-water mark. Tensors die after their last use, so the peak is reached in one
+    of four phases, each a sum of what is alive at that moment (F32 activations, u = n_ubatch):
 
     * ``logits`` (device holding the output layer): logits ``n_vocab × u`` plus the final norm's input and
       output ``2 × n_embd × u`` (one more ``n_embd × u`` without flash attention or with a quantized cache —
-      measured, a fragment the allocator cannot reuse);
+      measured, a fragment the allocator cannot reuse; one more for qwen35-style models, which gather the
+      output rows after the final norm);
     * ``attention`` (each device with layers): without flash attention the scores ``KQ = n_kv × u × n_head``
       (soft_max runs in place) plus the F32 mask ``n_kv × u`` of each cache (full and SWA); with flash
       attention no scores are materialised and the F16 masks ``n_kv × u × 2`` are all that scales with n_ctx;
       plus per-token activations: residual, normed input, Q, K, V, attention output
-      ``(3·n_embd + n_head·d_k + 2·(n_kv_heads·d_k + n_kv_heads·d_v)) × u``;
-    * ``ffn``: residual and normed input ``2 × n_embd × u`` plus gate, up and their product ``3 × n_ff × u``
-      (MoE: the router logits ``n_expert × u`` and ``n_expert_used`` copies of the expert activations).
+      ``(3·n_embd + n_head·d_k + 2·(n_kv_heads·d_k + n_kv_heads·d_v)) × u`` (qwen35: plus the query gate
+      ``n_head·d_k``);
+    * ``ffn``: residual, normed input and FFN input ``3 × n_embd × u`` (gemma2/3: 4) plus gate, up and their
+      product ``3 × n_ff × u``; MoE (src/llama-graph.cpp build_moe_ffn): ``(4·n_embd + 2·n_expert +
+      3·n_ff_exp·n_expert_used) × u`` — router logits and probabilities, and the up, gate and SwiGLU outputs of
+      the selected experts (qwen35moe: plus ``n_embd·n_expert_used``);
+    * ``recurrent`` (gated delta net, src/models/qwen35.cpp build_layer_attn_linear with the fused
+      GATED_DELTA_NET op): per token the gate z (d_inner), the conv input and output (2 × conv channels,
+      conv channels = d_inner + 2·key dim) and the normalised q and k ``(d_inner + 2·conv + 2·key + 4·n_embd)
+      × u``; plus, per sequence, two copies of the layer's state (the S rows read by build_rs and the state
+      written by the op) and of its conv state — unless both fit in the hole the conv input leaves
+      (``conv × u`` floats), which ggml-alloc reuses.
 
-    ``n_kv`` is the cache size one sequence sees in the reserve graph (cells per stream)."""
+    The masks are graph inputs, alive in every layer: they count in the ffn and recurrent phases too.
+    ``n_kv`` is the cache size one sequence sees in the reserve graph (cells per stream). The constants were
+    pinned on llama.cpp's own compute buffer sizes (benchmarks/bench_memory.py, RESULTS.md)."""
     u = context_sizes(spec, cfg).n_ubatch
+    n_seq = max(1, cfg.n_parallel)
     E = spec.n_embd
+    gated = spec.architecture in GATED_ATTN_ARCHS
     phases: dict[str, int] = {}
     if has_output:
         plain_cache = cfg.cache_type_k in ("f16", "bf16", "f32") and cfg.cache_type_v in ("f16", "bf16", "f32")
-        phases["logits"] = (spec.n_vocab * u + (2 if flash_attn and plain_cache else 3) * E * u) * F32
+        n_e = (2 if flash_attn and plain_cache else 3) + (1 if gated else 0)
+        phases["logits"] = (spec.n_vocab * u + n_e * E * u) * F32
     if attn_layers:
         layers = [il for il in range(spec.n_layer)]
         n_head = max((spec.n_head_at(il) for il in layers), default=0)
@@ -330,18 +352,36 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
         has_full = any(spec.has_kv(il) and not spec.is_swa(il) for il in layers)
         has_swa = any(spec.has_kv(il) and spec.is_swa(il) for il in layers)
         mask_cells = (full if has_full else 0) + (swa if has_swa else 0)
+        masks = mask_cells * u * (2 if flash_attn else F32)
         n_kv = full if has_full else swa
-        act = (3 * E + n_head * spec.head_dim_k + 2 * n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) * u * F32
+        q_width = n_head * spec.head_dim_k * (2 if gated else 1)
+        act = (3 * E + q_width + 2 * n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) * u * F32
         if flash_attn:
-            phases["attention"] = mask_cells * u * 2 + act
+            phases["attention"] = masks + act
         else:
-            phases["attention"] = (n_kv * u * n_head + mask_cells * u) * F32 + act
-        n_ff = max((spec.n_ff_at(il) for il in layers), default=0)
+            phases["attention"] = n_kv * u * n_head * F32 + masks + act
         if spec.expert_count:
-            ffn = (2 * E + spec.expert_count + 3 * n_ff * max(1, spec.expert_used_count)) * u * F32
+            used = max(1, spec.expert_used_count)
+            n_ff_exp = spec.n_ff_exp or max((spec.n_ff_at(il) for il in layers), default=0) // used
+            per_tok = 4 * E + 2 * spec.expert_count + 3 * n_ff_exp * used
+            if spec.n_ff_shexp or spec.architecture == "qwen35moe":
+                per_tok += E * used
+            phases["ffn"] = per_tok * u * F32 + masks
         else:
-            ffn = (2 * E + 3 * n_ff) * u * F32
-        phases["ffn"] = ffn
+            n_ff = max((spec.n_ff_at(il) for il in layers), default=0)
+            n_e = 4 if spec.architecture in ("gemma2", "gemma3") else 3
+            phases["ffn"] = (n_e * E + 3 * n_ff) * u * F32 + masks
+        if spec.recurrent_layers and spec.ssm_inner_size:
+            d_inner = spec.ssm_inner_size
+            key = (spec.ssm_group_count or 0) * (spec.ssm_state_size or 0)
+            conv = d_inner + 2 * key
+            d_conv = spec.ssm_conv_kernel or 0
+            # one layer's state per sequence: llama_hparams::n_embd_s() and n_embd_r() floats
+            state = (d_inner * (spec.ssm_state_size or 0) + max(d_conv - 1, 0) * conv) * F32
+            copies = 2 * state * n_seq
+            per_tok = (d_inner + 2 * conv + 2 * key + 4 * E) * u * F32
+            hole = conv * u * F32
+            phases["recurrent"] = per_tok + masks + (0 if copies <= hole else copies)
     return phases
 
 
@@ -866,9 +906,10 @@ PRINT_MIB = 0.0051  # llama.cpp prints buffer sizes as %8.2f MiB: ±0.005 MiB of
 class BufferCheck:
     """Predicted vs llama.cpp-reported bytes of one buffer kind on the host."""
 
-    kind: str               # weights | kv_cache | compute | output | total
+    kind: str               # weights | kv_cache | recurrent | compute | output | total
     predicted_bytes: int
     measured_bytes: int     # from the log's MiB figure (rounded to 0.01 MiB)
+    n_printed: int = 1      # how many printed (rounded) figures the measurement sums
 
     @property
     def error(self) -> float:
@@ -878,8 +919,8 @@ class BufferCheck:
         return self.predicted_bytes / self.measured_bytes - 1
 
     def within(self, rel: float) -> bool:
-        """|error| ≤ rel, allowing for the log's two-decimal rounding of MiB."""
-        slack = max(rel * self.measured_bytes, PRINT_MIB * 2**20 * (2 if self.kind == "total" else 1))
+        """|error| ≤ rel, allowing for the log's two-decimal rounding of MiB (±0.005 MiB per printed figure)."""
+        slack = max(rel * self.measured_bytes, PRINT_MIB * 2**20 * max(1, self.n_printed))
         return abs(self.predicted_bytes - self.measured_bytes) <= slack
 
 
@@ -903,11 +944,16 @@ def check_against_llama(model_path, cfg: RunConfig, spec: ModelSpec | None = Non
     def b(mib: float) -> int:
         return int(round(mib * 2**20))
 
-    measured = {"weights": b(m.get("model", 0.0)), "kv_cache": b(m.get("KV", 0.0) + m.get("RS", 0.0)),
-                "compute": b(m.get("compute", 0.0)), "output": b(m.get("output", 0.0))}
-    predicted = {"weights": h.weights_bytes, "kv_cache": h.kv_cache_bytes + h.recurrent_bytes,
+    # the KV cache (attention layers) and the recurrent state (RS: conv + SSM/delta-net state) are separate
+    # buffers in llama.cpp (llama_kv_cache, llama_memory_recurrent), checked separately
+    kinds = {"weights": "model", "kv_cache": "KV", "recurrent": "RS", "compute": "compute", "output": "output"}
+    host = [x for x in facts.buffers if x.device == HOST]
+    printed = {k: sum(1 for x in host if x.kind == kind) for k, kind in kinds.items()}
+    measured = {k: b(m.get(kind, 0.0)) for k, kind in kinds.items()}
+    predicted = {"weights": h.weights_bytes, "kv_cache": h.kv_cache_bytes, "recurrent": h.recurrent_bytes,
                  "compute": h.compute_bytes, "output": h.output_bytes}
     measured["total"] = sum(measured.values())
     predicted["total"] = sum(predicted.values())
-    checks = {k: BufferCheck(k, predicted[k], measured[k]) for k in measured}
+    printed["total"] = sum(printed.values())
+    checks = {k: BufferCheck(k, predicted[k], measured[k], printed[k]) for k in measured}
     return checks, facts, p

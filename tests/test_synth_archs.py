@@ -1,0 +1,216 @@
+"""Synthetic models of other architectures (issue 17, items 1 and 2): the hybrid qwen35, qwen35moe, qwen3moe and
+gemma3 with SWA, written with random weights and the default model's tokenizer.
+
+Each tiny model must load and generate in llama.cpp (in a worker process), its quant ladder must come from
+llama.cpp's quantizer and match the skeleton of the same architecture tensor by tensor, and the memory plan must
+match llama.cpp's own buffers (weights, KV, recurrent state, compute, output). Only the tiny presets are built
+here (a few MB each); the ~0.5 B presets are measured by benchmarks/bench_memory.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from v100lab import memory, synth, zoo
+from v100lab.config import RunConfig
+from v100lab.errors import ModelNotFoundError, V100labError
+from v100lab.header import read_spec
+from v100lab.skeleton import skeleton_spec, validate_arch
+
+TINY = ("synth-qwen35-tiny", "synth-qwen35moe-tiny", "synth-qwen3moe-tiny", "synth-gemma3-tiny")
+LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
+
+
+@pytest.fixture(scope="module", params=TINY)
+def tiny(request):
+    """(alias, F16 path) of one tiny preset, built once per cache."""
+    return request.param, zoo.resolve(request.param)
+
+
+# ---- the presets and their files -------------------------------------------------------------
+
+def test_presets_are_aliases():
+    for name in synth.ARCH_PRESETS:
+        assert zoo.is_alias(name) and zoo.is_alias(f"{name}:Q4_K_M")
+        assert name in zoo.aliases() and name in zoo.synth_presets()
+    assert {"synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m"} <= set(synth.ARCH_PRESETS)
+    assert {s.architecture for s in synth.ARCH_PRESETS.values()} == set(synth.SYNTH_ARCHS)
+    stems = [s.stem for s in synth.ARCH_PRESETS.values()]
+    assert len(set(stems)) == len(stems)
+
+
+@pytest.mark.parametrize("name", ["synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m"])
+def test_measurement_presets_are_about_half_a_billion(name, default_model):
+    """The measurement sizes, from the skeleton (nothing built): 0.45-0.6 B parameters."""
+    spec = skeleton_spec(synth.arch_spec_of(synth.ARCH_PRESETS[name]), "F16")
+    assert 0.45e9 < spec.n_params < 0.6e9
+
+
+def test_unbuilt_alias_is_named(fresh_cache):
+    with pytest.raises(ModelNotFoundError, match="synth-qwen35-500m:Q4_K_M.*not built yet"):
+        zoo.resolve("synth-qwen35-500m:Q4_K_M", build=False)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(architecture="mamba"), "architecture 'mamba'"),
+    (dict(n_head_kv=3), "multiple of n_head_kv"),
+    (dict(ssm_heads=3), "multiple of ssm_groups"),
+    (dict(n_layer=3), "no full-attention layer"),
+    (dict(rope_dim=15), "rope_dim"),
+])
+def test_invalid_specs_are_refused(kw, match):
+    base = dict(architecture="qwen35", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
+                ssm_state=64, ssm_groups=2, ssm_heads=4)
+    with pytest.raises(V100labError, match=match):
+        synth.ArchSynth(**{**base, **kw})
+    with pytest.raises(V100labError, match="n_expert_used"):
+        synth.ArchSynth("qwen3moe", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
+                        n_expert=4, n_expert_used=5, n_ff_exp=128)
+
+
+def test_header_reads_each_architecture(tiny):
+    alias, path = tiny
+    s = synth.ARCH_PRESETS[alias]
+    spec = read_spec(path)
+    assert spec.architecture == s.architecture and spec.file_type == "F16"
+    assert spec.n_layer == s.n_layer and spec.head_dim_k == s.head_dim
+    assert spec.n_vocab == read_spec(zoo.resolve("default")).n_vocab
+    if s.hybrid:
+        # llama.cpp qwen35.cpp load_arch_hparams: is_recr(i) = (i + 1) % full_attention_interval != 0
+        assert spec.recurrent_layers == tuple(i for i in range(s.n_layer) if (i + 1) % 4)
+        assert spec.ssm_inner_size == s.ssm_state * s.ssm_heads
+        assert spec.metadata[f"{s.architecture}.rope.dimension_sections"] == tuple(synth.rope_sections(s.rope_dim))
+    else:
+        assert spec.recurrent_layers == ()
+    if s.moe:
+        assert (spec.expert_count, spec.expert_used_count, spec.n_ff_exp) == (s.n_expert, s.n_expert_used, s.n_ff_exp)
+        assert spec.n_ff_shexp == s.n_ff_shexp
+    if s.sliding_window:
+        # gemma3: set_swa_pattern(6), five SWA layers of every six
+        assert spec.sliding_window == s.sliding_window
+        assert spec.swa_layers == tuple(i for i in range(s.n_layer) if i % 6 < 5)
+
+
+@pytest.mark.slow
+def test_each_architecture_loads_and_generates(tiny):
+    alias, path = tiny
+    out = synth.generate(path, n_tokens=6)
+    assert out["n_generated"] == 6 and out["n_prompt"] > 0
+    assert out["finite"], f"{alias}: non-finite logits"
+
+
+@pytest.mark.slow
+def test_quantized_rung_generates():
+    out = synth.generate(zoo.resolve("synth-qwen35-tiny:Q4_K_M"), n_tokens=4)
+    assert out["n_generated"] == 4 and out["finite"]
+
+
+# ---- the ladder: llama.cpp's quantizer vs the skeleton -----------------------------------------
+
+def _compare(real_path, arch: dict, quant: str):
+    real = read_spec(real_path)
+    skel = skeleton_spec(arch, quant)
+    assert real.file_type == skel.file_type == quant
+    assert [t.name for t in skel.tensors] == [t.name for t in real.tensors]      # llama-quantize's order
+    assert [(t.name, t.type_name, t.shape, t.n_bytes) for t in skel.tensors] == \
+        [(t.name, t.type_name, t.shape, t.n_bytes) for t in real.tensors]
+    assert skel.weight_bytes == real.weight_bytes and skel.layer_bytes == real.layer_bytes
+    for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv_arr", "head_dim_k", "n_vocab", "sliding_window",
+                  "swa_layers", "recurrent_layers", "expert_count", "expert_used_count", "n_ff_exp", "n_ff_shexp",
+                  "ssm_inner_size", "ssm_state_size", "ssm_group_count", "ssm_time_step_rank", "ssm_conv_kernel"):
+        assert getattr(skel, field) == getattr(real, field), field
+
+
+@pytest.mark.parametrize("quant", LADDER)
+def test_ladder_matches_skeleton_tensor_by_tensor(tiny, quant):
+    alias, f16 = tiny
+    _compare(zoo.quantized_path(f16, quant), synth.arch_spec_of(synth.ARCH_PRESETS[alias]), quant)
+
+
+def test_f16_file_is_its_skeleton(tiny):
+    """The written F16 file has exactly the skeleton's tensors (the writer uses the skeleton's layout)."""
+    alias, f16 = tiny
+    real = read_spec(f16)
+    skel = skeleton_spec(synth.arch_spec_of(synth.ARCH_PRESETS[alias]), "F16")
+    assert sorted((t.name, t.shape, t.type_name) for t in real.tensors) == \
+        sorted((t.name, t.shape, t.type_name) for t in skel.tensors)
+
+
+def test_moe_quant_rules_for_eight_experts(default_model):
+    """llama-quant.cpp: with 8 experts attn_v and attn_k go to Q8_0 (n_expert == 8), experts keep the base type."""
+    a = synth.arch_spec_of(synth.ARCH_PRESETS["synth-qwen3moe-tiny"])
+    types = {t.name: t.type_name for t in skeleton_spec(a, "Q4_K_M").tensors}
+    assert types["blk.0.attn_v.weight"] == types["blk.0.attn_k.weight"] == "Q8_0"
+    assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert types["blk.1.ffn_up_exps.weight"] == "Q4_K"
+
+
+def test_skeleton_schema_checks_moe_and_sections():
+    a = synth.arch_spec_of(synth.ARCH_PRESETS["synth-qwen3moe-tiny"])
+    with pytest.raises(V100labError, match="expert_ff"):
+        validate_arch({k: v for k, v in a.items() if k != "expert_ff"})
+    with pytest.raises(V100labError, match="rope_sections"):
+        validate_arch({**a, "rope_sections": [1, 2, 3]})
+
+
+def test_seed_skeleton_carries_rope_sections():
+    """llama.cpp refuses a qwen35 file without rope.dimension_sections (load_arch_hparams, required)."""
+    spec = skeleton_spec("qwen35-27b", "Q4_K_M")
+    assert spec.metadata["qwen35.rope.dimension_sections"] == (11, 11, 10, 0)
+
+
+# ---- memory against llama.cpp's own buffers -----------------------------------------------------
+
+TARGETS = {"weights": 0.001, "kv_cache": 0.001, "recurrent": 0.001, "compute": 0.05, "output": 0.001,
+           "total": 0.02}
+VALIDATION = [
+    ("synth-qwen35-tiny", dict(n_ctx=8192, n_parallel=2)),
+    ("synth-qwen35-tiny:Q4_0", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
+    ("synth-qwen35-tiny:Q4_K_M", dict(n_ctx=4096, n_parallel=4, n_ubatch=128, cache_type_k="q8_0",
+                                      cache_type_v="q8_0")),
+    ("synth-qwen35moe-tiny:Q4_0", dict(n_ctx=16384, n_ubatch=256, flash_attn="off")),
+    ("synth-qwen3moe-tiny:Q4_0", dict(n_ctx=8192, n_parallel=2, kv_unified=True)),
+    ("synth-qwen3moe-tiny", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
+    ("synth-gemma3-tiny:Q4_K_M", dict(n_ctx=16384)),
+    ("synth-gemma3-tiny", dict(n_ctx=8192, n_parallel=4, swa_full=True, flash_attn="off", n_ubatch=256)),
+]
+
+
+@pytest.mark.parametrize("alias, kw", VALIDATION, ids=[f"{a}-{i}" for i, (a, _) in enumerate(VALIDATION)])
+def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
+    checks, facts, p = memory.check_against_llama(zoo.resolve(alias), RunConfig(**kw))
+    for kind, bound in TARGETS.items():
+        c = checks[kind]
+        assert c.within(bound), f"{kind}: predicted {c.predicted_bytes}, llama.cpp {c.measured_bytes} ({c.error:+.2%})"
+    spec = read_spec(zoo.resolve(alias))
+    if spec.recurrent_layers:
+        assert facts.recurrent and checks["recurrent"].measured_bytes > 0
+        # KV only on the full-attention layers
+        assert {k.layers for k in facts.kv_caches} == {spec.n_layer - len(spec.recurrent_layers)}
+    else:
+        assert checks["recurrent"].predicted_bytes == checks["recurrent"].measured_bytes == 0
+
+
+# ---- the compute-buffer phases, by arithmetic ---------------------------------------------------
+
+def _tiny_spec(alias):
+    return skeleton_spec(synth.arch_spec_of(synth.ARCH_PRESETS[alias]), "F16")
+
+
+def test_moe_ffn_phase_uses_the_expert_width(default_model):
+    spec = _tiny_spec("synth-qwen3moe-tiny")
+    ph = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=4096, n_ubatch=512), True, has_output=False)
+    u, E = 512, spec.n_embd
+    masks = 4096 * u * 2
+    assert ph["ffn"] == (4 * E + 2 * spec.expert_count + 3 * spec.n_ff_exp * spec.expert_used_count) * u * 4 + masks
+
+
+def test_recurrent_phase_counts_state_copies_that_do_not_fit(default_model):
+    spec = _tiny_spec("synth-qwen35-tiny")
+    one = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=4096, n_ubatch=32), True)["recurrent"]
+    many = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=4096, n_ubatch=32, n_parallel=64), True)["recurrent"]
+    state = (spec.ssm_inner_size * spec.ssm_state_size
+             + (spec.ssm_conv_kernel - 1) * (spec.ssm_inner_size + 2 * spec.ssm_group_count * spec.ssm_state_size)) * 4
+    per_seq_cells = memory.context_sizes(spec, RunConfig(n_ctx=4096, n_parallel=64)).n_ctx_seq
+    masks_delta = (per_seq_cells - 4096) * 32 * 2
+    assert many - one == 2 * state * 63 + masks_delta     # the states of 63 more sequences
+    assert "recurrent" not in memory.compute_bytes_by_phase(_tiny_spec("synth-qwen3moe-tiny"), RunConfig(), True)
