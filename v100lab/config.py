@@ -38,6 +38,11 @@ GGML_TYPE_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, 
 
 ALL_LAYERS = 999  # llama.cpp clamps -ngl to n_layer + 1; 999 means "every layer"
 
+# common/common.h (the vendored llama.cpp): LLM_FFN_EXPS_REGEX, the tensors --cpu-moe keeps on the CPU, and
+# llm_ffn_block_regex / llm_add_n_cpu_ffn_overrides: --n-cpu-moe N adds "blk\.<i>" + that regex for i < N
+LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+CPU_BUFT = "CPU"
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -130,7 +135,7 @@ class RunConfig:
             argv += ["--threads", str(self.n_threads)]
         if self.tensor_split:
             argv += ["--tensor-split", ",".join(f"{x:g}" for x in self.tensor_split)]
-        return argv
+        return argv + moe_offload_argv(self)
 
     def to_llama_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``llama_cpp.Llama`` (llama-cpp-python's high-level class).
@@ -175,6 +180,8 @@ class RunConfig:
             mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
         else:
             mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        if tensor_overrides(self):
+            set_tensor_overrides(mparams, tensor_overrides(self))
 
     def apply_to_context_params(self, cparams) -> None:
         """Set a ``llama_context_params`` struct (llama_cpp.llama_context_default_params())."""
@@ -189,6 +196,105 @@ class RunConfig:
         cparams.flash_attn_type = FLASH_ATTN_ENUM[self.flash_attn]
         cparams.swa_full = self.swa_full
         cparams.kv_unified = self.kv_unified
+
+
+def tensor_overrides(cfg) -> tuple[tuple[str, str], ...]:
+    """(regex, buffer type) of a configuration's MoE offload flags, in the order llama.cpp tries them — the first
+    match wins (src/llama-model-loader.cpp, create_tensor's buffer-type selection: ``std::regex_search`` on the
+    tensor name). The order is the command line's of :func:`moe_offload_argv`: -ot entries, then --cpu-moe, then
+    --n-cpu-moe. Reads ``override_tensor``, ``cpu_moe`` and ``n_cpu_moe`` where the configuration has them (the
+    RunConfig fields come with the scenario keys, issue 17 item 4); none: no overrides."""
+    entries = parse_override_tensor(getattr(cfg, "override_tensor", ()) or ())
+    _check_override_tensor(entries)
+    out = [tuple(e.split("=", 1)) for e in entries]
+    if getattr(cfg, "cpu_moe", False):
+        out.append((LLM_FFN_EXPS_REGEX, CPU_BUFT))
+    n = getattr(cfg, "n_cpu_moe", 0) or 0
+    if n < 0:
+        raise ConfigError(f"n_cpu_moe: must be >= 0, got {n} (llama.cpp: 'invalid value')")
+    out += [(rf"blk\.{i}{LLM_FFN_EXPS_REGEX}", CPU_BUFT) for i in range(n)]
+    return tuple(out)
+
+
+def moe_offload_argv(cfg) -> list[str]:
+    """llama-server's flags for a configuration's MoE offload (common/arg.cpp spellings)."""
+    argv: list[str] = []
+    entries = parse_override_tensor(getattr(cfg, "override_tensor", ()) or ())
+    if entries:
+        argv += ["--override-tensor", ",".join(entries)]
+    if getattr(cfg, "cpu_moe", False):
+        argv.append("--cpu-moe")
+    if getattr(cfg, "n_cpu_moe", 0):
+        argv += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
+    return argv
+
+
+def parse_override_tensor(value) -> tuple[str, ...]:
+    """``-ot`` text (``"a=CPU,b=CUDA0"``) or a list of such entries → a tuple of ``PATTERN=BUFFER_TYPE`` entries,
+    split on commas as common/arg.cpp parse_tensor_buffer_overrides does (``validate`` checks each)."""
+    items = [value] if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"override_tensor: entries are strings PATTERN=BUFFER_TYPE, got {item!r}")
+        out += [p for p in item.split(",") if p != ""]
+    return tuple(out)
+
+
+def _check_override_tensor(entries: tuple) -> None:
+    import re
+
+    for e in entries:
+        if not isinstance(e, str) or "=" not in e:
+            raise ConfigError(f"override_tensor: '{e}' is not PATTERN=BUFFER_TYPE (llama.cpp: 'invalid value')")
+        pattern, buft = e.split("=", 1)
+        if not pattern or not buft:
+            raise ConfigError(f"override_tensor: '{e}' needs a pattern and a buffer type (e.g. exps=CPU)")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"override_tensor: pattern '{pattern}' is not a regular expression ({exc})") from None
+
+
+_BUFT_KEEP: list = []    # ctypes objects referenced by llama_model_params.tensor_buft_overrides
+
+
+def set_tensor_overrides(mparams, overrides) -> None:
+    """Fill ``llama_model_params.tensor_buft_overrides`` (a NULL-terminated array of {pattern, buft}) from
+    (regex, buffer type name) pairs, resolving names through ggml's device list as common/arg.cpp
+    parse_tensor_buffer_overrides does ("CPU", "CUDA0", ...). Runs where llama.cpp is loaded (a worker)."""
+    import ctypes
+    from pathlib import Path
+
+    import llama_cpp
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    base = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    base.ggml_backend_buft_name.restype = ctypes.c_char_p
+    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    bufts = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        buft = lib.ggml_backend_dev_buffer_type(lib.ggml_backend_dev_get(i))
+        if buft:
+            bufts[base.ggml_backend_buft_name(buft).decode()] = buft
+
+    class Override(ctypes.Structure):
+        _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+    arr = (Override * (len(overrides) + 1))()
+    for k, (pattern, name) in enumerate(overrides):
+        if name not in bufts:
+            raise ConfigError(f"override_tensor: unknown buffer type '{name}' (this build has: {', '.join(bufts)})")
+        arr[k].pattern = pattern.encode()
+        arr[k].buft = bufts[name]
+    arr[len(overrides)].pattern = None
+    _BUFT_KEEP.append(arr)
+    mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p).value
 
 
 def normalize_flash_attn(value: str) -> str:
@@ -212,7 +318,7 @@ def _check_types(cfg: RunConfig) -> None:
     """Every field has its type (a RunConfig built by hand could hold anything)."""
     for f in fields(cfg):
         v = getattr(cfg, f.name)
-        if f.name == "tensor_split":
+        if isinstance(f.default, tuple):        # tensor_split (and any tuple-valued field)
             ok = isinstance(v, tuple)
         elif isinstance(f.default, bool):
             ok = isinstance(v, bool) or type(v).__name__ == "bool_"    # numpy's bool too

@@ -43,7 +43,7 @@ from types import MappingProxyType
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from v100lab.config import RunConfig
+from v100lab.config import RunConfig, tensor_overrides
 from v100lab.devices import Device
 from v100lab.errors import ConfigError
 from v100lab.spec import ModelSpec
@@ -252,23 +252,69 @@ def _repacked(t) -> bool:
             and not _is_input(t.name))
 
 
+def override_device(buft: str, gpu_ids: Sequence[str]) -> str:
+    """The plan device a ``-ot PATTERN=BUFFER_TYPE`` buffer type names: "CPU" (and host buffers such as
+    "CUDA_Host") → the host; a name ending in a number ("CUDA1", "Vulkan0") → that GPU of the plan, in device
+    order; any other name → the plan's only GPU. ConfigError when the plan has no such GPU."""
+    import re
+
+    up = buft.upper()
+    if up.startswith("CPU") or up.endswith("_HOST"):
+        return HOST
+    if not gpu_ids:
+        raise ConfigError(f"override_tensor: buffer type '{buft}' names a GPU, and this plan has none")
+    m = re.search(r"(\d+)$", buft)
+    if m:
+        k = int(m.group(1))
+        if k < len(gpu_ids):
+            return gpu_ids[k]
+        raise ConfigError(f"override_tensor: buffer type '{buft}': the plan has {len(gpu_ids)} GPU(s)")
+    if len(gpu_ids) == 1:
+        return gpu_ids[0]
+    raise ConfigError(f"override_tensor: buffer type '{buft}' does not say which of {len(gpu_ids)} GPUs")
+
+
+def tensor_devices(spec: ModelSpec, slots: Mapping[int, str], overrides: Sequence[tuple[str, str]] = (),
+                   gpu_ids: Sequence[str] = ()) -> dict[str, str]:
+    """Device of every tensor: its layer slot's (the input layer on the host, the rest of the non-repeating
+    tensors on the output layer's device), unless a tensor override matches its name first
+    (src/llama-model-loader.cpp, create_tensor: ``std::regex_search`` of each pattern in order, the first match
+    wins; ``--cpu-moe`` / ``--n-cpu-moe`` are such overrides, config.tensor_overrides)."""
+    import re
+
+    out_dev = slots[spec.n_layer]
+    compiled = [(re.compile(p), override_device(b, gpu_ids)) for p, b in overrides]
+    devs: dict[str, str] = {}
+    for t in spec.tensors:
+        dev = next((d for rx, d in compiled if rx.search(t.name)), None)
+        if dev is None:
+            if t.layer is not None and 0 <= t.layer < spec.n_layer:
+                dev = slots[t.layer]
+            elif _is_input(t.name):
+                dev = HOST
+            else:
+                dev = out_dev
+        devs[t.name] = dev
+    return devs
+
+
 def weights_by_device(spec: ModelSpec, slots: Mapping[int, str], use_mmap: bool = True,
-                      repack: bool = True) -> dict[str, int]:
-    """Weight bytes per device for a slot placement (see :func:`place_layers`).
+                      repack: bool = True, overrides: Sequence[tuple[str, str]] = (),
+                      gpu_ids: Sequence[str] = ()) -> dict[str, int]:
+    """Weight bytes per device for a slot placement (see :func:`place_layers`) and tensor overrides
+    (:func:`tensor_devices`).
 
     Host weights are what llama.cpp's host model buffers add up to: with mmap, ``CPU_Mapped`` is the file
     span of the host tensors that stay in the plain CPU buffer type (llama_model_loader::get_mapping_range),
-    plus ``CPU_REPACK``, the re-laid-out copies of the repackable ones (``repack=False``: no repacking)."""
+    plus ``CPU_REPACK``, the re-laid-out copies of the repackable ones (``repack=False``: no repacking) —
+    tensors overridden to the CPU are repacked too (create_tensor: "when overriding to a CPU buffer, consider
+    the extra buffer types")."""
     out_dev = slots[spec.n_layer]
     out: dict[str, int] = {}
     host_plain, host_repack = [], 0
+    devs = tensor_devices(spec, slots, overrides, gpu_ids)
     for t in spec.tensors:
-        if t.layer is not None and 0 <= t.layer < spec.n_layer:
-            dev = slots[t.layer]
-        elif _is_input(t.name):
-            dev = HOST
-        else:
-            dev = out_dev
+        dev = devs[t.name]
         out[dev] = out.get(dev, 0) + t.n_bytes
         if dev == HOST:
             if repack and _repacked(t):
@@ -479,8 +525,11 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
     cs = context_sizes(spec, cfg)
     fa = resolve_flash_attn(cfg)
     slots = place_layers(spec, cfg.n_gpu_layers, gpu_ids, cfg.tensor_split)
-    weights = weights_by_device(spec, slots, cfg.use_mmap)
+    overrides = tensor_overrides(cfg)
+    weights = weights_by_device(spec, slots, cfg.use_mmap, overrides=overrides, gpu_ids=gpu_ids)
     warnings: list[str] = []
+    # experts kept in host memory while their layer is on a GPU (--cpu-moe, --n-cpu-moe, -ot ...=CPU)
+    moved = _moved_tensors(spec, slots, overrides, gpu_ids) if overrides else []
 
     # Apple / unified memory: one pool; treat it like a GPU (Metal buffers) whose capacity is the device's.
     ids = list(dict.fromkeys(gpu_ids + [HOST]))
@@ -501,6 +550,13 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
             u = cs.n_ubatch
             masks = (full_cells + swa_cells) * u * (2 if fa else F32) if gpu_ids else 0
             compute = 2 * spec.n_embd * u * F32 + masks
+        if dev_id == HOST and any(d == HOST for _, _, d in moved):
+            # the experts' products run on the CPU for small batches (ggml-cuda offload_op copies host weights
+            # to the GPU only from op_offload_min_batch_size tokens on): the FFN phase of a decode step
+            # (n_seq_max tokens) in the host compute buffer
+            step = compute_bytes_by_phase(spec, cfg.with_(n_ubatch=min(cs.n_seq, cfg.n_batch)), fa, has_output=False,
+                                          kv_cells_full=full_cells, kv_cells_swa=swa_cells)
+            compute = max(compute, step.get("ffn", 0))
         if dev_id == HOST:
             cap = host_dev.capacity_bytes if host_dev else _host_capacity()
             over = host_dev.overhead_bytes if host_dev else 0
@@ -532,10 +588,24 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
     if gpu_ids and offloaded < layer_slots(spec):
         warnings.append(f"only {offloaded}/{layer_slots(spec)} layers on the GPU: "
                         f"{layer_slots(spec) - offloaded} run on the CPU from host memory")
+    if moved:
+        n_layers = len({t.layer for t, _, _ in moved})
+        to_host = sum(t.n_bytes for t, _, d in moved if d == HOST)
+        warnings.append(f"tensor overrides: {len(moved)} tensors of {n_layers} GPU layer(s) elsewhere "
+                        f"({to_host / 2**30:.2f} GiB in host memory); for prompts llama.cpp copies host "
+                        "experts to the GPU per batch (op offload) — that GPU compute-buffer share is not "
+                        "modelled (no GPU to validate it)")
     return MemoryPlan(devices=devmem, fits=gpu_fit and host_fit, offloaded_layers=offloaded,
                       n_layer_total=layer_slots(spec), max_ctx=None, warnings=warnings, n_ctx=cs.n_ctx,
                       n_ctx_seq=cs.n_ctx_seq, n_ubatch=cs.n_ubatch, flash_attn=fa, model=spec.name,
                       quant=spec.file_type)
+
+
+def _moved_tensors(spec: ModelSpec, slots: Mapping[int, str], overrides, gpu_ids) -> list:
+    """(tensor, layer device, override device) of the layer tensors an override moves off their layer's device."""
+    devs = tensor_devices(spec, slots, overrides, gpu_ids)
+    return [(t, slots[t.layer], devs[t.name]) for t in spec.tensors
+            if t.layer is not None and 0 <= t.layer < spec.n_layer and devs[t.name] != slots[t.layer]]
 
 
 def plan(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None,
