@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field

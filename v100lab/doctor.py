@@ -61,7 +61,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from v100lab import loadlog
 from v100lab.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
 from v100lab.errors import V100labError
-from v100lab.safeio import read_bounded, shorten, term_text
+from v100lab.safeio import json_safe, read_bounded, shorten, term_text
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class Diagnosis:
 
     def as_json(self) -> dict[str, Any]:
         """The JSON form (a contract); a NaN or infinity a log may hold becomes null."""
-        return _json_safe({
+        return json_safe({
             "source": self.source, "kind": self.kind, "device": self.device, "device_guessed": self.device_guessed,
             "model_bytes": self.model_bytes, "ceiling_tg_tps": _r(self.ceiling_tg_tps),
             "host_free_bytes": self.host_free_bytes, "n_loads": self.n_loads,
@@ -265,17 +265,6 @@ class Diagnosis:
         for n in self.notes:
             lines.append(f"  note: {t(n)}")
         return "\n".join(lines)
-
-
-def _json_safe(value):
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None, in nested dicts and lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _r(x: float | None, nd: int = 3):

@@ -25,6 +25,7 @@ import os
 import re
 import select
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -72,7 +73,7 @@ def json_safe(value):
     """``value`` with every NaN or infinite float replaced by None, so ``json.dump(allow_nan=False)`` holds."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
