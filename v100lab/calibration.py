@@ -32,7 +32,7 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
