@@ -214,3 +214,20 @@ def test_recurrent_phase_counts_state_copies_that_do_not_fit(default_model):
     masks_delta = (per_seq_cells - 4096) * 32 * 2
     assert many - one == 2 * state * 63 + masks_delta     # the states of 63 more sequences
     assert "recurrent" not in memory.compute_bytes_by_phase(_tiny_spec("synth-qwen3moe-tiny"), RunConfig(), True)
+
+
+def test_mtp_layer_is_neither_loaded_nor_cached(default_model):
+    """A qwen35 file with its MTP layer (block_count 65, nextn_predict_layers 1): this llama.cpp build skips the
+    MTP tensors (load_mtp false) and keeps no KV for them in the main context."""
+    from v100lab.skeleton import load_arch
+
+    base = load_arch("qwen35-27b")
+    mtp = {**base, "n_layer": 65, "nextn_layers": 1}
+    with_mtp, without = skeleton_spec(mtp, "Q4_K_M"), skeleton_spec(base, "Q4_K_M")
+    assert with_mtp.weight_bytes > without.weight_bytes
+    cfg = RunConfig(n_ctx=8192)
+    a, b = memory.plan(with_mtp, [], cfg, with_max_ctx=False), memory.plan(without, [], cfg, with_max_ctx=False)
+    assert a.devices["host"].kv_cache_bytes == b.devices["host"].kv_cache_bytes
+    assert a.devices["host"].recurrent_bytes == b.devices["host"].recurrent_bytes
+    assert memory.weights_by_device(with_mtp, {i: "host" for i in range(66)}, use_mmap=False)["host"] == \
+        memory.weights_by_device(without, {i: "host" for i in range(65)}, use_mmap=False)["host"]

@@ -15,6 +15,10 @@ llama.cpp's own arithmetic:
   (token_embd) always stays on the CPU; a model with tied embeddings gets a second copy of token_embd as its
   output tensor on the output layer's device (``TENSOR_DUPLICATED``). With mmap the host's model buffer is
   the file range spanned by the host's tensors (``llama_model_loader::get_mapping_range``).
+* **tensor overrides** — src/llama-model-loader.cpp, create_tensor: ``-ot PATTERN=BUFFER_TYPE`` (and
+  ``--cpu-moe`` / ``--n-cpu-moe N``, common/common.h ``LLM_FFN_EXPS_REGEX`` per layer) move the matching tensors,
+  the first matching pattern winning, whatever their layer's device (:func:`tensor_devices`); experts overridden to
+  the CPU are repacked like any CPU weight.
 * **KV cache** — src/llama-kv-cache.cpp, ``llama_kv_cache::llama_kv_cache``: per layer that has a cache,
   a K tensor ``[n_embd_k_gqa, kv_size, n_stream]`` of ``type_k`` and a V tensor ``[n_embd_v_gqa, ...]`` of
   ``type_v``, i.e. ``row_size(type, n_embd_gqa) × cells × streams`` bytes; src/llama-kv-cache-iswa.cpp:
@@ -22,7 +26,8 @@ llama.cpp's own arithmetic:
   unless ``swa_full``; MLA models (kv_lora_rank) keep K only. The KV of a layer lives on that layer's device.
 * **recurrent state** — src/llama-memory-recurrent.cpp with llama_hparams::n_embd_r / n_embd_s
   (src/llama-hparams.cpp): per recurrent layer, R ``(d_conv - 1) × (d_inner + 2 × n_group × d_state)`` and
-  S ``d_state × d_inner`` floats (F32) per sequence — independent of n_ctx.
+  S ``d_state × d_inner`` floats (F32) per sequence — independent of n_ctx. Hybrids (qwen35, qwen35moe) keep KV only on
+  their full-attention layers (src/llama-model.cpp create_memory: filter_attn = !is_recr(il)).
 * **output buffer** — src/llama-context.cpp, ``output_reserve(n_seq_max)``: ``n_vocab × 4 × n_seq_max``
   bytes of logits, in host memory.
 * **compute buffer** — an estimate of ggml-alloc's peak for the worst-case graph (n_ubatch tokens, all of
@@ -147,9 +152,17 @@ def kv_widths(spec: ModelSpec, il: int) -> tuple[int, int]:
     return spec.n_embd_k_gqa(il), spec.n_embd_v_gqa(il)
 
 
+def is_mtp_layer(spec: ModelSpec, il: int) -> bool:
+    """Whether layer il is a multi-token-prediction (nextn) layer at the end of the stack. This llama.cpp build
+    loads them only for an MTP draft context (llama_model_params.load_mtp, default false: their tensors are
+    TENSOR_SKIP in load_arch_tensors) and gives them no KV cache in the main context (src/llama-model.cpp
+    create_memory: ``filter = il < n_layer()`` when n_layer_nextn > 0)."""
+    return spec.nextn_layers > 0 and il >= spec.n_layer - spec.nextn_layers
+
+
 def kv_layer_bytes(spec: ModelSpec, cfg: RunConfig, il: int) -> int:
-    """Bytes of layer il's KV cache (0 for layers without one: recurrent, or n_head_kv == 0)."""
-    if not spec.has_kv(il):
+    """Bytes of layer il's KV cache (0 for layers without one: recurrent, n_head_kv == 0, or an MTP layer)."""
+    if not spec.has_kv(il) or is_mtp_layer(spec, il):
         return 0
     cs = context_sizes(spec, cfg)
     cells = kv_cells(spec, cfg, swa=spec.is_swa(il))
@@ -314,6 +327,8 @@ def weights_by_device(spec: ModelSpec, slots: Mapping[int, str], use_mmap: bool 
     host_plain, host_repack = [], 0
     devs = tensor_devices(spec, slots, overrides, gpu_ids)
     for t in spec.tensors:
+        if t.layer is not None and is_mtp_layer(spec, t.layer):
+            continue            # not loaded (load_mtp false)
         dev = devs[t.name]
         out[dev] = out.get(dev, 0) + t.n_bytes
         if dev == HOST:
