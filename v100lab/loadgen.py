@@ -504,7 +504,7 @@ class ServerInfo:
     model_id: str | None = None
     n_vocab: int | None = None
     total_slots: int | None = None
-    n_ctx: int | None = None
+    n_ctx: int | None = None           # one slot's context (llama-server)
     build_info: str | None = None
     metrics: bool = False
     problem: str | None = None         # why the probe found no OpenAI-compatible server (the run goes on)
@@ -541,6 +541,8 @@ async def probe(client, url: str) -> ServerInfo:
             meta = data[0].get("meta")
             if isinstance(meta, dict) and isinstance(meta.get("n_vocab"), int):
                 info.n_vocab = meta["n_vocab"]
+            if isinstance(meta, dict) and isinstance(meta.get("n_ctx"), int):
+                info.n_ctx = meta["n_ctx"]          # llama-server: the context of one slot
             if data[0].get("owned_by") == "llamacpp":
                 info.kind = "llama-server"
     else:
@@ -553,7 +555,7 @@ async def probe(client, url: str) -> ServerInfo:
         info.build_info = str(props.get("build_info")) if props.get("build_info") else None
         gen = props.get("default_generation_settings") or {}
         n_ctx = gen.get("n_ctx") if isinstance(gen, dict) else None
-        info.n_ctx = n_ctx if isinstance(n_ctx, int) else None
+        info.n_ctx = n_ctx if isinstance(n_ctx, int) else info.n_ctx
     if info.kind == "llama-server":
         info.metrics = await scrape_metrics(client, url) is not None
     return info
@@ -937,7 +939,8 @@ def summarize_level(results: Sequence[RequestResult], duration_s: float, slo: SL
     return _finite(out)
 
 
-_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_total",
+_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_seconds_total",
+             "llamacpp:tokens_predicted_total",
              "llamacpp:tokens_predicted_seconds_total", "llamacpp:n_decode_total")
 _GAUGES = ("llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds",
            "llamacpp:n_busy_slots_per_decode", "llamacpp:requests_deferred")
@@ -1139,8 +1142,9 @@ async def _main(url: str, workload: Workload, store, progress: bool | None, dead
     run_id = uuid.uuid4().hex[:16]
     cap = max((lv.in_flight_cap or 0) for lv in workload.levels)
     open_loop_uncapped = any(lv.rate is not None and not lv.max_concurrency for lv in workload.levels)
-    limits = httpx.Limits(max_connections=None if open_loop_uncapped else cap + 4,
-                          max_keepalive_connections=cap + 4)
+    # no keep-alive: llama-server closes the connection after a streamed answer, and a pooled connection it
+    # closed would fail the next request (a fresh loopback connection costs ~0.1 ms of that request's TTFT)
+    limits = httpx.Limits(max_connections=None if open_loop_uncapped else cap + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, trust_env=False, timeout=workload.timeout_s) as client:
         info = await probe(client, url)
         if info.problem:
@@ -1171,6 +1175,7 @@ async def _main(url: str, workload: Workload, store, progress: bool | None, dead
         all_requests: list[RequestResult] = []
         summaries: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
+        n_failed = [0]
 
         def keep(row):
             rows.append(store.append(row) if store is not None else row)
@@ -1185,9 +1190,10 @@ async def _main(url: str, workload: Workload, store, progress: bool | None, dead
 
                 def done(rq: RequestResult, level=level, pending=pending):
                     pending.append(_request_row(base, rq, level))
+                    n_failed[0] += not rq.ok
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix_str(f"{level.name} failed={sum(1 for r in all_requests if not r.ok)}")
+                        bar.set_postfix_str(f"{level.name} failed={n_failed[0]}", refresh=False)
                     all_requests.append(rq)
                     if on_request:
                         on_request(rq)
