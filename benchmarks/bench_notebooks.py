@@ -9,7 +9,8 @@ Run it with nothing else measuring (llama.cpp's threads spin; another busy proce
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_notebooks.py [--params params/default.yaml]
 
 Prints a markdown table (notebook, seconds, status) and the total, plus the machine's load average before
-and after (a loaded machine makes every measured figure slower, and the notebooks measure).
+and after (a loaded machine makes every measured figure slower, and the notebooks measure; above 1.5 it says
+BUSY), the CPU and the llama.cpp build.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_TOTAL_S = 600
 TARGET_EACH_S = 180
+BUSY_LOAD = 1.5
+
+
+def where() -> str:
+    """The CPU and the llama.cpp build the figures were taken with (what every measured row records)."""
+    from v100lab.bench import environment
+
+    env = environment()
+    return (f"{env.get('cpu_model')} ({env.get('cpu_count')} logical cores); llama.cpp {env.get('llama_cpp_build')} "
+            f"(llama-cpp-python {env.get('llama_cpp_python')}, build flags {env.get('build_flags_source') or '?'})")
 
 
 def setup(params: Path) -> float:
@@ -94,6 +105,10 @@ def main(argv=None) -> int:
     print(f"| **full set** | **{total:.1f}** | ≤ {TARGET_TOTAL_S} ({'ok' if total <= TARGET_TOTAL_S else 'OVER'}) | |")
     print(f"\nsetup (model builds, untimed above): {setup_s:.1f} s; load average before {load0[0]:.2f}, "
           f"after {load1[0]:.2f} (1 min); cpu_count {os.cpu_count()}")
+    print(f"machine: {where()}")
+    if max(load0[0], load1[0]) > BUSY_LOAD:
+        print(f"BUSY: the load average exceeded {BUSY_LOAD} — other processes shared the cores, so these times "
+              "are slower than on a quiet machine (llama.cpp's threads spin while they wait)")
     return 0 if all(st == "ok" for _, _, st in rows) else 1
 
 

@@ -49,7 +49,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## The map of the workbook
@@ -58,7 +58,7 @@ render.table(levers.scenario_facts(sc))
 # llama.cpp does out of the box (03), then each lever on its own (04–11), and all of them together (12).
 
 # %%
-render.table(levers.notebook_map())
+render.text_table(levers.notebook_map())
 
 # %% [markdown]
 # ## The seed's staircase
@@ -72,6 +72,9 @@ render.table(levers.notebook_map())
 # %%
 stairs = levers.staircase(sc)
 plots.staircase(stairs)
+
+# %%
+levers.caption_staircase(sc, stairs)
 
 # %% [markdown]
 # ## The ceiling, by hand
@@ -107,4 +110,4 @@ levers.headline(stairs, lever="stage")
 # and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, device="t4"))
+render.text_table(levers.what_if(sc, device="t4"))

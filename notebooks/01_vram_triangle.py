@@ -29,6 +29,7 @@
 model: str = "default"                    # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
 stand_in_model: "Optional[str]" = None    # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
 device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+compare_gpu: str = "v100-16gb"            # GPU predicted beside this machine when `device` is a CPU: the seed's model on it (01 what fits, 05 -ngl and the spill); none: no GPU
 measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
 
 # -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
@@ -53,13 +54,13 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## The model, from its header
 
 # %%
-render.table(levers.header_facts(sc))
+render.text_table(levers.header_facts(sc))
 
 # %% [markdown]
 # ## The KV cache, by hand
@@ -94,27 +95,36 @@ levers.agree(f"KV cache at -c {ctx}", kv_total, levers.kv_cache_bytes(sc), "byte
 # ## Where every byte goes
 #
 # The scenario's configuration, predicted per device and component; when a model runs here, llama.cpp's
-# own buffer sizes from its load log (hatched) stand beside the prediction for the same model.
+# own buffer sizes from its load log (hatched) stand beside the prediction for the same model. When the
+# scenario predicts for this machine's CPU, the seed's model on the GPU beside it (`compare_gpu`) gets a panel
+# too: a small model in RAM is nowhere near a limit, a 27B model on a 16 GB card is.
 
 # %%
 mem = levers.memory_breakdown(sc)
 plots.memory_breakdown(mem)
 
+# %%
+levers.caption_memory(sc, mem)
+
 # %% [markdown]
 # ## What fits: quant × context × cache type
 #
 # Each cell is the memory left on the device (GiB) with every layer requested on it; red cells do not fit, so
-# llama.cpp would leave layers on the CPU (see 05) or refuse to load.
+# llama.cpp would leave layers on the CPU (see 05) or refuse to load. One row of panels per model and device:
+# the scenario's, and the GPU beside this machine when the scenario predicts for its CPU.
 
 # %%
 grid = levers.fit_grid(sc)
 plots.fit_heatmap(grid)
 
+# %%
+levers.caption_fit(sc, grid)
+
 # %% [markdown]
 # ## The largest context that fits, per quant and cache type (tokens)
 
 # %%
-render.table(levers.largest_context(grid))
+render.text_table(levers.largest_context(grid))
 
 # %% [markdown]
 # ## The triangle, stated with this run's numbers
@@ -130,4 +140,4 @@ levers.summary_triangle(sc, mem, grid)
 # scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, scale={"n_ctx": 0.5}))
+render.text_table(levers.what_if(sc, scale={"n_ctx": 0.5}))

@@ -50,7 +50,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## The ceiling per quant on the scenario's device (and the seed's own table)
@@ -58,6 +58,9 @@ render.table(levers.scenario_facts(sc))
 # %%
 ceil = levers.ceilings(sc)
 plots.ceilings(ceil)
+
+# %%
+levers.caption_ceilings(sc, ceil)
 
 # %% [markdown]
 # ## Both sides of the roofline, by hand
@@ -87,10 +90,18 @@ if dev.fp16_tflops:
 
 # %% [markdown]
 # ## The same model across the device catalog
+#
+# Bandwidth is not the only cost of a token: each one also pays a fixed time — building and launching the
+# compute graph, one kernel (or more) per layer, synchronising with the host. The black tick on each bar is
+# that limit (1 ÷ the fixed time): a model so small that reading its weights takes less than the fixed time
+# sits on its tick whatever the card's bandwidth.
 
 # %%
 cat = levers.catalog_ceilings(sc)
 plots.catalog(cat)
+
+# %%
+levers.caption_catalog(sc, cat)
 
 # %% [markdown]
 # ## This machine's roofline
@@ -102,6 +113,9 @@ plots.catalog(cat)
 roof = levers.roofline(sc)
 plots.roofline(roof)
 
+# %%
+levers.caption_roofline(sc, roof)
+
 # %% [markdown]
 # ## Published Apple Silicon rows against the speed model
 #
@@ -111,6 +125,9 @@ plots.roofline(roof)
 # %%
 apple = levers.apple(sc)
 plots.apple(apple)
+
+# %%
+levers.caption_apple(sc, apple)
 
 # %% [markdown]
 # ## What this run showed
@@ -129,4 +146,4 @@ levers.headline(roof, lever="quant")
 # its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, device="a100-80gb"))
+render.text_table(levers.what_if(sc, device="a100-80gb"))

@@ -53,7 +53,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## Measured vs predicted
@@ -61,6 +61,9 @@ render.table(levers.scenario_facts(sc))
 # %%
 base = levers.baseline(sc)
 plots.sweep(base, "Baseline: llama.cpp's defaults", lever="config")
+
+# %%
+levers.caption_baseline(sc, base)
 
 # %% [markdown]
 # ## How close to the ceiling, by hand
@@ -83,7 +86,7 @@ if measured:
 
 # %%
 diag = levers.load_diagnosis(sc)
-render.table(diag)
+render.text_table(diag)
 
 # %% [markdown]
 # ## Where it ran
@@ -93,7 +96,7 @@ render.table(diag)
 # and `AVX512` entries of the system-info line). Every measured row carries these facts.
 
 # %%
-render.table(levers.run_environment())
+render.text_table(levers.run_environment())
 
 # %% [markdown]
 # ## What this run showed
@@ -112,4 +115,4 @@ levers.headline(base, lever="config")
 # package's prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, n_ctx=0))
+render.text_table(levers.what_if(sc, n_ctx=0))

@@ -51,7 +51,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## Speed per quant
@@ -60,11 +60,17 @@ render.table(levers.scenario_facts(sc))
 ladder = levers.quant_ladder(sc)
 plots.quant_ladder(ladder)
 
+# %%
+levers.caption_ladder(sc, ladder)
+
 # %% [markdown]
 # ## File size per quant
 
 # %%
 plots.file_sizes(ladder)
+
+# %%
+levers.caption_file_sizes(sc, ladder)
 
 # %% [markdown]
 # ## Bits per weight → file size → ceiling, by hand
@@ -101,6 +107,9 @@ levers.agree(f"{quant} file size", size, levers.file_size(ladder, quant), "bytes
 qual = levers.quality_ladder(sc)
 plots.quality(qual)
 
+# %%
+levers.caption_quality(sc, qual)
+
 # %% [markdown]
 # ## What this run showed
 
@@ -118,4 +127,4 @@ levers.headline(ladder, lever="quant")
 # for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, quant="Q8_0"))
+render.text_table(levers.what_if(sc, quant="Q8_0"))

@@ -19,6 +19,10 @@
 # `-ngl k` puts the output layer and the last k − 1 repeating layers on the GPU; the rest run on the CPU from
 # host memory at host bandwidth, and every token crosses PCIe. When a longer context no longer fits, llama.cpp
 # leaves layers on the CPU — the spill — and decode slows by far more than the context's own cost.
+#
+# On a CPU `-ngl` changes nothing, so when the scenario predicts for this machine's CPU, this notebook predicts
+# for the GPU beside it instead (`compare_gpu`, the seed's V100 by default) with the seed's model: what a card
+# of that size does with a model too big for it.
 
 # %% tags=["parameters"]
 # Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
@@ -28,6 +32,7 @@
 model: str = "default"                    # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
 stand_in_model: "Optional[str]" = None    # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
 device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+compare_gpu: str = "v100-16gb"            # GPU predicted beside this machine when `device` is a CPU: the seed's model on it (01 what fits, 05 -ngl and the spill); none: no GPU
 measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
 
 # -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
@@ -51,7 +56,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## The -ngl sweep
@@ -60,18 +65,20 @@ render.table(levers.scenario_facts(sc))
 ngl = levers.gpu_layers_sweep(sc)
 plots.gpu_layers(ngl)
 
+# %%
+levers.caption_gpu_layers(sc, ngl)
+
 # %% [markdown]
 # ## One token split across the link, by hand
 #
 # With half the layers offloaded, a token's time is the device part (its weights at the device's bandwidth),
 # plus the host part (the other layers at the host's bandwidth), plus the link: the embedding goes to the
 # device, the activations cross once where the layers change sides, and the logits come back — each copy
-# costs about 10 µs of latency plus its bytes at the link's speed. On a CPU-only device there is one side
-# and no link.
+# costs about 10 µs of latency plus its bytes at the link's speed. The model and GPU are the sweep's.
 
 # %% tags=["by-hand"]
-st = levers.study(sc)
-spec, dev = st.spec, st.device
+gpu = levers.gpu_subject(sc)                                # the sweep's model and GPU
+spec, dev = gpu.spec, gpu.device
 host = levers.gpu_host() if dev.kind != "cpu" else dev      # a GPU's layers that do not fit run on its server's CPU
 k = spec.n_layer // 2                                       # -ngl k: half the layers
 run = spec.n_layer - spec.nextn_layers                      # layers plain decoding runs (MTP layers are skipped)
@@ -91,6 +98,9 @@ levers.agree(f"time per token with -ngl {k}", t, levers.offload_split(sc, k)["to
 spill = levers.spill_effect(sc)
 plots.spill(spill)
 
+# %%
+levers.caption_spill(sc, spill)
+
 # %% [markdown]
 # ## What this run showed
 
@@ -108,4 +118,4 @@ levers.headline(ngl, lever="n_gpu_layers")
 # for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, n_gpu_layers=0))
+render.text_table(levers.what_if(sc, n_gpu_layers=0))

@@ -54,7 +54,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## KV cache memory: predicted vs llama.cpp's log
@@ -63,12 +63,18 @@ render.table(levers.scenario_facts(sc))
 kv = levers.kv_memory(sc)
 plots.kv_memory(kv)
 
+# %%
+levers.caption_kv(sc, kv)
+
 # %% [markdown]
 # ## Decode speed against depth
 
 # %%
 depth = levers.depth_sweep(sc)
 plots.sweep(depth, "Decode speed vs tokens already in the context", lever="n_depth", metrics=("tg_tps",))
+
+# %%
+levers.caption_depth(sc, depth)
 
 # %% [markdown]
 # ## The KV cache a token reads at depth d, by hand
@@ -97,7 +103,7 @@ levers.agree(f"KV read per token at depth {d}", kv_read, levers.kv_read_per_toke
 
 # %%
 qv = levers.quantized_v(sc)
-render.table(qv)
+render.text_table(qv)
 
 # %% [markdown]
 # ## What this run showed
@@ -116,4 +122,4 @@ levers.headline(depth, lever="n_depth")
 # prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, cache_type_k="q8_0", cache_type_v="q8_0"))
+render.text_table(levers.what_if(sc, cache_type_k="q8_0", cache_type_v="q8_0"))

@@ -52,7 +52,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## Flash attention off vs on, at depth
@@ -60,6 +60,9 @@ render.table(levers.scenario_facts(sc))
 # %%
 fa = levers.flash_attn_sweep(sc)
 plots.sweep(fa, "Flash attention off vs on, at the deepest of the scenario's depths", lever="flash_attn")
+
+# %%
+levers.caption_flash_attn(sc, fa)
 
 # %% [markdown]
 # ## The cells a token reads, by hand
@@ -104,4 +107,4 @@ levers.headline(fa, lever="flash_attn")
 # device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, flash_attn="off"))
+render.text_table(levers.what_if(sc, flash_attn="off"))

@@ -51,7 +51,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## Prompt processing against -ub
@@ -60,6 +60,9 @@ render.table(levers.scenario_facts(sc))
 batch = levers.batch_sweep(sc)
 plots.sweep(batch, "-ub: prompt processing of a prompt longer than the largest -ub", lever="n_ubatch",
             metrics=("pp_tps",), ceiling=False)
+
+# %%
+levers.caption_batch(sc, batch)
 
 # %% [markdown]
 # ## Weights read per prompt, by hand
@@ -96,4 +99,4 @@ levers.headline(batch, metric="pp_tps", lever="n_ubatch")
 # model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, n_ubatch=64))
+render.text_table(levers.what_if(sc, n_ubatch=64))

@@ -47,7 +47,7 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## Prompt processing and decode against -t
@@ -55,6 +55,9 @@ render.table(levers.scenario_facts(sc))
 # %%
 threads = levers.threads_sweep(sc)
 plots.sweep(threads, "-t: CPU threads", lever="n_threads")
+
+# %%
+levers.caption_threads(sc, threads)
 
 # %% [markdown]
 # ## The arithmetic a token costs, by hand
@@ -89,4 +92,4 @@ levers.headline(threads, lever="n_threads")
 # the answer below (the package's prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, n_threads=1))
+render.text_table(levers.what_if(sc, n_threads=1))

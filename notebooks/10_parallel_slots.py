@@ -17,9 +17,9 @@
 # # 10 · --parallel: slots that share one pass over the weights
 #
 # `-np N` gives llama-server N slots: N conversations decoded together, one token each per step. A step reads
-# the weights once for all of them, and each slot's own KV cache — so the total tok/s rises with the slots
-# while each stream gets slower, and the context `-c` is split between the slots. The speed model predicts
-# one stream; llama-server measures the rest when its binary is installed.
+# the weights once for all of them, and each slot's own KV cache — so the total tok/s can rise with the slots
+# while each stream gets slower, and the context `-c` is split between the slots. The bandwidth ceiling of N
+# slots says how far the total can rise; llama-server measures where it actually goes.
 
 # %% tags=["parameters"]
 # Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
@@ -48,15 +48,17 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## Total and per-stream decode against -np
 
 # %%
 par = levers.parallel_sweep(sc)
-plots.sweep(par, "--parallel: decode of all slots together and per stream", lever="n_parallel",
-            metrics=("tg_tps", "tg_tps_per_stream"), ceiling=False)
+plots.parallel(par)
+
+# %%
+levers.caption_parallel(sc, par)
 
 # %% [markdown]
 # ## The ceiling of N streams, by hand
@@ -103,4 +105,4 @@ levers.headline(par, lever="n_parallel")
 # change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, n_parallel=4))
+render.text_table(levers.what_if(sc, n_parallel=4))

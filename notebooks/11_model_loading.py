@@ -45,14 +45,14 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## The load modes of this llama.cpp build
 
 # %%
 modes = levers.load_modes()
-render.table(modes)
+render.text_table(modes)
 
 # %% [markdown]
 # ## Load time and first token, per mode
@@ -63,6 +63,9 @@ render.table(modes)
 # %%
 load = levers.mmap_mlock(sc)
 plots.load_times(load)
+
+# %%
+levers.caption_load(sc, load)
 
 # %% [markdown]
 # ## What loading reads, by hand
@@ -91,4 +94,4 @@ levers.summary_loading(sc, modes, load)
 # device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, use_mmap=False))
+render.text_table(levers.what_if(sc, use_mmap=False))

@@ -18,8 +18,8 @@
 #
 # Everything before, put together by `v100lab tune`: every combination of quant (4 bits and more), KV cache
 # type, flash attention and micro-batch is predicted for the scenario's device at the context the scenario
-# needs; those that fit with a margin are ranked by predicted decode speed (measured and chosen by measurement
-# when the device is this machine). The result is a llama-server command with a reason for every flag.
+# needs; those that fit with a margin are ranked by predicted decode speed (and by measured speed when the
+# device is this machine). The result is a llama-server command with a reason for every flag.
 
 # %% tags=["parameters"]
 # Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
@@ -50,19 +50,19 @@ from v100lab import levers, plots, render
 from v100lab.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.table(levers.scenario_facts(sc))
+render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
 # ## The tuned command
 
 # %%
-render.code(levers.tuned_command(sc))
+render.command(levers.tuned_command(sc))
 
 # %% [markdown]
 # ## Why each flag is there, and what it buys
 
 # %%
-render.table(levers.command_reasons(sc))
+render.text_table(levers.command_reasons(sc), code=["flag"])
 
 # %% [markdown]
 # ## The tuned configuration's KV cache, by hand
@@ -96,6 +96,9 @@ levers.agree("KV cache of the tuned configuration", kv_total, best.kv_bytes, "by
 stairs = levers.own_staircase(sc)
 plots.sweep(stairs, "From llama.cpp's defaults to the tuned command", lever="stage", metrics=("tg_tps",))
 
+# %%
+levers.caption_own_staircase(sc, stairs)
+
 # %% [markdown]
 # ## The seed's final command, flag by flag
 #
@@ -103,7 +106,7 @@ plots.sweep(stairs, "From llama.cpp's defaults to the tuned command", lever="sta
 
 # %%
 verdict = levers.seed_verdict_table(sc)
-render.table(verdict)
+render.text_table(verdict, code=["seed", "tuned"])
 
 # %% [markdown]
 # ## What this run showed
@@ -122,4 +125,4 @@ levers.headline(stairs, lever="stage")
 # scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.table(levers.what_if(sc, scale={"n_ctx": 4}))
+render.text_table(levers.what_if(sc, scale={"n_ctx": 4}))

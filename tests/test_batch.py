@@ -211,6 +211,28 @@ def test_headline_record_validates_numbers():
     assert "measured 10.0 tok/s vs predicted —" in workbook.headline_text(h)
 
 
+def test_index_shows_the_configuration_and_partial_runs():
+    """The index names each headline's configuration (model, depth, flags, threads) in a column of its own, and a
+    notebook that ran but measured nothing is "ok (partial)" with the reason."""
+    full = workbook.headline_record(30.0, 40.0, model="m", configuration="depth 1024 · -fa on · -c 2048 · -t 2")
+    partial = workbook.headline_record(None, 39.1, model="m", configuration="-ngl 65",
+                                       partial="this llama.cpp build has no GPU backend")
+    runs = [workbook.RunResult(params="p.yaml", notebook=f"{n}.ipynb", scenario="s", model="m", device="host",
+                               status="ok", reason="", duration_s=1.0, started="", digest="", executed=None,
+                               report=None, headline=h) for n, h in (("a", full), ("b", partial), ("c", None))]
+    html = workbook.index_html(runs, 3.0)
+    assert "<th>configuration</th>" in html
+    assert "depth 1024 · -fa on · -c 2048 · -t 2" in html
+    assert html.count("ok (partial)") == 1 + html.count('"ok (partial)"'), "one partial run (and the legend)"
+    row_b = html.split("<tr>")[3]
+    assert "ok (partial)" in row_b and "no GPU backend" in row_b
+    assert "partial" not in html.split("<tr>")[2] and "partial" not in html.split("<tr>")[4]
+    rows = workbook.summary_rows(runs)
+    assert rows[1]["partial"] == "this llama.cpp build has no GPU backend" and rows[0]["partial"] == ""
+    assert rows[0]["configuration"].startswith("depth 1024")
+    assert "partial: this llama.cpp build" in workbook.headline_text(partial)
+
+
 def test_read_headline_takes_the_last_one():
     nb = nbformat.v4.new_notebook()
     outs = [nbformat.v4.new_output("display_data", data={workbook.HEADLINE_MIME: workbook.headline_record(v, 2.0),

@@ -263,7 +263,7 @@ def test_closes_with_an_exercise_and_its_collapsed_answer(path):
     assert answer.cell_type == "code" and "answer" in _tags(answer), path.name
     hidden = answer.metadata.get("jupyter", {})
     assert hidden.get("source_hidden") and hidden.get("outputs_hidden"), f"{path.name}: the answer is collapsed"
-    assert re.fullmatch(r"render\.table\(levers\.what_if\(sc, .+\)\)", answer.source.strip()), answer.source
+    assert re.fullmatch(r"render\.text_table\(levers\.what_if\(sc, .+\)\)", answer.source.strip()), answer.source
 
 
 def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
@@ -327,3 +327,111 @@ def test_a_bad_parameter_stops_at_the_validation_cell(tmp_path, bad, key):
     nb = _read(tmp_path / "bad.ipynb")
     ran = [c for c in nb.cells if c.cell_type == "code" and c.get("execution_count")]
     assert "from_notebook" in ran[-1].source, "execution must stop at the validation cell"
+
+
+# ------------------------------------------------------------------------------------------------
+# what to look at, conditions and spread, the GPU beside this machine
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_plot_is_followed_by_what_to_look_at(path):
+    """Under each plot, a cell that writes from the plotted frame's numbers what to look at
+    (``levers.caption_*(sc, frame)``), before any other code cell."""
+    nb = _read(path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for i, cell in enumerate(code):
+        if "plots." not in cell.source:
+            continue
+        frame = re.search(r"plots\.\w+\((\w+)", cell.source).group(1)
+        nxt = code[i + 1].source.strip() if i + 1 < len(code) else ""
+        assert re.fullmatch(rf"levers\.caption_\w+\(sc, {frame}\)", nxt), \
+            f"{path.name}: the plot of {frame!r} is not followed by its caption (got {nxt!r})"
+
+
+def test_a_difference_inside_the_noise_is_no_difference():
+    from v100lab.levers.captions import difference
+
+    assert difference(100.0, 5.0, 3, 104.0, 5.0, 3).startswith("no difference beyond the noise (± 10.0")
+    assert difference(100.0, 1.0, 3, 120.0, 1.0, 3) == "+20 %"
+    assert "single runs" in difference(100.0, 0.0, 1, 120.0, 0.0, 1)
+    from v100lab.levers.summaries import _effect
+    from v100lab.results import Observation, tidy_frame
+
+    def row(v, x, sd):
+        return Observation("m", "Q4_0", "host", "n_ubatch", v, "pp_tps", x, "tok/s", "measured",
+                           note=f"pp512; ±{sd:.2f} (r=3); backend x")
+    assert "no difference" in _effect(tidy_frame([row("512", 100.0, 6.0), row("2048", 110.0, 6.0)]), "pp_tps",
+                                      "n_ubatch")
+    assert "best 2048" in _effect(tidy_frame([row("512", 100.0, 1.0), row("2048", 110.0, 1.0)]), "pp_tps",
+                                  "n_ubatch")
+
+
+def test_sweep_draws_error_bars_ticks_at_the_values_and_the_conditions():
+    from matplotlib.container import ErrorbarContainer
+
+    from v100lab import plots
+    from v100lab.levers._study import _frame
+    from v100lab.results import Observation
+
+    rows = []
+    for v, x in (("1", 30.0), ("2", 52.0), ("4", 80.0)):
+        rows.append(Observation("m", "Q4_0", "host", "n_parallel", v, "tg_tps", x, "tok/s", "measured",
+                                note=f"tg64; ±{x / 10:.2f} (r=3); backend x"))
+        rows.append(Observation("m", "Q4_0", "host", "n_parallel", v, "tg_tps", x * 1.1, "tok/s", "predicted"))
+    df = _frame(rows, conditions="m · depth 0 · -fa auto · -c 2048 · -t 2", depth=0)
+    fig = plots.sweep(df, "title", lever="n_parallel", metrics=("tg_tps",))
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
+    assert len(bars) == 1, "the measured series carries ± sd error bars, the predicted one none"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"], "ticks at the slot counts"
+    assert "depth 0 · -fa auto · -c 2048 · -t 2" in fig._suptitle.get_text()
+
+
+def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
+    """A scenario that predicts for this machine's CPU also predicts for a catalog GPU (compare_gpu, the V100 by
+    default) with the seed's model: 01's triangle has red cells there, 05's -ngl sweep and spill are for it (the
+    spill step appears), 02's catalog carries the per-token overhead limit that a small model sits on."""
+    from v100lab.scenario import load_scenario
+
+    sc = load_scenario({**read_parameters(ROOT / "params" / "default.yaml"), "measure": False,
+                        "quants": ["Q8_0", "Q4_0"], "ctx_sizes": [2048, 32768], "cache_types": ["f16"]})
+    gpu = levers.beside(sc)
+    assert gpu is not None and gpu.device.id == "v100-16gb" and gpu.device.kind == "gpu"
+    assert levers.beside(sc.with_(compare_gpu="none")) is None
+    assert levers.beside(sc.with_(device="t4")) is None, "a GPU scenario is its own target"
+
+    grid = levers.fit_grid(sc)
+    fits = grid[grid["metric"] == "fits"]
+    assert set(fits["device"]) == {"host", "v100-16gb"}
+    assert fits[fits["device"] == "host"]["result"].min() == 1.0, "the 135M model fits everywhere here"
+    assert fits[fits["device"] == "v100-16gb"]["result"].min() == 0.0, "red cells on the V100"
+    assert "-c 2048" in grid.attrs["conditions"] and "-fa" in grid.attrs["conditions"]
+
+    ngl = levers.gpu_layers_sweep(sc)
+    tg = ngl[(ngl["metric"] == "tg_tps") & (ngl["source"] == "predicted")]
+    assert set(tg["device"]) == {"v100-16gb"} and tg["result"].nunique() > 10, "the sweep moves on the GPU"
+    assert "depth" in ngl.attrs["conditions"]
+    spill = levers.spill_effect(sc)
+    spilled = spill[spill["metric"] == "layers_spilled"].set_index("value")["result"]
+    assert spilled["2048"] < spilled["32768"], "the spill step"
+
+    cat = levers.catalog_ceilings(sc.with_(compare_devices=("t4", "h200")))
+    floor = cat[cat["metric"] == "overhead_floor_tg_tps"].set_index("value")["result"]
+    pred = cat[(cat["metric"] == "tg_tps") & (cat["source"] == "predicted")].set_index("value")["result"]
+    ceil = cat[cat["metric"] == "ceiling_tg_tps"].set_index("value")["result"]
+    assert ceil["h200"] > 5 * ceil["t4"] and pred["h200"] < 1.5 * pred["t4"], "bandwidth is not what limits it"
+    assert all(pred[d] >= 0.8 * floor[d] for d in ("t4", "h200")), "both sit on their overhead limit"
+
+
+def test_the_tuned_command_names_its_model_by_a_path_a_reader_can_use():
+    import sys
+
+    from v100lab.levers.final import display_path
+
+    inside = str(Path(sys.prefix) / "lib" / "site-packages" / "x" / "model.gguf")
+    assert display_path(inside) == "model.gguf"
+    assert display_path("models/m.gguf") == "models/m.gguf"
+    from v100lab import render
+
+    lines = render.command_lines(["llama-server", "-m", "m.gguf", "--batch-size", "2048", "-ts", "1,-2", "--mlock"])
+    assert lines == ["llama-server", "-m m.gguf", "--batch-size 2048", "-ts 1,-2", "--mlock"], "a flag never splits"

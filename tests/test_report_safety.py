@@ -193,9 +193,22 @@ def test_render_helpers_escape_every_payload():
     for p in PAYLOADS:
         for text in (render.md_text("**{x}**", x=p), render.html_text("<b>{x}</b>", x=p),
                      render.title(p).data, render.code(p).data, render.table_html([{p: p}]),
-                     render.kv_table({p: p}).data):
+                     render.kv_table({p: p}).data, render.text_table([{p: p, "n": 1.5}], code=[p]).data,
+                     render.command(["llama-server", "-m", p, "--alias", p]).data):
             assert "<script" not in text and "<img" not in text and "<svg" not in text, text
     assert render.mpl_text("$x$") == r"\$x\$"
+
+
+def test_index_escapes_the_headline_configuration_and_partial_reason():
+    from v100lab.workbook import RunResult, headline_record, index_html
+
+    for p in PAYLOADS:
+        h = headline_record(None, 1.0, model=p, configuration=p, partial=p)
+        r = RunResult(params="p.yaml", notebook="n.ipynb", scenario=p, model=p, device=p, status="ok", reason="",
+                      duration_s=1.0, started="", digest="", executed=None, report=None, headline=h)
+        html = index_html([r], 1.0)
+        assert "<script" not in html.lower() and "<img" not in html and "<svg" not in html, html
+        assert "ok (partial)" in html
 
 
 @pytest.mark.parametrize("fonttype", ["path", "none"])

@@ -71,6 +71,10 @@ def test_run_config_validation_applies_with_the_key_named():
     ({"repetitions": 0}, "repetitions", ">= 1"),
     ({"perplexity_ctx": 65}, "perplexity_ctx", "even"),
     ({"model": "  "}, "model", "empty"),
+    ({"compare_gpu": "host"}, "compare_gpu", "not a GPU"),
+    ({"compare_gpu": "apple-m2"}, "compare_gpu", "not a GPU"),
+    ({"compare_gpu": "v100"}, "compare_gpu", "unknown device"),
+    ({"compare_gpu": 16}, "compare_gpu", "a string"),
 ])
 def test_bad_values_name_the_key(data, key, words):
     with pytest.raises(ConfigError) as err:
@@ -285,3 +289,9 @@ def test_from_notebook_refuses_a_parameter_shadowed_by_an_import():
 
     with pytest.raises(ConfigError, match="'scenario' was replaced by a module"):
         from_notebook({"scenario": module, "n_ctx": 1024})
+
+
+def test_compare_gpu_is_a_catalog_gpu_or_none():
+    assert Scenario().compare_gpu == "v100-16gb", "the seed's V100 by default"
+    assert load_scenario({"compare_gpu": "t4"}).compare_gpu == "t4"
+    assert load_scenario({"compare_gpu": "none"}).compare_gpu == "none"

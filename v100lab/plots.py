@@ -14,6 +14,7 @@ run never accumulates open figures. Text that came from a model file or a parame
 
 from __future__ import annotations
 
+import textwrap
 from typing import Iterable, Sequence
 
 from v100lab.render import mpl_text
@@ -113,16 +114,52 @@ def _dedupe_legend(ax, **kw) -> None:
 # the general one: tok/s against one lever
 # ------------------------------------------------------------------------------------------------
 
+def _suptitle(fig, title: str, df=None, note: str = "", fontsize: float = 12) -> None:
+    """The figure's title, and under it the conditions its numbers were taken at (``df.attrs["conditions"]``:
+    model, depth, -fa, -c, threads) and any ``note`` — every figure names its conditions."""
+    lines = [mpl_text(title)]
+    cond = (df.attrs.get("conditions") if df is not None else "") or ""
+    extra = [x for x in (cond, note) if x]
+    fig.suptitle("\n".join(lines + [mpl_text(x) for x in extra]), fontsize=fontsize - (1 if extra else 0))
+
+
+def _with_spread(g):
+    """Rows of one series aggregated per x: the mean, and the standard deviation over the repetitions the
+    measured rows carry in their note (0 where none)."""
+    from v100lab.levers._study import spread
+
+    sd = g["note"].map(lambda n: spread(n)[0]) if "note" in g else 0.0
+    return g.assign(sd=sd).groupby("x", as_index=False).agg(result=("result", "mean"), sd=("sd", "max"))
+
+
+def _value_ticks(ax, order: Sequence[str], numeric: bool) -> None:
+    """Ticks at the lever's values (a numeric axis otherwise ticks at 1.5, 2.5 between slot counts)."""
+    if not numeric:
+        ax.set_xticks(list(range(len(order))))
+        ax.set_xticklabels([mpl_text(v) for v in order], rotation=30 if len(order) > 4 else 0,
+                           ha="right" if len(order) > 4 else "center")
+    elif len(order) <= 12:
+        ax.set_xticks([float(v) for v in order])
+        ax.set_xticklabels([mpl_text(v) for v in order], rotation=30 if len(order) > 6 else 0)
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), lever: str | None = None,
           ceiling: bool = True, log_y: bool = False, note: str = ""):
     """tok/s against the lever's values, one panel per metric; one line per (source, model, device).
 
-    The strict ceiling of each model and device is drawn as a thin dotted line on the decode panel;
-    measured/claimed points above it are marked."""
+    Measured points carry error bars (± one standard deviation over the repetitions). The strict ceiling of
+    each model and device is drawn as a thin dotted line on the decode panel, labelled with its depth when the
+    frame says it (``attrs["depth"]``); measured/claimed points above it are marked. The subtitle names the
+    conditions (``attrs["conditions"]``), and what was not measured (``attrs["why_not_measured"]``) when
+    nothing was."""
     d = df[df["unit"] == "tok/s"]
     if lever is not None:
         d = d[d["lever"] == lever]
-    metrics = [m for m in metrics if (d["metric"] == m).any()] or list(metrics[:1])
+    metrics = [m for m in metrics if d["metric"].isin([m, f"strict_ceiling_{m}"]).any()] or list(metrics[:1])
     fig, axes = _figure(ncols=len(metrics))
     lev = _first(d, "lever", lever or "")
     order = _order(d["value"].tolist())
@@ -131,54 +168,62 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
     many = d[["model", "device"]].drop_duplicates().shape[0] > 1
     seen: set = set()
     bars = not numeric and len(order) <= 4
+    depth = df.attrs.get("depth")
     for ax, metric in zip(axes[0], metrics):
         m = d[d["metric"] == metric]
-        if not len(m):
+        if not len(m) and not (d["metric"] == f"strict_ceiling_{metric}").any():
             _empty(ax, "nothing to show for this metric in this run")
             continue
         groups = list(m.groupby(["source", "model", "device"], sort=False))
         width = 0.8 / max(1, len(groups))
         for k, ((source, model, device), g) in enumerate(groups):
             g = g.assign(x=g["value"].map(pos)).sort_values("x")
-            agg = g.groupby("x", as_index=False)["result"].mean()
-            label = _series_label(source, model, device, many)
+            agg = _with_spread(g)
+            yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
+            label = _series_label(source, model, device, many) + (" (± sd)" if yerr is not None else "")
             if bars:
                 shift = (k - (len(groups) - 1) / 2) * width
                 ax.bar(agg["x"] + shift, agg["result"], width=width * 0.95, color=SOURCE_COLORS.get(source),
-                       alpha=0.9 - 0.25 * (k // 3), label=label)
-                for x, y in zip(agg["x"] + shift, agg["result"]):
-                    ax.annotate(f"{y:,.3g}", (x, y), xytext=(0, 2), textcoords="offset points", ha="center",
-                                fontsize=7)
+                       alpha=0.9 - 0.25 * (k // 3), label=label, yerr=yerr, capsize=3 if yerr is not None else 0,
+                       error_kw={"elinewidth": 1, "ecolor": "#333"})
+                for x, y, e in zip(agg["x"] + shift, agg["result"], agg["sd"]):
+                    text = f"{y:,.3g}" + (f" ± {e:,.2g}" if yerr is not None and e > 0 else "")
+                    ax.annotate(text, (x, y + (e if yerr is not None else 0)), xytext=(0, 2),
+                                textcoords="offset points", ha="center", fontsize=7)
                 g = g.assign(x=g["x"] + shift)
             else:
-                ax.plot(agg["x"], agg["result"], SOURCE_LINES.get(source, "-"), marker=SOURCE_MARKERS.get(source, "o"),
-                        color=SOURCE_COLORS.get(source), alpha=0.9 if source != "predicted" or not many else 0.7,
-                        label=label, markersize=6)
+                ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES.get(source, "-"),
+                            marker=SOURCE_MARKERS.get(source, "o"), color=SOURCE_COLORS.get(source),
+                            alpha=0.9 if source != "predicted" or not many else 0.7, label=label, markersize=6,
+                            capsize=3 if yerr is not None else 0, elinewidth=1)
             above = g[g["above_ceiling"].fillna(False).astype(bool) & g["source"].isin(["measured", "claimed"])]
             _mark_above(ax, above["x"], above["result"], seen)
         if ceiling and metric.startswith("tg"):
-            c = d[d["metric"] == "strict_ceiling_tg_tps"]
+            own = f"strict_ceiling_{metric}"     # a per-stream panel has its own ceiling when the frame has one
+            c = d[d["metric"] == (own if (d["metric"] == own).any() else "strict_ceiling_tg_tps")]
+            at = f" at depth {depth}" if depth is not None else (" at each depth" if lev == "n_depth" else "")
             for (model, device), g in c.groupby(["model", "device"], sort=False):
                 g = g.assign(x=g["value"].map(pos)).sort_values("x")
                 agg = g.groupby("x", as_index=False)["result"].max()
                 ax.plot(agg["x"], agg["result"], ":" if not bars else "_", color="#999", linewidth=1.2,
                         markersize=40 if bars else 6,
-                        label=mpl_text(f"strict ceiling: {model} @ {'this machine' if device == 'host' else device}"
-                                       if many else "strict ceiling (bytes per token / bandwidth)"))
+                        label=mpl_text(f"strict ceiling{at}: {model} @ "
+                                       f"{'this machine' if device == 'host' else device}"
+                                       if many else f"strict ceiling{at} (bandwidth / bytes per token)"))
         ax.set_title(mpl_text(METRIC_LABELS.get(metric, metric)), fontsize=10)
         ax.set_xlabel(LEVER_LABELS.get(lev, lev))
         ax.set_ylabel("tokens per second (tok/s)")
         if bars:
             ax.set_xlim(-0.75, len(order) - 0.25)
-        if not numeric:
-            ax.set_xticks(list(range(len(order))))
-            ax.set_xticklabels([mpl_text(v) for v in order], rotation=30 if len(order) > 4 else 0, ha="right"
-                               if len(order) > 4 else "center")
+        _value_ticks(ax, order, numeric)
         if log_y:
             ax.set_yscale("log")
         ax.set_ylim(bottom=0 if not log_y else None)
         _dedupe_legend(ax)
-    fig.suptitle(mpl_text(title) + (f"\n{mpl_text(note)}" if note else ""), fontsize=12)
+    why = df.attrs.get("why_not_measured") or ""
+    measured = (d["source"] == "measured").any()
+    _suptitle(fig, title, df, "; ".join(x for x in (note, "" if measured or not why else f"not measured here: {why}")
+                                        if x))
     return fig
 
 
@@ -195,6 +240,7 @@ def staircase(df):
     here = df[df["device"] == "host"]
     stages = _order(df[df["lever"] == "stage"]["value"].tolist())
     x = {s: i for i, s in enumerate(stages)}
+    at = f" at depth {df.attrs['depth']}" if df.attrs.get("depth") is not None else ""
     ax = axes[0][0]
     cl = seed[(seed["source"] == "claimed") & (seed["metric"] == "tg_tps")]
     if len(cl):
@@ -206,7 +252,7 @@ def staircase(df):
     for metric, style, lab in (("tg_tps", dict(marker="o", color=SOURCE_COLORS["predicted"], linestyle="--"),
                                 "predicted decode"),
                                ("strict_ceiling_tg_tps", dict(marker="_", color="#999", linestyle=":", markersize=18),
-                                "strict ceiling (bytes per token / bandwidth)")):
+                                f"strict ceiling{at} (bandwidth / bytes per token)")):
         p = seed[(seed["source"] == "predicted") & (seed["metric"] == metric)]
         if len(p):
             p = p.assign(x=p["value"].map(x)).sort_values("x")
@@ -223,14 +269,16 @@ def staircase(df):
         _empty(ax, mpl_text(f"not measured here: {why}"))
     else:
         for source, g in tg.groupby("source", sort=False):
-            g = g.groupby("value")["result"].mean().reindex(stages)   # a refused stage leaves a gap
-            g = g.reset_index(drop=True).to_frame("result").assign(x=range(len(stages)))
-            ax.plot(g["x"], g["result"], SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
-                    color=SOURCE_COLORS[source], label=f"{source} here")
+            g = _with_spread(g.assign(x=g["value"].map(x)))
+            g = g.set_index("x").reindex(range(len(stages))).reset_index()   # a refused stage leaves a gap
+            yerr = g["sd"].fillna(0) if source == "measured" and (g["sd"] > 0).any() else None
+            ax.errorbar(g["x"], g["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
+                        color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, elinewidth=1,
+                        label=f"{source} here" + (" (± sd)" if yerr is not None else ""))
         c = here[here["metric"] == "strict_ceiling_tg_tps"]
         if len(c):
             c = c.assign(x=c["value"].map(x)).sort_values("x")
-            ax.plot(c["x"], c["result"], ":", color="#999", marker="_", markersize=18, label="strict ceiling here")
+            ax.plot(c["x"], c["result"], ":", color="#999", marker="_", markersize=18, label=f"strict ceiling{at} here")
         above = tg[tg["above_ceiling"].fillna(False).astype(bool) & (tg["source"] == "measured")]
         _mark_above(ax, [x[v] for v in above["value"]], above["result"], seen)
         ax.set_title(mpl_text(f"{tg['model'].iloc[0]} on this machine"), fontsize=10)
@@ -241,7 +289,7 @@ def staircase(df):
                 ax.annotate("refused by llama.cpp", (x[f["value"]], 0), xytext=(0, 12), textcoords="offset points",
                             ha="center", fontsize=7, color="#c0001a", rotation=90)
         _dedupe_legend(ax, loc="upper left")
-    fig.suptitle("The seed's staircase: claimed vs predicted (its V100) vs measured (this machine)", fontsize=12)
+    _suptitle(fig, "The seed's staircase: claimed vs predicted (its V100) vs measured (this machine)", df)
     return fig
 
 
@@ -297,37 +345,45 @@ def memory_breakdown(df):
         ax.set_title(mpl_text(group), fontsize=10)
         ax.set_xlim(right=ax.get_xlim()[1] * 1.15)
         _dedupe_legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
-    fig.suptitle("Where the memory goes: weights, KV cache, compute and output buffers (hatched: measured)",
-                 fontsize=12)
+    _suptitle(fig, "Where the memory goes: weights, KV cache, compute and output buffers (hatched: measured)", df)
     return fig
 
 
 def fit_heatmap(grid):
-    """The VRAM triangle: one heatmap per cache type, quants × context sizes, coloured by the margin left on
-    the device (GiB; red: does not fit), annotated with the margin."""
+    """The VRAM triangle: per model and device (one row of panels each: the scenario's, and the GPU beside
+    this machine when there is one), one heatmap per cache type, quants × context sizes, coloured by the
+    margin left on the device (GiB; red: does not fit), annotated with the margin."""
     import numpy as np
     import seaborn as sns
 
     g = grid[(grid["lever"] == "n_ctx") & (grid["metric"] == "margin_bytes")].copy()
     g["cache type"] = g["note"].str.replace("cache_type=", "", regex=False)
     types = list(dict.fromkeys(g["cache type"]))
-    fig, axes = _figure(ncols=max(1, len(types)), width=4.6, height=0.5 * max(3, g["quant"].nunique()) + 1.6)
+    groups = list(dict.fromkeys(zip(g["model"], g["device"])))
+    n_q = max([3] + [g[(g["model"] == m) & (g["device"] == d)]["quant"].nunique() for m, d in groups])
+    fig, axes = _figure(ncols=max(1, len(types)), nrows=max(1, len(groups)), width=4.6, height=0.5 * n_q + 1.4)
     if not len(g):
         _empty(axes[0][0], "no configuration to show")
         return fig
-    lim = max(1e-9, float(np.nanmax(np.abs(g["result"]))) / 2**30)
-    for i, (ax, ct) in enumerate(zip(axes[0], types)):
-        t = g[g["cache type"] == ct]
-        wide = t.pivot_table(index="quant", columns="value", values="result", aggfunc="max") / 2**30
-        wide = wide[_order(list(wide.columns))].reindex(list(dict.fromkeys(t["quant"])))
-        sns.heatmap(wide, ax=ax, cmap="RdYlGn", center=0, vmin=-lim, vmax=lim, annot=True, fmt=".2f",
-                    cbar=i == len(types) - 1, cbar_kws={"label": "margin left on the device (GiB)"},
-                    annot_kws={"fontsize": 8}, linewidths=0.5, linecolor="white")
-        ax.set_title(mpl_text(f"KV cache {ct}"), fontsize=10)
-        ax.set_xlabel("context size -c (tokens)")
-        ax.set_ylabel("quantization" if i == 0 else "")
-    dev = grid.attrs.get("device_name") or g["device"].iloc[0]
-    fig.suptitle(mpl_text(f"What fits on {dev}: margin in GiB (negative = does not fit)"), fontsize=12)
+    names = grid.attrs.get("device_names") or {}
+    for row, (model, dev) in enumerate(groups):
+        sub = g[(g["model"] == model) & (g["device"] == dev)]
+        lim = max(1e-9, float(np.nanmax(np.abs(sub["result"]))) / 2**30)   # each device on its own scale
+        for i, (ax, ct) in enumerate(zip(axes[row], types)):
+            t = sub[sub["cache type"] == ct]
+            wide = t.pivot_table(index="quant", columns="value", values="result", aggfunc="max") / 2**30
+            wide = wide[_order(list(wide.columns))].reindex(list(dict.fromkeys(t["quant"])))
+            sns.heatmap(wide, ax=ax, cmap="RdYlGn", center=0, vmin=-lim, vmax=lim, annot=True, fmt=".2f",
+                        cbar=i == len(types) - 1, cbar_kws={"label": "margin left (GiB)"},
+                        annot_kws={"fontsize": 8}, linewidths=0.5, linecolor="white")
+            n_red = int((wide < 0).sum().sum())
+            ax.set_title(mpl_text(f"KV cache {ct}: " + (f"{n_red} of {wide.size} do not fit" if n_red
+                                                         else "everything fits")), fontsize=9)
+            ax.set_xlabel("context size -c (tokens)")
+            where = "this machine (RAM)" if dev == "host" else names.get(dev, dev)
+            ax.set_ylabel(mpl_text(f"{textwrap.shorten(model, 40)}\non {textwrap.shorten(where, 34)}\n\nquantization")
+                          if i == 0 else "", fontsize=9)
+    _suptitle(fig, "What fits: margin left on the device in GiB (red, negative: does not fit)", grid)
     return fig
 
 
@@ -364,18 +420,21 @@ def ceilings(df):
         dev = m["device"].iloc[0]
         ax.set_title(mpl_text(f"{model} on {'this machine' if dev == 'host' else dev}"), fontsize=10)
         _dedupe_legend(ax, loc="upper left")
-    fig.suptitle("The bandwidth ceiling per quant: tok/s ≤ bandwidth / bytes read per token", fontsize=12)
+    _suptitle(fig, "The bandwidth ceiling per quant: tok/s ≤ bandwidth / bytes read per token", df)
     return fig
 
 
 def catalog(df):
-    """Every device: the seed's ceiling and the predicted decode speed of the model (hatched: the model does
-    not fit, the prediction spills layers to a CPU)."""
+    """Every device: the seed's ceiling and the predicted decode speed of the model (orange: the model does
+    not fit, the prediction spills layers to a CPU), and the per-token overhead limit (a black tick: 1 / the
+    fixed time a token costs whatever its bytes) — where the prediction sits on that tick, bandwidth no longer
+    matters."""
     d = df[df["lever"] == "device"]
     pred = d[(d["metric"] == "tg_tps") & (d["source"] == "predicted")].set_index("value")
     ceil = d[d["metric"] == "ceiling_tg_tps"].groupby("value")["result"].max()
+    floor = d[d["metric"] == "overhead_floor_tg_tps"].groupby("value")["result"].max()
     devs = list(pred.sort_values("result").index)
-    fig, axes = _figure(width=8.0, height=0.32 * max(6, len(devs)) + 1.5)
+    fig, axes = _figure(width=8.0, height=0.32 * max(6, len(devs)) + 1.8)
     ax = axes[0][0]
     ys = list(range(len(devs)))
     ax.barh(ys, [ceil.get(dv, float("nan")) for dv in devs], color="#c6dbef", label="the seed's ceiling "
@@ -385,6 +444,9 @@ def catalog(df):
             hatch=None, label="predicted decode (fits)")
     if not all(fits):
         ax.barh([], [], color="#e6a01a", label="predicted decode (does not fit: layers spill to the CPU)")
+    if len(floor):
+        ax.scatter([floor.get(dv, float("nan")) for dv in devs], ys, marker="|", s=160, color="#111", zorder=5,
+                   label="per-token overhead limit (1 / fixed time per token)")
     ax.set_yticks(ys)
     ax.set_yticklabels([mpl_text(dv) for dv in devs], fontsize=8)
     ax.set_xscale("log")
@@ -392,7 +454,7 @@ def catalog(df):
     model, quant = _first(d, "model"), _first(d, "quant")
     ax.set_title(mpl_text(f"{model} {quant} across the catalog"), fontsize=10)
     _dedupe_legend(ax, loc="lower right")
-    fig.suptitle("The same model on every device: ceiling and prediction", fontsize=12)
+    _suptitle(fig, "The same model on every device: ceiling, prediction and the overhead limit", df)
     return fig
 
 
@@ -448,8 +510,7 @@ def apple(df):
         ax.set_ylabel(f"predicted {METRIC_LABELS[metric]}")
         ax.set_title(f"{'tg128' if metric == 'tg_tps' else 'pp512'} · Llama 2 7B", fontsize=10)
         _dedupe_legend(ax, loc="upper left")
-    fig.suptitle("Published llama.cpp rows on Apple Silicon vs the speed model (fit leaves each chip out)",
-                 fontsize=12)
+    _suptitle(fig, "Published llama.cpp rows on Apple Silicon vs the speed model (fit leaves each chip out)", df)
     return fig
 
 
@@ -489,7 +550,7 @@ def file_sizes(df):
     ax.set_xlabel("quantization")
     ax.set_ylabel(f"file size ({unit})")
     _dedupe_legend(ax)
-    fig.suptitle("File size per quant: written by llama.cpp's quantizer vs predicted", fontsize=12)
+    _suptitle(fig, "File size per quant: written by llama.cpp's quantizer vs predicted", df)
     return fig
 
 
@@ -526,7 +587,7 @@ def quality(df):
     _dedupe_legend(ax)
     model = df["model"].iloc[0]
     corpus = df.attrs.get("corpus", "")
-    fig.suptitle(mpl_text(f"Quality per quant, measured: {model}\non {corpus}"), fontsize=11)
+    _suptitle(fig, f"Quality per quant, measured: {model}", df, f"scored on {corpus}")
     return fig
 
 
@@ -536,8 +597,7 @@ def quality(df):
 
 def gpu_layers(df):
     """Predicted decode and prompt speed against -ngl; the values that do not fit are shaded."""
-    fig = sweep(df, "-ngl: decode and prompt speed against the layers offloaded", lever="n_gpu_layers",
-                note=df.attrs.get("why_not_measured", ""))
+    fig = sweep(df, "-ngl: decode and prompt speed against the layers offloaded", lever="n_gpu_layers")
     fits = df[(df["metric"] == "fits") & (df["lever"] == "n_gpu_layers")]
     if len(fits) and _numeric(fits["value"]):
         bad = [float(v) for v, f in zip(fits["value"], fits["result"]) if f < 0.5]
@@ -546,6 +606,48 @@ def gpu_layers(df):
                 ax.axvspan(min(bad) - 0.5, max(bad) + 0.5, color="#c0001a", alpha=0.08,
                            label="does not fit on the device")
                 _dedupe_legend(ax)
+    return fig
+
+
+def parallel(df):
+    """--parallel: decode of all slots together (left) and of each stream (right) against the slot count —
+    measured through llama-server where it ran (± sd), the one-stream prediction at one slot, and the bandwidth
+    ceiling of N slots (weights read once per step for all of them: the total's ceiling rises, each stream's
+    falls)."""
+    d = df[(df["lever"] == "n_parallel") & (df["unit"] == "tok/s")]
+    fig, axes = _figure(ncols=2)
+    order = _order(d["value"].tolist())
+    x = {v: float(v) for v in order}
+    depth = df.attrs.get("depth")
+    at = f" at depth {depth}" if depth is not None else ""
+    for ax, metric, title in ((axes[0][0], "tg_tps", "decode, all slots together (tok/s)"),
+                              (axes[0][1], "tg_tps_per_stream", "decode per stream (tok/s)")):
+        c = d[(d["metric"] == f"strict_ceiling_{metric}")]
+        if len(c):
+            c = c.assign(x=c["value"].map(x)).sort_values("x")
+            ax.plot(c["x"], c["result"], ":", marker="_", markersize=14, color="#777",
+                    label=f"bandwidth ceiling of N slots{at}")
+        for source in ("predicted", "measured"):
+            g = d[(d["metric"] == metric) & (d["source"] == source)]
+            if not len(g):
+                continue
+            agg = _with_spread(g.assign(x=g["value"].map(x)))
+            yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
+            ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
+                        color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, markersize=7,
+                        label=("measured (llama-server)" + (" ± sd" if yerr is not None else "")) if source ==
+                        "measured" else "predicted, one stream")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(LEVER_LABELS["n_parallel"])
+        ax.set_ylabel("tokens per second (tok/s)")
+        ax.set_xticks([x[v] for v in order])
+        ax.set_xticklabels(order)
+        ax.set_ylim(bottom=0, top=max(1.0, float(d[d["metric"].str.endswith(metric)]["result"].max() or 1)) * 1.12)
+        _dedupe_legend(ax, loc="lower right")
+    why = df.attrs.get("why_not_measured") or ""
+    measured = (d["source"] == "measured").any()
+    _suptitle(fig, "--parallel: decode of all slots together and of each stream", df,
+              "" if measured or not why else f"not measured here: {why}")
     return fig
 
 
@@ -601,7 +703,7 @@ def kv_memory(df):
         ax.set_ylabel(f"KV cache + recurrent state ({unit})")
         ax.set_title(mpl_text(f"{model} @ {'this machine' if dev == 'host' else dev}"), fontsize=10)
         _dedupe_legend(ax)
-    fig.suptitle("KV cache memory: context × cache type, measured (llama.cpp's log) vs predicted", fontsize=12)
+    _suptitle(fig, "KV cache memory: context × cache type, measured (llama.cpp's log) vs predicted", df)
     return fig
 
 
@@ -623,6 +725,6 @@ def load_times(df):
                     if m.groupby("value").size().max() > 1 else None)
         ax.set_xlabel("how the model is loaded")
         ax.set_ylabel(label)
-    fig.suptitle("mmap vs --no-mmap vs --mlock: measured here (no prediction: loading is not modelled)",
-                 fontsize=11)
+    _suptitle(fig, "mmap vs --no-mmap vs --mlock: measured here (no prediction: loading is not modelled)", df,
+              fontsize=11)
     return fig

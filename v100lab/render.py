@@ -164,3 +164,103 @@ def mpl_text(value: Any) -> str:
     figure itself (a model name with two ``$`` would render as math or fail to draw).
     """
     return ("" if value is None else str(value)).replace("$", r"\$")
+
+
+# ------------------------------------------------------------------------------------------------
+# presentation helpers for the notebooks: tables whose prose reads left to right, commands that never wrap
+# ------------------------------------------------------------------------------------------------
+
+_LEFT = "text-align: left; vertical-align: top;"
+_RIGHT = "text-align: right; vertical-align: top; font-variant-numeric: tabular-nums;"
+_CODE = "font-family: monospace; white-space: pre;"
+
+
+def _is_number(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def text_table_html(data, *, code: Iterable[str] = (), caption: Any = None, float_format: str = ",.2f",
+                    max_rows: int | None = 200) -> str:
+    """Escaped HTML for a DataFrame whose columns are mostly prose: text left-aligned (notebook themes
+    right-align every cell), numbers right-aligned, and the ``code`` columns (flags, commands) in monospace
+    that never wraps mid-flag. Every header and cell is escaped; missing values show as "—"."""
+    import math
+    import numbers
+
+    import pandas as pd
+
+    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
+    code = set(code)
+    if max_rows is not None and len(df) > max_rows:
+        df = df.head(max_rows)
+    numeric = {c for c in df.columns if len(df) and all(_is_number(v) or v is None or
+                                                        (isinstance(v, float) and math.isnan(v)) for v in df[c])}
+
+    def cell(col, v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            text = "—"
+        elif _is_number(v) and not isinstance(v, numbers.Integral):
+            text = format(v, float_format)
+        else:
+            text = str(v)
+        style = (_RIGHT if col in numeric else _LEFT) + (_CODE if col in code else "")
+        return f"<td style=\"{style}\">{escape(text)}</td>"
+
+    head = "".join(f"<th style=\"{_RIGHT if c in numeric else _LEFT}\">{escape(c)}</th>" for c in df.columns)
+    rows = "\n".join("<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, r)) + "</tr>"
+                     for r in df.itertuples(index=False, name=None))
+    top = f"<p><b>{escape(caption)}</b></p>\n" if caption is not None else ""
+    return (f"{top}<table class=\"v100lab-table\" style=\"border-collapse: collapse;\">\n"
+            f"<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>")
+
+
+def text_table(data, **kwargs):
+    """``IPython.display.HTML`` of :func:`text_table_html`."""
+    from IPython.display import HTML
+
+    return HTML(text_table_html(data, **kwargs))
+
+
+def command_lines(argv: Iterable[Any]) -> list[str]:
+    """A command's arguments grouped for display: the program (and its first argument when that is not a flag),
+    then one flag with its values per line — so a line break never falls inside a flag or between a flag and
+    its value."""
+    parts = [str(a) for a in argv]
+    lines: list[list[str]] = []
+    for a in parts:
+        if not lines or (a.startswith("-") and not _negative_number(a)):
+            lines.append([a])
+        else:
+            lines[-1].append(a)
+    return [" ".join(shlex_quote(x) for x in line) for line in lines]
+
+
+def _negative_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def shlex_quote(text: str) -> str:
+    """``shlex.quote`` (a shell word as the reader would type it)."""
+    import shlex
+
+    return shlex.quote(text)
+
+
+def command(argv: Iterable[Any] | str):
+    """A command line as a block of monospace that never wraps: one flag and its value per line, continued with
+    a backslash (a shell reads it as one command). ``argv``: a list of arguments, or a string split as a shell
+    would. Escaped like every other helper here."""
+    import shlex
+
+    from IPython.display import HTML
+
+    args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    lines = command_lines(args)
+    body = " \\\n    ".join(lines)
+    return HTML(f"<pre style=\"{_CODE} overflow-x: auto; text-align: left;\">{escape(body)}</pre>")

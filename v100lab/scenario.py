@@ -73,6 +73,20 @@ def _flag(name: str, help: str):
     return _key(getattr(RunConfig, name), help, "flags")
 
 
+NO_GPU = "none"
+
+
+def _gpu_or_none(value: str) -> None:
+    """``compare_gpu``: ``none``, or a catalog GPU (or a device file) — a CPU cannot stand in for the GPU."""
+    if value == NO_GPU:
+        return
+    from v100lab.devices import get_device
+
+    if value == "host" or get_device(value).kind != "gpu":
+        raise ConfigError(f"'{value}' is not a GPU (a catalog GPU id such as v100-16gb, a GPU device file, "
+                          f"or {NO_GPU})")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One validated scenario (see the module docstring). Build with ``load_scenario``/``from_notebook``."""
@@ -88,6 +102,9 @@ class Scenario:
                        "device YAML file; host: this machine, measured", "scenario")
     compare_devices: tuple[str, ...] = _key((), "catalog ids to compare the ceiling across "
                                             "(02); []: the whole catalog", "scenario")
+    compare_gpu: str = _key("v100-16gb", "GPU predicted beside this machine when `device` is a CPU: the "
+                            "seed's model on it (01 what fits, 05 -ngl and the spill); none: no GPU",
+                            "scenario", check=_gpu_or_none)
     measure: bool = _key(True, "run real llama.cpp measurements here (False: predictions only)",
                          "scenario")
     claims: str = _key("seed", "reference rows to plot: seed (the blog post's claimed figures) "

@@ -97,11 +97,14 @@ def _number(name: str, value) -> float | None:
 
 
 def headline_record(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
-                    model: str = "", device: str = "", note: str = "") -> dict[str, Any]:
-    """The headline as a plain dict (what ``publish_headline`` displays)."""
+                    model: str = "", device: str = "", note: str = "", configuration: str = "",
+                    partial: str = "") -> dict[str, Any]:
+    """The headline as a plain dict (what ``publish_headline`` displays). ``configuration``: the conditions
+    both figures are for (flags, depth, threads); ``partial``: why the notebook measured nothing, when it did
+    not (the index shows "ok (partial)" with it)."""
     return {"metric": str(metric), "measured_tok_s": _number("measured_tok_s", measured_tok_s),
             "predicted_tok_s": _number("predicted_tok_s", predicted_tok_s), "model": str(model),
-            "device": str(device), "note": str(note)}
+            "device": str(device), "note": str(note), "configuration": str(configuration), "partial": str(partial)}
 
 
 def headline_text(h: dict[str, Any]) -> str:
@@ -110,18 +113,21 @@ def headline_text(h: dict[str, Any]) -> str:
     who = " · ".join(x for x in (h.get("model"), h.get("device")) if x)
     return (f"headline ({h.get('metric')}): measured {f(h.get('measured_tok_s'))} vs predicted "
             f"{f(h.get('predicted_tok_s'))}" + (f" · {who}" if who else "")
-            + (f" · {h['note']}" if h.get("note") else ""))
+            + (f" · {h['configuration']}" if h.get("configuration") else "")
+            + (f" · {h['note']}" if h.get("note") else "")
+            + (f" · partial: {h['partial']}" if h.get("partial") else ""))
 
 
 def publish_headline(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
-                     model: str = "", device: str = "", note: str = "") -> dict[str, Any]:
+                     model: str = "", device: str = "", note: str = "", configuration: str = "",
+                     partial: str = "") -> dict[str, Any]:
     """Display this notebook's headline figure (read back by the batch index).
 
     ``metric`` names what the figures are ("tg" decode, "pp" prompt processing). The output is a
     ``text/plain`` line for people plus the JSON under ``HEADLINE_MIME`` for the batch.
     """
     record = headline_record(measured_tok_s, predicted_tok_s, metric=metric, model=model, device=device,
-                             note=note)
+                             note=note, configuration=configuration, partial=partial)
     from IPython.display import display
 
     display({HEADLINE_MIME: record, "text/plain": headline_text(record)}, raw=True)
@@ -647,6 +653,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .fail { color: #b00020; font-weight: 600; }
 .reason { color: #555; font-size: 0.9em; max-width: 40em; }
 .muted { color: #777; }
+td.conf { font-size: 0.85em; color: #333; max-width: 22em; }
 """
 
 
@@ -659,10 +666,14 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
     for i, r in enumerate(results, 1):
         h = r.headline or {}
         status_cls = "ok" if r.ok else "fail"
-        status = escape(r.status) + (" <span class='muted'>(cached)</span>" if r.cached else "")
+        partial = r.ok and h.get("partial")
+        status = escape(r.status) + (" (partial)" if partial else "") \
+            + (" <span class='muted'>(cached)</span>" if r.cached else "")
         cell = f"<span class='{status_cls}'>{status}</span>"
         if r.reason:
             cell += f"<div class='reason'>{escape(r.reason)}</div>"
+        if partial:
+            cell += f"<div class='reason'>{escape(h['partial'])}</div>"
         if r.failure_link:
             cell += f"<div><a href='{_href(r.failure_link)}'>failing cell</a></div>"
         links = []
@@ -683,6 +694,7 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
             f"<td class='num'>{i}</td><td>{escape(r.scenario)}<div class='muted'>{escape(r.params)}</div></td>"
             f"<td>{model}</td><td>{escape(r.device)}</td><td>{escape(Path(r.notebook).stem)}</td>"
             f"<td>{cell}</td><td class='num'>{escape(format_duration(r.duration_s))}</td>"
+            f"<td class='conf'>{escape(h.get('configuration') or '—')}</td>"
             f"<td class='num'>{escape(format_tps(h.get('measured_tok_s')))}{metric}</td>"
             f"<td class='num'>{escape(format_tps(h.get('predicted_tok_s')))}</td>"
             f"<td class='num'>{escape(_ratio(h))}</td><td>{' · '.join(links) or '—'}</td>"
@@ -704,10 +716,13 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
 <h1>v100lab batch reports</h1>
 <p>{escape(summary)}</p>
 <p class="muted">Generated {escape(_now())} by v100lab {escape(__version__)}. Headline: the figure each
-notebook publishes (decode tok/s unless marked), measured on this machine vs predicted.</p>
+notebook publishes (decode tok/s unless marked), measured on this machine vs predicted for the same model and
+configuration (the configuration column: model, depth, flags, threads). "ok (partial)": the notebook ran, but measured
+nothing, for the reason given.</p>
 <table>
 <thead><tr><th>#</th><th>scenario</th><th>model</th><th>device</th><th>notebook</th><th>status</th>
-<th>duration</th><th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th></tr></thead>
+<th>duration</th><th>configuration</th>
+<th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody>
@@ -733,6 +748,7 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
         rows.append({"scenario": r.scenario, "notebook": Path(r.notebook).stem, "status": r.status,
                      "cached": r.cached, "duration_s": r.duration_s,
                      "measured_tok_s": h.get("measured_tok_s"), "predicted_tok_s": h.get("predicted_tok_s"),
+                     "configuration": h.get("configuration") or "", "partial": h.get("partial") or "",
                      "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed})
     return rows
 

@@ -28,7 +28,7 @@ parameters cell holds): ``overview`` 00, ``triangle`` 01, ``ceiling`` 02, ``base
 ``loading`` 11, ``final`` 12; :mod:`~v100lab.levers.course` lists them in reading order;
 :mod:`~v100lab.levers.by_hand` holds what the by-hand cells use (:func:`agree`), :mod:`~v100lab.levers.exercises`
 the "try it" answers (:func:`what_if`); ``summaries`` holds the
-``summary_*`` paragraphs. The notebooks call everything through this package (``levers.baseline(sc)``), so
+``summary_*`` paragraphs, ``captions`` the ``caption_*`` sentences under each plot (what to look at). The notebooks call everything through this package (``levers.baseline(sc)``), so
 the names below are the workbook's API.
 """
 
@@ -36,7 +36,7 @@ from v100lab.skeleton import SKELETON_PREFIX, load_spec
 # _stage_model: used by benchmarks/bench_notebooks.py (it builds the stage files ahead of a timed run)
 from v100lab.levers._study import (
     HOST, GIB, MIB, COMPONENTS, STUDY_PARAMETERS, arch_of, spec_at_quant, Study, study, gpu_backend, gpu_host,
-    predict_rows, measure_sweep, capture_load, _stage_model,
+    predict_rows, measure_sweep, capture_load, _stage_model, Target, beside, gpu_subject, conditions, spread,
 )
 from v100lab.levers.by_hand import (
     agree, value_of, kv_layers, bytes_per_element, not_multiplied, output_bytes, subject,
@@ -63,6 +63,12 @@ from v100lab.levers.summaries import (
 )
 from v100lab.levers.course import LESSONS, Lesson, keys_of, lesson
 from v100lab.levers.exercises import what_if
+from v100lab.levers.captions import (
+    caption_staircase, caption_memory, caption_fit, caption_ceilings, caption_catalog, caption_roofline,
+    caption_apple, caption_baseline, caption_ladder, caption_file_sizes, caption_quality, caption_gpu_layers,
+    caption_spill, caption_kv, caption_depth, caption_flash_attn, caption_batch, caption_threads, caption_parallel,
+    caption_load, caption_own_staircase,
+)
 
 __all__ = [
     'SKELETON_PREFIX', 'load_spec', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS', 'arch_of',
@@ -79,4 +85,9 @@ __all__ = [
     'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
     'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
     'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson', 'what_if',
+    'Target', 'beside', 'gpu_subject', 'conditions', 'spread', 'caption_staircase', 'caption_memory', 'caption_fit',
+    'caption_ceilings', 'caption_catalog', 'caption_roofline', 'caption_apple', 'caption_baseline', 'caption_ladder',
+    'caption_file_sizes', 'caption_quality', 'caption_gpu_layers', 'caption_spill', 'caption_kv', 'caption_depth',
+    'caption_flash_attn', 'caption_batch', 'caption_threads', 'caption_parallel', 'caption_load',
+    'caption_own_staircase',
 ]

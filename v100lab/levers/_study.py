@@ -21,7 +21,7 @@ from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.results import TPS, Observation, tidy_frame
 from v100lab.scenario import Scenario
-from v100lab.skeleton import is_skeleton_name, load_spec, parse_skeleton_name
+from v100lab.skeleton import SKELETON_PREFIX, is_skeleton_name, load_spec, parse_skeleton_name
 from v100lab.spec import ModelSpec
 
 
@@ -179,6 +179,83 @@ def study(sc: Scenario) -> Study:
         return Study(sc, spec, label, device, host, None, None, None, "", why)
     mlabel = _label(mspec, measured) + (" (stand-in)" if sc.is_stand_in else "")
     return Study(sc, spec, label, device, host, measured, mpath, mspec, mlabel, "")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model predicted on a device, for the lessons about what fits on a GPU (01, 05)."""
+
+    model: str                       # what spec_at_quant takes (an alias, a path or skeleton:ARCH:QUANT)
+    spec: ModelSpec
+    label: str
+    device: Any                      # v100lab.devices.Device
+
+
+def seed_target_model() -> tuple[str, str]:
+    """The seed's assumed model as a skeleton name at its first stage's quant, and its label."""
+    from v100lab.calibration import load_seed_claims
+
+    claims = load_seed_claims()
+    return f"{SKELETON_PREFIX}{claims['model']['arch']}:{claims['stages'][0]['quant']}", claims["model"]["label"]
+
+
+@lru_cache(maxsize=16)
+def beside(sc: Scenario) -> Target | None:
+    """The GPU predicted beside this machine: when the scenario predicts for a CPU (the default scenario, and
+    every scenario that measures on a CPU), the seed's model on ``compare_gpu`` (the V100 by default) — what
+    the lessons about fitting on a card need, which a small model on a CPU never shows. None when the
+    scenario's device is not a CPU (it is the target itself) or ``compare_gpu`` is none."""
+    from v100lab.devices import get_device
+    from v100lab.scenario import NO_GPU
+
+    st = study(sc)
+    if st.device.kind != "cpu" or sc.compare_gpu == NO_GPU:
+        return None
+    model, label = seed_target_model()
+    return Target(model, load_spec(model), label, get_device(sc.compare_gpu))
+
+
+def gpu_subject(sc: Scenario) -> Target:
+    """What the -ngl and spill lessons are about: :func:`beside` when there is one, else the scenario's model
+    on its device."""
+    found = beside(sc)
+    if found is not None:
+        return found
+    st = study(sc)
+    return Target(sc.model, st.spec, st.label, st.device)
+
+
+def threads_text(n_threads: int) -> str:
+    """``-t`` as a reader needs it: the count, and what 0 means here."""
+    return f"-t {n_threads}" if n_threads else f"-t {os.cpu_count() or 1} (all cores)"
+
+
+def conditions(cfg: RunConfig, model: str = "", *, depth: int | str | None = 0, threads: bool = True,
+               ctx: bool = True, fa: bool = True, extra: Sequence[str] = ()) -> str:
+    """The conditions of a figure or a headline in one line: model, depth, -fa, -c, threads (and ``extra``).
+    ``depth`` None leaves it out (a sweep over depth); ``ctx``/``threads`` False leave those out (a sweep
+    over them, or a prediction where they do not matter)."""
+    parts = [model] if model else []
+    if depth is not None:
+        parts.append(f"depth {depth}")
+    if fa:
+        parts.append(f"-fa {cfg.flash_attn}")
+    if ctx:
+        parts.append(f"-c {cfg.n_ctx}" if cfg.n_ctx else "-c 0 (the model's own)")
+    if cfg.cache_type_k != "f16" or cfg.cache_type_v != "f16":
+        parts.append(f"KV {cfg.cache_type_k}/{cfg.cache_type_v}")
+    if threads:
+        parts.append(threads_text(cfg.n_threads))
+    parts += list(extra)
+    return " · ".join(parts)
+
+
+def spread(note: str) -> tuple[float, int]:
+    """The standard deviation and repetitions a measured row's note carries ("±1.23 (r=3)"); (0, 1) without."""
+    import re
+
+    m = re.search(r"±([0-9.]+) \(r=(\d+)\)", str(note or ""))
+    return (float(m.group(1)), int(m.group(2))) if m else (0.0, 1)
 
 
 def gpu_backend() -> str | None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from v100lab.scenario import Scenario
-from v100lab.levers._study import capture_load, COMPONENTS, _ctx_for, _devices_for, _frame, gpu_backend, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
+from v100lab.levers._study import capture_load, COMPONENTS, conditions, _ctx_for, _devices_for, _frame, gpu_backend, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
 
 PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_threads", "n_prompt", "n_gen", "repetitions")
@@ -30,7 +30,9 @@ def baseline(sc: Scenario):
         from dataclasses import replace
 
         rows += [replace(o, lever="config", value="baseline") for o in obs]
-    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
+                  conditions=conditions(cfg, st.measured_label or st.label,
+                                        depth=f"0 (pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions})"))
 
 
 def run_environment():
@@ -101,14 +103,24 @@ def load_diagnosis(sc: Scenario):
         rows.append((f"{by_kind.get(b.kind, b.kind)} buffer {b.buffer}",
                      f"{b.mib:.2f} MiB on {b.device} (plan: {predicted:.2f} MiB for all {b.kind} buffers)",
                      "load log"))
-    rows += [("warning", w, "load log") for w in facts.warnings[:5]]
-    rows += [("CPU fallback", w, "load log") for w in facts.cpu_fallbacks[:5]]
+    fallbacks = list(dict.fromkeys(facts.cpu_fallbacks))[:5]
+    rows += [("warning", w, "load log") for w in list(dict.fromkeys(facts.warnings))[:5] if w not in fallbacks]
+    rows += [("weights not repacked" if "REPACK" in w else "CPU fallback", w,
+              "load log: CPU_REPACK is llama.cpp's interleaved layout for faster CPU matrix products; these tensors "
+              "stay in the file's layout (slower products, same memory)" if "REPACK" in w else "load log")
+             for w in fallbacks]
     return pd.DataFrame(rows, columns=["fact", "value", "source"])
+
+
+_VALUE_FLAG = {"stage": "stage", "n_threads": "-t", "n_ubatch": "-ub", "flash_attn": "-fa", "n_parallel": "-np",
+               "n_depth": "depth", "n_gpu_layers": "-ngl", "quant": "", "config": ""}
 
 
 def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None):
     """Publish the notebook's headline for the batch index: the measured figure of ``metric`` on this
-    machine and the prediction for the same model and configuration (last matching pair). Displays it;
+    machine and the prediction for the same model, device, lever value and conditions (the last matching
+    pair), with that configuration spelt out (the lever's value and the frame's ``conditions``). When the
+    notebook measured nothing, the prediction alone and why (the index shows "ok (partial)"). Displays it;
     returns None (so the cell shows it once)."""
     from v100lab.workbook import publish_headline
 
@@ -118,16 +130,29 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
     if value is not None:
         m = m[m["value"] == str(value)]
     measured = predicted = None
-    model = device = ""
+    model = device = chosen = ""
     for _, r in m.iloc[::-1].iterrows():
         p = df[(df["metric"] == metric) & (df["source"] == "predicted") & (df["model"] == r["model"])
                & (df["device"] == r["device"]) & (df["lever"] == r["lever"]) & (df["value"] == r["value"])]
         if len(p):
             measured, predicted = float(r["result"]), float(p["result"].iloc[0])
             model, device = r["model"], r["device"]
+            chosen = _value_text(r["lever"], r["value"])
             break
     if measured is None:
         p = df[(df["metric"] == metric) & (df["source"] == "predicted")]
+        if lever is not None:
+            p = p[p["lever"] == lever]
         if len(p):
             predicted, model, device = float(p["result"].iloc[-1]), p["model"].iloc[-1], p["device"].iloc[-1]
-    publish_headline(measured, predicted, metric=metric.replace("_tps", ""), model=str(model), device=str(device))
+            chosen = _value_text(p["lever"].iloc[-1], p["value"].iloc[-1])
+    configuration = " · ".join(x for x in (chosen, df.attrs.get("conditions") or "") if x)
+    partial = "" if (df["source"] == "measured").any() else \
+        (df.attrs.get("why_not_measured") or "nothing was measured in this run")
+    publish_headline(measured, predicted, metric=metric.replace("_tps", ""), model=str(model), device=str(device),
+                     configuration=configuration, partial=partial)
+
+
+def _value_text(lever: str, value: str) -> str:
+    flag = _VALUE_FLAG.get(lever, lever)
+    return f"{flag} {value}".strip() if value != "baseline" else "llama.cpp's defaults"

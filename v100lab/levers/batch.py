@@ -5,7 +5,7 @@ measured vs predicted over the micro-batch sizes, with a prompt longer than the 
 from __future__ import annotations
 
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, lever_rows, parameters, study
+from v100lab.levers._study import conditions, _ctx_for, _frame, lever_rows, parameters, study
 
 PARAMETERS = parameters("n_ctx", "n_batch", "flash_attn", "n_threads", "batch_sizes", "n_prompt",
                         "repetitions")
@@ -31,7 +31,10 @@ def batch_sweep(sc: Scenario):
         return base.with_(n_batch=max(v, base.n_batch), n_ubatch=v)
 
     rows, failures = lever_rows(sc, "n_ubatch", vals, cfg_of, [f"pp{n_prompt}"], n_prompt=n_prompt)
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, n_prompt=n_prompt)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, n_prompt=n_prompt,
+                  conditions=conditions(base, st.measured_label or st.label,
+                                        depth=f"0 (pp{n_prompt} × {sc.repetitions})",
+                                        extra=[f"-b max(-ub, {base.n_batch})"]))
 
 
 def prompt_weight_bytes(sc: Scenario, n_ubatch: int, n_prompt: int | None = None) -> float:

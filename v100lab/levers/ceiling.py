@@ -10,7 +10,8 @@ from v100lab.errors import ConfigError
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import _devices_for, _frame, _measured, predict_rows, spec_at_quant, study, parameters
+from v100lab.levers._study import (conditions, _devices_for, _fitting, _frame, _measured, predict_rows, spec_at_quant,
+                                   study, parameters)
 from v100lab.levers.triangle import quant_specs
 
 PARAMETERS = parameters("claims", "compare_devices", "n_ctx", "n_threads", "quants", "n_gen", "repetitions")
@@ -43,7 +44,8 @@ def ceilings(sc: Scenario):
             rows.append(Observation(seed_label, q, dev.id, "quant", q, "ceiling_tg_tps",
                                     float(row["claimed_ceiling_tps"]), TPS, "claimed",
                                     note=f"the seed's table: {row['file_gb']} GB file"))
-    return _frame(rows)
+    return _frame(rows, conditions=conditions(cfg, depth=sc.n_gen // 2, threads=False)
+                  + (" (the seed's table: its own figures)" if sc.claims == "seed" else ""))
 
 
 def device_ceilings(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: str, value: Any,
@@ -63,8 +65,10 @@ def device_ceilings(spec: ModelSpec, label: str, device, cfg: RunConfig, *, leve
 
 def catalog_ceilings(sc: Scenario):
     """The scenario's model (its own quant) on every device of ``compare_devices`` (default: the catalog):
-    the seed's ceiling, the predicted decode speed, and whether it fits (lever "device")."""
-    from v100lab import memory
+    the seed's ceiling, the predicted decode speed, whether it fits, and the per-token overhead limit
+    (``overhead_floor_tg_tps``: 1 / the time a token costs whatever its bytes — launching the graph, each
+    layer's kernels, synchronising — which a small model hits long before any bandwidth; lever "device")."""
+    from v100lab import memory, speed
     from v100lab.devices import catalog, get_device
 
     st = study(sc)
@@ -80,7 +84,16 @@ def catalog_ceilings(sc: Scenario):
         rows += predict_rows(st.spec, st.label, dev, cfg, lever="device", value=dev.id, n_gen=sc.n_gen,
                              n_prompt=sc.n_prompt, metrics=("tg_tps",), note="fits" if fits else "does not fit")
         rows += device_ceilings(st.spec, st.label, dev, cfg, lever="device", value=dev.id, depth=sc.n_gen // 2)
-    return _frame(rows)
+        p = speed.predict(st.spec, devs, _fitting(st.spec, devs, cfg)[0], depth=sc.n_gen // 2,
+                          n_prompt=max(1, sc.n_prompt))
+        overhead = p.t_overhead_token_s + sum(d.t_overhead_s for d in p.by_device.values())
+        if overhead > 0:
+            rows.append(Observation(st.label, st.spec.file_type, dev.id, "device", dev.id, "overhead_floor_tg_tps",
+                                    1.0 / overhead, TPS, "predicted",
+                                    note=f"{overhead * 1e3:.3f} ms of fixed cost per token"))
+    return _frame(rows, conditions=conditions(cfg, st.label + " " + st.spec.file_type, depth=sc.n_gen // 2,
+                                              threads=False),
+                  weights_mb=st.spec.weight_bytes / 1e6)
 
 
 def roofline(sc: Scenario):
@@ -113,7 +126,8 @@ def roofline(sc: Scenario):
     from v100lab.calibration import stored_calibration
 
     return _frame(rows, failures, calibrated=bool(stored_calibration()), host_bandwidth_gbs=st.host.bandwidth_gbs,
-                  why_not_measured=st.why_not_measured)
+                  why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
+                  conditions=conditions(cfg, label, depth=f"0 (tg{sc.n_gen} × {sc.repetitions})"))
 
 
 def apple(sc: Scenario):
@@ -131,7 +145,7 @@ def apple(sc: Scenario):
                                 "claimed", above_ceiling=bool(r["above_ceiling"]), note=f"published: {r['source']}"))
         rows.append(Observation("Llama 2 7B", r["quant"], dev, "chip", value, metric, float(r["predicted"]), TPS,
                                 "predicted", note=f"fit on {r['fit_on']}"))
-    return _frame(rows)
+    return _frame(rows, conditions="Llama 2 7B · tg128 and pp512 at depth 0 · llama-bench as published (Metal)")
 
 
 def flops_per_token(sc: Scenario, spec: ModelSpec | None = None) -> float:

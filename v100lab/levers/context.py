@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import capture_load, _ctx_for, _devices_for, _frame, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
+from v100lab.levers._study import capture_load, conditions, _ctx_for, _devices_for, _frame, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "flash_attn", "swa_full", "n_threads", "ctx_sizes",
                         "cache_types", "depths", "n_gen", "repetitions")
@@ -43,7 +43,9 @@ def kv_memory(sc: Scenario):
                     mib = facts.kv_size_mib + facts.recurrent_size_mib
                     rows.append(Observation(label, spec.file_type, dev, "n_ctx", str(n_ctx), "kv_cache_bytes",
                                             float(mib * MIB), "bytes", "measured", note=f"cache_type={ct}"))
-    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured,
+                  conditions=f"-fa {sc.flash_attn} (on for a quantized cache) · -np {sc.n_parallel}"
+                             + (" · --swa-full" if sc.swa_full else ""))
 
 
 def depth_sweep(sc: Scenario):
@@ -62,7 +64,9 @@ def depth_sweep(sc: Scenario):
                                  depth=d, n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
     obs, failures = measure_sweep(st, "n_depth", depths, cfg, _tests(sc, pp=False))
     rows += obs
-    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured,
+                  conditions=conditions(cfg, st.measured_label or st.label, depth=None,
+                                        extra=[f"tg{sc.n_gen} × {sc.repetitions}"]))
 
 
 def quantized_v(sc: Scenario):

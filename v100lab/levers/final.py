@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.skeleton import parse_skeleton_name
-from v100lab.levers._study import _ctx_for, _frame, gpu_host, _measured, MIB, predict_rows, _renote, spec_at_quant, _stage_model, study, parameters
+from v100lab.levers._study import threads_text, _ctx_for, _frame, gpu_host, _measured, MIB, predict_rows, _renote, spec_at_quant, _stage_model, study, parameters
 
 PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
 
@@ -45,15 +46,59 @@ def command_reasons(sc: Scenario):
     import pandas as pd
 
     t = final_config(sc)
-    rows = [{"flag": r.flag, "why": r.why,
+    rows = [{"flag": _display_flag(r.flag), "why": r.why,
              "buys (tok/s)": None if r.delta_tps is None else round(r.delta_tps, 2),
              "saves (MiB)": None if r.delta_bytes is None else round(r.delta_bytes / MIB, 1)} for r in t.reasons]
     return pd.DataFrame(rows)
 
 
-def tuned_command(sc: Scenario) -> str:
-    """The tuned llama-server command line."""
-    return final_config(sc).command
+def tuned_command(sc: Scenario) -> list[str]:
+    """The tuned llama-server command, as arguments, with the model named by a path a reader can use: the
+    file's name when it lives inside the virtual environment or the model cache (where nobody would type it),
+    else relative to the current folder when it is below it (:func:`display_path`). Show it with
+    ``render.command`` (one flag per line, never wrapped)."""
+    argv = list(final_config(sc).argv)
+    if "-m" in argv[:-1]:
+        i = argv.index("-m") + 1
+        argv[i] = display_path(argv[i])
+    return argv
+
+
+def display_path(path: str) -> str:
+    """A model path as the command shows it: inside the virtual environment or the v100lab cache, the file's
+    name (``v100lab models`` says where it is); below the current folder, relative to it; else as it is."""
+    import os
+    import sys
+
+    p = Path(path)
+    if not p.is_absolute():
+        return path
+    hidden = [Path(sys.prefix)]
+    try:
+        from v100lab.zoo import cache_dir
+
+        hidden.append(Path(cache_dir()))
+    except (ImportError, OSError, V100labError):
+        pass
+    if any(_below(p, h) for h in hidden):
+        return p.name
+    if _below(p, Path.cwd()):
+        return os.path.relpath(p)
+    return path
+
+
+def _below(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _display_flag(flag: str) -> str:
+    if flag.startswith("-m "):
+        return "-m " + display_path(flag[3:])
+    return flag
 
 
 def _stage_configs(sc: Scenario, tuned) -> list[tuple[str, str, RunConfig]]:
@@ -75,6 +120,8 @@ def _stage_configs(sc: Scenario, tuned) -> list[tuple[str, str, RunConfig]]:
         ("--mlock", cfg.use_mlock != t.use_mlock, dict(use_mlock=t.use_mlock)),
         ("-np", cfg.n_parallel != t.n_parallel, dict(n_parallel=t.n_parallel)),
     ]
+    flag = {"n_gpu_layers": "-ngl", "n_ctx": "-c", "cache_type_k": "-ctk", "cache_type_v": "-ctv",
+            "flash_attn": "-fa", "n_batch": "-b", "n_ubatch": "-ub", "use_mlock": "--mlock", "n_parallel": "-np"}
     quant = own
     for name, changed, change in steps:
         if not changed:
@@ -83,8 +130,11 @@ def _stage_configs(sc: Scenario, tuned) -> list[tuple[str, str, RunConfig]]:
             quant = tuned.quant
             label = f"{len(stages) + 1} {tuned.quant}"
         else:
+            before = cfg
             cfg = cfg.with_(**change)
-            label = f"{len(stages) + 1} {name} " + " ".join(str(v) for v in change.values())
+            words = [flag[k] if isinstance(v, bool) else f"{flag[k]} {v}" for k, v in change.items()
+                     if getattr(before, k) != v]
+            label = f"{len(stages) + 1} " + " ".join(words)
         stages.append((label, quant, cfg))
     return stages
 
@@ -128,7 +178,10 @@ def own_staircase(sc: Scenario):
             obs, fails = _measured(got, st.measured_label)
             rows += [_renote(o, note) for o in obs]
             failures += fails
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, command=tuned.command)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, command=tuned.command, depth=depth,
+                  conditions=f"each stage's own flags · decode at depth {depth} (halfway through -c {sc.target_ctx})"
+                             + (f" · here: {st.measured_label}, {threads_text(sc.n_threads)}, "
+                                f"tg{sc.n_gen} × {sc.repetitions}" if st.measuring else ""))
 
 
 def seed_verdict_table(sc: Scenario):

@@ -5,7 +5,7 @@ attention has cells to read, measured vs predicted.
 from __future__ import annotations
 
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, lever_rows, parameters, study, _tests
+from v100lab.levers._study import conditions, _ctx_for, _frame, lever_rows, parameters, study, _tests
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "n_threads", "depths", "n_prompt", "n_gen",
                         "repetitions")
@@ -28,4 +28,6 @@ def flash_attn_sweep(sc: Scenario):
         return base.with_(flash_attn=v)
 
     rows, failures = lever_rows(sc, "flash_attn", ["off", "on"], cfg_of, _tests(sc), depth=depth)
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=depth)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=depth,
+                  conditions=conditions(base, st.measured_label or st.label, depth=depth, fa=False,
+                                        extra=[f"pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions}"]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, HOST, parameters, study
+from v100lab.levers._study import conditions, _ctx_for, _frame, HOST, parameters, study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "n_prompt", "repetitions")
 
@@ -89,4 +89,7 @@ def mmap_mlock(sc: Scenario):
             for metric, val in (("load_s", load_s), ("first_token_s", first)):
                 rows.append(Observation(st.measured_label, st.measured_spec.file_type, HOST, "load_mode", name,
                                         metric, float(val), "s", "measured", note=note))
-    return _frame(rows, failures, why_not_measured="")
+    return _frame(rows, failures, why_not_measured="",
+                  conditions=conditions(base, st.measured_label, depth=None, fa=False,
+                                        extra=[f"prompt {n_prompt} tokens + 1", f"{max(1, min(sc.repetitions, 3))} run(s)",
+                                               "the file in the page cache after the first load"]))

