@@ -48,5 +48,26 @@ def tiny_f16():
     return zoo.resolve("synth-tiny")
 
 
+@pytest.fixture
+def small_calibration(monkeypatch):
+    """A function that makes ``calibration.calibrate()`` measure only the given points, on the tiny synthetic
+    model (F16, and pure Q4_0 where a point asks for it) — the same code as a real calibration, in seconds."""
+    from v100lab import calibration, zoo
+
+    tiny = zoo.SYNTH_PRESETS["synth-tiny"]
+
+    def paths(progress=None):
+        f16 = zoo.synthetic_path(tiny)
+        return {("calib-wide", "F16"): f16, ("calib-wide", "Q4_0"): calibration.pure_quantized_path(f16, "Q4_0")}
+
+    def use(points):
+        pts = [calibration.CalPoint("calib-wide", tiny, t, depth=d, prompt=p) for t, d, p in points]
+        monkeypatch.setattr(calibration, "calibration_points", lambda: pts)
+        monkeypatch.setattr(calibration, "calibration_model_paths", paths)
+        return pts
+
+    return use
+
+
 def have(binary: str) -> bool:
     return shutil.which(binary) is not None

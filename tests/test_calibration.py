@@ -147,26 +147,13 @@ def test_measure_returns_timings(tiny_f16):
     assert all(t.s_per_token > 0 and t.cv >= 0 and len(t.samples) == 2 for t in m.values())
 
 
-def _small_points(monkeypatch):
-    tiny = zoo.SYNTH_PRESETS["synth-tiny"]
-    pts = [calibration.CalPoint("calib-wide", tiny, "F16"), calibration.CalPoint("calib-wide", tiny, "Q4_0"),
-           calibration.CalPoint("calib-wide", tiny, "F16", depth=256, prompt=False)]
-    monkeypatch.setattr(calibration, "calibration_points", lambda: pts)
-
-    def paths(progress=None):
-        f16 = zoo.synthetic_path(tiny)
-        return {("calib-wide", "F16"): f16, ("calib-wide", "Q4_0"): calibration.pure_quantized_path(f16, "Q4_0")}
-
-    monkeypatch.setattr(calibration, "calibration_model_paths", paths)
-
-
 @pytest.mark.slow
-def test_stored_profile_is_used_by_device_host(fresh_cache, monkeypatch, default_model):
+def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, default_model):
     """calibrate() (fewer points, same code) stores the profile; --device host predictions then use it."""
     from v100lab import devices
     from v100lab.header import read_spec
 
-    _small_points(monkeypatch)
+    small_calibration([("F16", 0, True), ("Q4_0", 0, True), ("F16", 256, False)])
     spec = read_spec(default_model)
     devices.measure_host()
     before = speed.predict(spec, ["host"], RunConfig(n_ctx=2048, n_threads=1))

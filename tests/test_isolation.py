@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from v100lab import bench, calibration, worker, zoo
+from v100lab import bench, calibration, worker
 from v100lab.backends.isolated import IsolatedBackend
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, RunFailed
@@ -112,19 +112,9 @@ def test_a_crash_after_load_costs_one_test_the_next_runs_in_a_new_worker(monkeyp
 
 
 @pytest.mark.slow
-def test_calibrate_survives_one_crashed_point(fresh_cache, monkeypatch):
-    tiny = zoo.SYNTH_PRESETS["synth-tiny"]
-    pts = [calibration.CalPoint("calib-wide", tiny, "F16"), calibration.CalPoint("calib-wide", tiny, "Q4_0"),
-           calibration.CalPoint("calib-wide", tiny, "F16", depth=128, prompt=False),
-           calibration.CalPoint("calib-wide", tiny, "F16", depth=256, prompt=False),
-           calibration.CalPoint("calib-wide", tiny, "F16", depth=384, prompt=False)]
-    monkeypatch.setattr(calibration, "calibration_points", lambda: pts)
-
-    def paths(progress=None):
-        f16 = zoo.synthetic_path(tiny)
-        return {("calib-wide", "F16"): f16, ("calib-wide", "Q4_0"): calibration.pure_quantized_path(f16, "Q4_0")}
-
-    monkeypatch.setattr(calibration, "calibration_model_paths", paths)
+def test_calibrate_survives_one_crashed_point(fresh_cache, monkeypatch, small_calibration):
+    pts = small_calibration([("F16", 0, True), ("Q4_0", 0, True), ("F16", 128, False), ("F16", 256, False),
+                             ("F16", 384, False)])
     monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)
     monkeypatch.setenv(worker.FAULT_ENV, "segv@1:pure-Q4_0")
     cal = calibration.calibrate(threads=[1], repetitions=1, store=False)
