@@ -59,21 +59,25 @@ def setup(params: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run(params: Path, notebooks: list[Path]) -> list[tuple[str, float, str]]:
+def run(params: Path, notebooks: list[Path], keep: Path | None = None) -> list[tuple[str, float, str]]:
     import papermill as pm
 
     from v100lab.scenario import read_parameters
-    from v100lab.workbook import KERNEL_NAME
+    from v100lab.workbook import KERNEL_NAME, _quiet_about_keys_not_shown
 
     parameters = read_parameters(params)
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         for nb in notebooks:
             t0 = time.perf_counter()
             status = "ok"
             try:
-                pm.execute_notebook(str(nb), str(Path(tmp) / nb.name), parameters=parameters, kernel_name=KERNEL_NAME,
-                                    progress_bar=False, log_output=False, cwd=str(nb.parent))
+                with _quiet_about_keys_not_shown():   # as `v100lab batch`: each notebook shows only the keys it reads
+                    pm.execute_notebook(str(nb), str(Path(tmp) / nb.name), parameters=parameters,
+                                        kernel_name=KERNEL_NAME, progress_bar=False, log_output=False,
+                                        cwd=str(nb.parent))
             except Exception as exc:  # a failing notebook is a result, not a crash of the benchmark
                 status = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
             out.append((nb.stem, time.perf_counter() - t0, status))
@@ -85,6 +89,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params" / "default.yaml"))
     ap.add_argument("--notebooks", default=str(ROOT / "notebooks" / "[0-9][0-9]_*.ipynb"))
+    ap.add_argument("--keep", metavar="DIR", help="keep the executed notebooks in DIR (default: a temporary folder)")
     args = ap.parse_args(argv)
     from v100lab.workbook import find_notebooks
 
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
     setup_s = setup(params)
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    rows = run(params, notebooks)
+    rows = run(params, notebooks, Path(args.keep).resolve() if args.keep else None)
     total = time.perf_counter() - t0
     load1 = os.getloadavg()
     print(f"## Workbook run time: {params.name}, {len(rows)} notebooks\n")

@@ -120,7 +120,9 @@ def _suptitle(fig, title: str, df=None, note: str = "", fontsize: float = 12) ->
     lines = [mpl_text(title)]
     cond = (df.attrs.get("conditions") if df is not None else "") or ""
     extra = [x for x in (cond, note) if x]
-    fig.suptitle("\n".join(lines + [mpl_text(x) for x in extra]), fontsize=fontsize - (1 if extra else 0))
+    width = max(60, int(fig.get_figwidth() * 15))   # characters that fit the figure at this size
+    fig.suptitle("\n".join(lines + [mpl_text(textwrap.fill(x, width)) for x in extra]),
+                 fontsize=fontsize - (1 if extra else 0))
 
 
 def _with_spread(g):

@@ -128,13 +128,15 @@ def caption_staircase(sc: Scenario, stairs):
         order = list(dict.fromkeys(_pick(stairs, lever="stage")["value"]))
         pts = pts.reindex([v for v in order if v in pts.index])
         lo, hi = pts["result"].idxmin(), pts["result"].idxmax()
-        out.append(_md("Right: here the same flags move {model} only between {a} ({va}) and {b} tok/s ({vb}) — "
-                       "{d}: on this CPU there is nothing to offload, so the seed's big GPU steps (-ngl, -c) have "
-                       "nothing to act on.",
-                       model=_pick(stairs, device=HOST)["model"].iloc[0], a=_fmt(pts.loc[lo, "result"]), va=lo,
-                       b=_fmt(pts.loc[hi, "result"]), vb=hi,
-                       d=difference(pts.loc[lo, "result"], pts.loc[lo, "sd"], int(pts.loc[lo, "r"]),
-                                    pts.loc[hi, "result"], pts.loc[hi, "sd"], int(pts.loc[hi, "r"]))))
+        steps = [(abs(pts["result"].iloc[i + 1] / pts["result"].iloc[i] - 1), i) for i in range(len(pts) - 1)
+                 if pts["result"].iloc[i]]
+        i = max(steps)[1] if steps else 0
+        a, b = pts.iloc[i], pts.iloc[i + 1]
+        out.append(_md("Right: here the stages' flags give {model} {a} ({va}) to {b} tok/s ({vb}); the largest step "
+                       "between neighbouring stages, {sa} → {sb}, is {d} — compare it with the step the seed claims "
+                       "there.", model=_pick(stairs, device=HOST)["model"].iloc[0], a=_fmt(pts.loc[lo, "result"]),
+                       va=lo, b=_fmt(pts.loc[hi, "result"]), vb=hi, sa=pts.index[i], sb=pts.index[i + 1],
+                       d=difference(a["result"], a["sd"], int(a["r"]), b["result"], b["sd"], int(b["r"]))))
     return _caption(*out, _not_measured(stairs))
 
 
@@ -157,8 +159,8 @@ def caption_memory(sc: Scenario, mem):
                        comp=top["value"], share=f"{100 * top['result'] / total:.0f} %", total=_fmt(total / GIB, 2),
                        dev=_where(dev))
             if dev != HOST and cap:
-                line += _md(", {left} GiB from the red line ({cap} GiB)", left=_fmt((cap - total) / GIB, 2),
-                            cap=_fmt(cap / GIB, 1))
+                line += _md(", {left} GiB {side} the red line ({cap} GiB)", left=_fmt(abs(cap - total) / GIB, 2),
+                            side="short of" if cap >= total else "over", cap=_fmt(cap / GIB, 1))
             out.append(line + ".")
     meas = _pick(mem, source="measured", metric="bytes")
     if len(meas):
@@ -234,8 +236,10 @@ def caption_catalog(sc: Scenario, cat):
     on_floor = [d for d in p.index if d in floor.index and p.loc[d, "result"] >= 0.8 * floor.loc[d, "result"]]
     out = []
     if on_floor:
-        slow = min(on_floor, key=lambda d: ceil.get(d, math.inf))
         fast = max(on_floor, key=lambda d: ceil.get(d, 0))
+        # the slowest card whose prediction is within 15 % of the fastest card's: same speed, different bandwidth
+        alike = [d for d in on_floor if abs(p.loc[d, "result"] / p.loc[fast, "result"] - 1) <= 0.15] or [fast]
+        slow = min(alike, key=lambda d: ceil.get(d, math.inf))
         ms = floor.loc[fast, "note"].split(" ms")[0]
         out.append(_md("The black ticks: {k} of {n} devices predict within 20 % of their per-token overhead "
                        "limit — {slow} and {fast} both about {a}–{b} tok/s although their bandwidth ceilings "
