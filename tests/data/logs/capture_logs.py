@@ -69,10 +69,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server(model: Path, bindir: Path, name: str, extra: list[str], request: bool = True) -> None:
+def server(model: Path, bindir: Path, name: str, extra: list[str], request: bool = True, ctx: int = 2048,
+           verbose: bool = True) -> None:
     port = _free_port()
     argv = [str(bindir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--ctx-size", "2048", "--threads", "2", "-lv", "4", *extra]
+            "--ctx-size", str(ctx), "--threads", "2", *(["-lv", "4"] if verbose else []), *extra]
     log_path = HERE / name
     with open(log_path, "w") as out:
         out.write(_header(" ".join(["llama-server", "-m", model.name, *argv[3:]])))
@@ -128,7 +129,15 @@ def main() -> int:
     server(model, bindir, "real-llama-server-default-qv-nofa.log",
            ["--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "off"], request=False)
     bench(model, bindir)
+    slot_split(model, bindir)
     return 0
+
+
+def slot_split(model: Path, bindir: Path) -> None:
+    """The seed's --parallel lesson in a current llama-server log: -c 8192 split over 4 slots, at llama-server's
+    default verbosity (no load lines) and at -lv 4."""
+    server(model, bindir, "real-llama-server-c8192-np4-default.log", ["-np", "4"], ctx=8192, verbose=False)
+    server(model, bindir, "real-llama-server-c8192-np4-lv4.log", ["-np", "4"], ctx=8192)
 
 
 if __name__ == "__main__":
