@@ -13,6 +13,7 @@ Run it alone on the machine, under the shared lock:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import platform
 import sys
@@ -32,12 +33,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--concurrency", default="1,2,4,8")
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", default="128", help="N, LO-HI or normal:MEAN,SD (default 128)")
+    ap.add_argument("--max-tokens", default="64", help="N, LO-HI or normal:MEAN,SD (default 64); a distribution "
+                    "desynchronises the closed loop's clients (the 'staggered' regime)")
     ap.add_argument("--requests", type=int, default=None, help="per level (default 4 × concurrency, at least 8)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-np", "--parallel", type=int, default=None, help="slots (default: the largest concurrency)")
     ap.add_argument("--predict", action="store_true", help="the batched-decode prediction beside the measurement")
+    ap.add_argument("--calibration", metavar="FILE", default=None,
+                    help="with --predict: a calibration of this host (JSON, `calibration.calibrate(store=False)`); "
+                         "made at -t and written there when the file does not exist (the stored host profile is "
+                         "never changed); default: the stored calibration")
     ap.add_argument("--results", default=None, help="append the rows to this JSONL file")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -51,7 +57,8 @@ def main() -> int:
 
     levels = loadgen.parse_concurrency(args.concurrency)
     n_par = args.parallel or max(lv.concurrency for lv in levels)
-    per_request = args.prompt_tokens + args.max_tokens
+    p_len, g_len = loadgen.Lengths.parse(args.prompt_tokens), loadgen.Lengths.parse(args.max_tokens)
+    per_request = p_len.max + g_len.max
     n_ctx = n_par * (-(-per_request // 256) * 256)         # each slot: one request, in whole 256-cell pads
     cfg = RunConfig(n_ctx=n_ctx, n_parallel=n_par, n_threads=args.threads)
     wl = loadgen.Workload(levels=levels, requests=args.requests, prompt_tokens=args.prompt_tokens,
@@ -67,6 +74,26 @@ def main() -> int:
     print(f"server flags: {' '.join(cfg.to_server_argv())} --metrics")
     print(f"workload: prompt {args.prompt_tokens} tokens, output {args.max_tokens} tokens, greedy, ignore_eos; "
           f"levels {args.concurrency}; requests per level {args.requests or '4 × concurrency (≥ 8)'}")
+    profile = None
+    if args.predict:
+        from v100lab import calibration, devices
+
+        if args.calibration:
+            from pathlib import Path
+
+            cal_path = Path(args.calibration)
+            if cal_path.exists():
+                cal = json.loads(cal_path.read_text())
+                print(f"calibration: {cal_path} (measured {cal.get('measured_at')})")
+            else:
+                t1 = time.monotonic()
+                cal = calibration.calibrate(threads=[args.threads], store=False)
+                cal_path.write_text(json.dumps(cal, default=str))
+                print(f"calibrated this host at {args.threads} thread(s) in {time.monotonic() - t1:.0f} s "
+                      f"(written to {cal_path}; the host profile is not changed)")
+            profile = {**(devices.read_host_profile() or {}), calibration.PROFILE_KEY: cal}
+        elif calibration.stored_calibration() is None:
+            print("host not calibrated (`v100lab calibrate`, or --calibrate): predictions use stated assumptions")
     t0 = time.monotonic()
     run = loadgen.serve_bench(model, wl, cfg, results=args.results, progress=sys.stderr.isatty())
     print(f"llama.cpp build (llama-server /props): {run.server.get('build_info')}; prompts as "
@@ -80,10 +107,13 @@ def main() -> int:
         from v100lab import serving
         from v100lab.header import read_spec
 
-        rows = serving.compare_levels(read_spec(model), ["host"], cfg, run.levels, args.prompt_tokens,
-                                      args.max_tokens)
+        fixed = p_len.kind == g_len.kind == "fixed"
+        phases = "together" if fixed else "staggered"
+        rows = serving.compare_levels(read_spec(model), ["host"], cfg, run.levels, round(p_len.mean),
+                                      round(g_len.mean), profile=profile, phases=phases)
         print()
-        print("batched-decode prediction (v100lab.serving.predict_serving, device host) vs measured:")
+        print(f"batched-decode prediction (v100lab.serving.predict_serving, device host, phases={phases}"
+              f"{'' if fixed else ', mean lengths'}) vs measured:")
         print(serving.format_comparison(rows))
     return 1 if run.failed else 0
 

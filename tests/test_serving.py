@@ -65,9 +65,21 @@ def test_serving_closed_loop_and_queueing(qwen27):
     json.dumps(p8.as_json(), allow_nan=False)
 
 
+def test_lockstep_closed_loop(llama7b):
+    """Equal requests started at once: B prompts in one batch, then B sequences decode uninterrupted."""
+    cfg = RunConfig(n_ctx=8192, n_parallel=4)
+    t = serving.predict_serving(llama7b, "v100-16gb", cfg, 4, 256, 64, phases="together")
+    s = serving.predict_serving(llama7b, "v100-16gb", cfg, 4, 256, 64, phases="staggered")
+    assert t.tpot_ms == pytest.approx(t.batch.t_step_s * 1e3) and t.ttft_ms == pytest.approx(4 * t.t_pp_s * 1e3)
+    assert t.output_throughput == pytest.approx(s.output_throughput)     # same work per cycle
+    assert s.tpot_ms > t.tpot_ms and s.ttft_ms < t.ttft_ms
+    with pytest.raises(ConfigError):
+        serving.predict_serving(llama7b, "v100-16gb", cfg, 4, 256, 64, phases="random")
+
+
 def test_compare_levels_and_errors(llama7b):
     cfg = RunConfig(n_ctx=4096, n_parallel=2)
-    pred = serving.predict_serving(llama7b, "v100-16gb", cfg, 2, 64, 16)
+    pred = serving.predict_serving(llama7b, "v100-16gb", cfg, 2, 64, 16, phases="together")
     levels = [{"level": "c2", "concurrency": 2, "output_throughput": pred.output_throughput / 1.1,
                "tpot_ms_median": pred.tpot_ms, "ttft_ms_median": None},
               {"level": "rate:1/s", "concurrency": None}]

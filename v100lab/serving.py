@@ -17,16 +17,19 @@ Per-sequence decode speed is ``1 / t_step(B)``, aggregate is ``B / t_step(B)``.
 **Serving a closed loop** (:func:`predict_serving`: ``c`` clients, each sending its next request as the last
 one finishes; prompt P, output G tokens). ``B = min(c, n_parallel)`` sequences decode together; each request
 also needs its prompt processed (``t_pp(P)``, :func:`v100lab.speed.predict`), in a step that stalls every
-other sequence. In the steady state a cycle of B requests takes ``T = (G − 1) · t_step(B) + B · t_pp(P)``,
-so (vLLM's figures, as :mod:`v100lab.loadgen` measures them):
+other sequence. Two regimes (vLLM's figures, as :mod:`v100lab.loadgen` measures them):
 
-* output tok/s = ``B · G / T``; request throughput = ``B / T``;
-* TTFT = ``t_pp(P)`` (the prompt step yields the first token), ``+ t_step(B)`` when other sequences are
-  decoding (the prompt shares its step with their tokens), plus the wait for a free slot when
-  ``c > n_parallel`` (``(c − B) / B`` request lifetimes);
-* TPOT = ``((G − 1) · t_step(B) + (B − 1) · t_pp(P)) / (G − 1)``: the other B − 1 requests' prompts fall in
-  this one's decode window once each;
-* E2EL = TTFT + (G − 1) · TPOT. Decode depth is the mean over the request, P + G / 2.
+* ``phases="together"`` — a benchmark's closed loop of equal requests: the clients start at once and stay in
+  lockstep. A cycle is one batch of B prompts, then G − 1 steps of B sequences:
+  ``T = B · t_pp(P) + (G − 1) · t_step(B)``; TTFT = ``B · t_pp(P)``; TPOT = ``t_step(B)``.
+* ``phases="staggered"`` — requests at random phases (real users, varied lengths): each request's prompt
+  step stalls the B − 1 others once. ``T = (G − 1) · t_step(B) + B · t_pp(P)`` still, but TTFT =
+  ``t_pp(P) + t_step(B)`` (B > 1: the prompt shares its step with the others' tokens) and TPOT =
+  ``((G − 1) · t_step(B) + (B − 1) · t_pp(P)) / (G − 1)``.
+
+In both: output tok/s = ``B · G / T``, request throughput = ``B / T``, E2EL = TTFT + (G − 1) · TPOT, a
+request waits ``(c − B) / B · T`` for a slot when ``c > n_parallel``, and decode runs at the mean depth
+P + G / 2.
 
 Not modelled: sampling and HTTP per token (small next to a step on these models, but not nothing), the server's
 per-slot bookkeeping, and a prompt split over several steps when it is longer than ``n_batch``.
@@ -170,6 +173,7 @@ class ServingPrediction:
     e2el_ms: float
     queue_ms: float
     decode_ts: float               # one stream's decode rate (1000 / TPOT)
+    phases: str = "staggered"
 
     def as_json(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "n_parallel": self.n_parallel,
@@ -177,20 +181,32 @@ class ServingPrediction:
                 "output_throughput": _r(self.output_throughput), "request_throughput": _r(self.request_throughput),
                 "ttft_ms": _r(self.ttft_ms), "tpot_ms": _r(self.tpot_ms), "e2el_ms": _r(self.e2el_ms),
                 "queue_ms": _r(self.queue_ms), "decode_ts": _r(self.decode_ts), "t_pp_ms": _r(self.t_pp_s * 1e3),
+                "phases": self.phases,
                 "batch": self.batch.as_json()}
+
+
+PHASES = ("together", "staggered")
 
 
 def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, concurrency: int = 1,
                     prompt_tokens: int = 128, output_tokens: int = 64, profile: Mapping[str, Any] | None = None,
-                    placement=None, rates=None) -> ServingPrediction:
+                    placement=None, rates=None, phases: str = "staggered") -> ServingPrediction:
     """Predicted serve-bench figures for a closed loop of ``concurrency`` clients against llama-server with
-    ``cfg`` (its ``n_parallel`` slots), fixed prompt and output lengths. See the module docstring."""
+    ``cfg`` (its ``n_parallel`` slots), prompt and output lengths (their means, for distributions).
+
+    ``phases``: ``"staggered"`` (default; requests at random phases — real users, varied lengths, Poisson
+    arrival: each request's prompt step stalls the others once) or ``"together"`` (every client starts at
+    once and, with fixed lengths, they stay in lockstep — what a benchmark's closed loop of equal requests
+    does: all B prompts go in one batch, then B sequences decode without interruption, then all restart).
+    See the module docstring."""
     from v100lab import speed
 
     cfg = cfg or RunConfig()
     for name, v in (("concurrency", concurrency), ("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name} must be a whole number >= 1, got {v!r}")
+    if phases not in PHASES:
+        raise ConfigError(f"phases must be one of {', '.join(PHASES)}, got {phases!r}")
     b = min(concurrency, cfg.n_parallel)
     g = output_tokens
     bp = predict_batch(spec, devices, cfg, b, depth=prompt_tokens + g // 2, profile=profile, placement=placement,
@@ -198,28 +214,38 @@ def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, conc
     pp = speed.predict(spec, devices, cfg, depth=0, n_prompt=prompt_tokens, profile=profile, placement=placement,
                        rates=rates)
     t_pp = prompt_tokens / pp.pp_tps
-    cycle = (g - 1) * bp.t_step_s + b * t_pp
-    tpot = ((g - 1) * bp.t_step_s + (b - 1) * t_pp) / (g - 1) if g > 1 else bp.t_step_s
-    ttft = t_pp + (bp.t_step_s if b > 1 else 0.0)   # the prompt step also decodes the others' tokens
+    if phases == "together":
+        # B prompts in one batch (B × t_pp), which yields every first token; then G − 1 steps of B sequences
+        cycle = b * t_pp + (g - 1) * bp.t_step_s
+        ttft = b * t_pp
+        tpot = bp.t_step_s
+    else:
+        cycle = (g - 1) * bp.t_step_s + b * t_pp
+        tpot = ((g - 1) * bp.t_step_s + (b - 1) * t_pp) / (g - 1) if g > 1 else bp.t_step_s
+        ttft = t_pp + (bp.t_step_s if b > 1 else 0.0)   # the prompt step also decodes the others' tokens
     e2el = ttft + (g - 1) * tpot
-    queue = (concurrency - b) / b * e2el if concurrency > b else 0.0
+    # c > n_parallel: a request waits for a slot, (c − B) / B request lifetimes (a cycle) on average
+    queue = (concurrency - b) / b * cycle if concurrency > b else 0.0
     return ServingPrediction(concurrency=concurrency, n_parallel=cfg.n_parallel, prompt_tokens=prompt_tokens,
                              output_tokens=g, batch=bp, t_pp_s=t_pp, output_throughput=b * g / cycle,
                              request_throughput=b / cycle, ttft_ms=1e3 * (ttft + queue), tpot_ms=1e3 * tpot,
-                             e2el_ms=1e3 * (e2el + queue), queue_ms=1e3 * queue, decode_ts=1.0 / tpot)
+                             e2el_ms=1e3 * (e2el + queue), queue_ms=1e3 * queue, decode_ts=1.0 / tpot,
+                             phases=phases)
 
 
 def compare_levels(spec: ModelSpec, devices, cfg: RunConfig, levels: Sequence[Mapping[str, Any]],
-                   prompt_tokens: int, output_tokens: int, profile: Mapping[str, Any] | None = None) -> list[dict]:
+                   prompt_tokens: int, output_tokens: int, profile: Mapping[str, Any] | None = None,
+                   phases: str = "together") -> list[dict]:
     """Measured serve-bench levels (closed-loop, :func:`v100lab.loadgen.summarize_level` dicts) beside the
     prediction: one dict per level with measured, predicted and error (predicted / measured − 1) for output
-    tok/s, median TPOT and median TTFT."""
+    tok/s, median TPOT and median TTFT. ``phases``: "together" for serve-bench's closed loop of fixed-length
+    requests (its clients start at once and stay in lockstep), "staggered" for varied lengths."""
     out = []
     for lv in levels:
         c = lv.get("concurrency")
         if not c:
             continue
-        p = predict_serving(spec, devices, cfg, c, prompt_tokens, output_tokens, profile=profile)
+        p = predict_serving(spec, devices, cfg, c, prompt_tokens, output_tokens, profile=profile, phases=phases)
         row: dict[str, Any] = {"level": lv.get("level"), "concurrency": c, "batch": p.batch.batch,
                                "compute_bound_batch": p.batch.compute_bound_batch, "bound": p.batch.bound}
         for name, meas_key, pred in (("output_tps", "output_throughput", p.output_throughput),
