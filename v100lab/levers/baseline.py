@@ -147,8 +147,11 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
             predicted, model, device = float(p["result"].iloc[-1]), p["model"].iloc[-1], p["device"].iloc[-1]
             chosen = _value_text(p["lever"].iloc[-1], p["value"].iloc[-1])
     configuration = " · ".join(x for x in (chosen, df.attrs.get("conditions") or "") if x)
-    partial = "" if (df["source"] == "measured").any() else \
-        (df.attrs.get("why_not_measured") or "nothing was measured in this run")
+    fails = df.attrs.get("failures") or []
+    partial = "" if (df["source"] == "measured").any() else (
+        df.attrs.get("why_not_measured")
+        or (f"every measurement failed; the first ({fails[0].get('lever')} = {fails[0].get('value')}): "
+            f"{fails[0].get('reason')}" if fails else "nothing was measured in this run"))
     publish_headline(measured, predicted, metric=metric.replace("_tps", ""), model=str(model), device=str(device),
                      configuration=configuration, partial=partial)
 

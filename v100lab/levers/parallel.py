@@ -12,8 +12,10 @@ PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repeti
 
 
 def _slot_config(sc: Scenario, slots: int):
+    """The scenario's flags with ``slots`` slots and room for each; without --mlock (how the model is loaded is
+    not this lever, and some llama-server builds refuse the flag)."""
     base = _ctx_for(sc.run_config(), sc.n_gen + 1)
-    return base.with_(n_parallel=slots, n_ctx=max(base.n_ctx, (sc.n_gen + 64) * slots))
+    return base.with_(n_parallel=slots, n_ctx=max(base.n_ctx, (sc.n_gen + 64) * slots), use_mlock=False)
 
 
 def parallel_sweep(sc: Scenario):
