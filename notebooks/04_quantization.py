@@ -99,9 +99,9 @@ levers.agree(f"{quant} file size", size, levers.file_size(ladder, quant), "bytes
 #
 # One caveat to read the bars with: SmolLM2 ships as Q4_1, so the "F16" reference is a 4-bit model written
 # out in 16 bits, and every rung re-quantizes it. Rungs whose grid cannot hold Q4_1's levels lose more than
-# their bit count suggests; 8 and 6 bits stay near-lossless and 2 bits is worst, as with a true F16 model. The
-# perplexity's standard error is wide on this short text: the KL divergence, measured at the same positions,
-# is the sharper signal.
+# their bit count suggests; the widest rungs stay near-lossless and the narrowest is worst, as with a true F16
+# model. The perplexity's standard error is wide on this short text: the KL divergence, measured at the same
+# positions, is the sharper signal.
 
 # %%
 qual = levers.quality_ladder(sc)
