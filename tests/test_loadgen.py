@@ -550,6 +550,38 @@ def test_real_llama_server_stopped_on_interrupt(llama_server, default_model):
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_cli_stops_its_server_on_ctrl_c_and_kill(llama_server, default_model, sig):
+    """`v100lab serve-bench MODEL` interrupted mid-run (Ctrl-C, or a kill): its llama-server is stopped too."""
+    import signal
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "v100lab", "serve-bench", "default", "-c", "512", "-t", "1",
+                             "--concurrency", "1", "--requests", "200", "--prompt-tokens", "16", "--max-tokens",
+                             "64", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        server = None
+        deadline = time.monotonic() + 120
+        while server is None and time.monotonic() < deadline and proc.poll() is None:
+            kids = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                    if "llama-server" in (p.name() or "")]
+            server = kids[0] if kids else None
+            time.sleep(0.2)
+        assert server is not None, proc.stderr.read() if proc.poll() is not None else "no llama-server started"
+        time.sleep(2.0)                                       # requests are running
+        proc.send_signal(getattr(signal, sig))
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 130 and "interrupted" in err, (rc, err)
+    assert not _alive(server.pid)
+
+
+@pytest.mark.server
 def test_real_llama_server_that_refuses_to_start(llama_server, default_model):
     from v100lab.backends import MeasureFailed
 

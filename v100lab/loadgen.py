@@ -1273,7 +1273,12 @@ def serve_bench(target: "str | os.PathLike", workload: Workload, cfg=None, *, se
     store = results if isinstance(results, ResultsStore) or results is None else ResultsStore(results)
     if store is not None:
         store.check_writable()
-    session = backend.open(path, cfg)
+    restore = _sigterm_as_interrupt()       # a kill (SIGTERM) stops the server too, as Ctrl-C does
+    try:
+        session = backend.open(path, cfg)
+    except BaseException:
+        restore()
+        raise
     try:
         facts = _model_facts(path)
         base = {**facts, "model": str(path), "backend": backend.name, "config": cfg.as_dict(),
@@ -1289,6 +1294,29 @@ def serve_bench(target: "str | os.PathLike", workload: Workload, cfg=None, *, se
         return run
     finally:
         session.close()
+        restore()
+
+
+def _sigterm_as_interrupt() -> Callable[[], None]:
+    """While a server we started runs: SIGTERM raises KeyboardInterrupt (so ``finally`` stops the server)
+    instead of ending the process at once and orphaning it. Only from the main thread, only over the
+    default handler; returns the function that puts the previous handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return lambda: None
+
+        def handler(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def check_fits(cfg, workload: Workload) -> None:
