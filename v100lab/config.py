@@ -37,6 +37,9 @@ GGML_TYPE_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, 
                 "iq4_nl": 20, "bf16": 30}
 
 ALL_LAYERS = 999  # llama.cpp clamps -ngl to n_layer + 1; 999 means "every layer"
+#: llama.cpp's load modes by name (``--load-mode``) → llama_cpp's ``LLAMA_LOAD_MODE_*`` constant
+LOAD_MODE_CONSTANTS = {"none": "LLAMA_LOAD_MODE_NONE", "mmap": "LLAMA_LOAD_MODE_MMAP",
+                       "mlock": "LLAMA_LOAD_MODE_MLOCK", "mmap+mlock": "LLAMA_LOAD_MODE_MMAP_MLOCK"}
 
 # common/common.h (the vendored llama.cpp): LLM_FFN_EXPS_REGEX, the tensors --cpu-moe keeps on the CPU, and
 # llm_ffn_block_regex / llm_add_n_cpu_ffn_overrides: --n-cpu-moe N adds "blk\.<i>" + that regex for i < N
@@ -117,6 +120,14 @@ class RunConfig:
         return cls(**kwargs)
 
     # ---- conversions -----------------------------------------------------------------------
+    @property
+    def load_mode(self) -> str:
+        """llama.cpp's load mode for ``use_mmap``/``use_mlock``: ``mmap``, ``none``, ``mlock``, ``mmap+mlock``
+        (common/arg.cpp ``--load-mode``; include/llama.h ``enum llama_load_mode``, which replaced both flags)."""
+        if self.use_mlock:
+            return "mmap+mlock" if self.use_mmap else "mlock"
+        return "mmap" if self.use_mmap else "none"
+
     def to_server_argv(self) -> list[str]:
         """llama-server flags (current spellings) for this configuration."""
         argv = ["--gpu-layers", str(self.n_gpu_layers), "--ctx-size", str(self.n_ctx),
@@ -127,10 +138,8 @@ class RunConfig:
             argv.append("--kv-unified")
         if self.swa_full:
             argv.append("--swa-full")
-        if not self.use_mmap:
-            argv.append("--no-mmap")
-        if self.use_mlock:
-            argv.append("--mlock")
+        if self.load_mode != "mmap":          # this build's llama-server: --load-mode (no --no-mmap/--mlock)
+            argv += ["--load-mode", self.load_mode]
         if self.n_threads:
             argv += ["--threads", str(self.n_threads)]
         if self.tensor_split:
@@ -172,14 +181,7 @@ class RunConfig:
 
         mparams.n_gpu_layers = -1 if self.n_gpu_layers >= ALL_LAYERS else self.n_gpu_layers
         # include/llama.h: enum llama_load_mode (replaced use_mmap/use_mlock)
-        if self.use_mmap and self.use_mlock:
-            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK
-        elif self.use_mlock:
-            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MLOCK
-        elif self.use_mmap:
-            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
-        else:
-            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        mparams.load_mode = getattr(llama_cpp, LOAD_MODE_CONSTANTS[self.load_mode])
         if tensor_overrides(self):
             set_tensor_overrides(mparams, tensor_overrides(self))
 
@@ -390,6 +392,8 @@ def add_flag_arguments(parser) -> None:
     g.add_argument("--swa-full", dest="swa_full", action="store_true", help="full-size cache for SWA layers")
     g.add_argument("--no-mmap", dest="use_mmap", action="store_false", help="read the model instead of mapping it")
     g.add_argument("--mlock", dest="use_mlock", action="store_true", help="lock the model in RAM")
+    g.add_argument("-lm", "--load-mode", dest="load_mode", choices=tuple(LOAD_MODE_CONSTANTS), default=None,
+                   help="llama.cpp's current spelling of --no-mmap/--mlock: none, mmap, mlock or mmap+mlock")
     g.add_argument("-t", "--threads", dest="n_threads", type=int, default=d.n_threads, help="CPU threads (0 = all)")
     g.add_argument("-ts", "--tensor-split", dest="tensor_split", default="",
                    help="per-GPU proportions, e.g. 3,1")
@@ -414,6 +418,9 @@ def parse_tensor_split(text: str) -> tuple[float, ...]:
 def from_flag_args(args) -> RunConfig:
     """The RunConfig that ``add_flag_arguments``' parsed flags describe."""
     split = parse_tensor_split(args.tensor_split) if args.tensor_split else ()
+    mode = getattr(args, "load_mode", None)
+    if mode is not None:   # --load-mode wins over --no-mmap/--mlock, as the one flag llama.cpp has now
+        args.use_mmap, args.use_mlock = mode in ("mmap", "mmap+mlock"), mode in ("mlock", "mmap+mlock")
     return RunConfig(n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
                      cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
                      n_parallel=args.n_parallel, kv_unified=args.kv_unified, swa_full=args.swa_full,

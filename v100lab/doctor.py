@@ -755,7 +755,8 @@ def _check_mmap(seg, facts: loadlog.LoadFacts, free_ram: int | None, total_ram: 
             out.append(Finding("mlock-failed", "warning",
                                f"--mlock could not lock {int(m.group(1)) / 2**30:.2f} GiB: the weights stay evictable",
                                line, no, "raise the limit (ulimit -l unlimited, or LimitMEMLOCK=infinity for a service) "
-                               "or use --no-mmap", {"bytes": int(m.group(1))}))
+                               "or stop mapping the file (--no-mmap; current builds: --load-mode none)",
+                               {"bytes": int(m.group(1))}))
             break
     mapped_mib = sum(b.mib for b in facts.buffers if b.kind == "model" and b.buffer.upper().endswith("_MAPPED")
                      and b.device == loadlog.HOST)
@@ -773,7 +774,8 @@ def _check_mmap(seg, facts: loadlog.LoadFacts, free_ram: int | None, total_ram: 
                            f"{_gib(mapped)} of weights are mmap'ed and run on the CPU, but only {_gib(avail)} of RAM "
                            f"is free{f' (of {_gib(total_ram)})' if total_ram else ''}: pages are evicted and re-read "
                            "from disk", hit[1], hit[0],
-                           "add --mlock (or --no-mmap) and free RAM, or offload more layers so fewer weights live in RAM",
+                           "lock the weights in RAM (--mlock, or --no-mmap; current builds: --load-mode mmap+mlock "
+                           "or none) and free RAM, or offload more layers so fewer weights live in RAM",
                            {"mapped_bytes": int(mapped), "free_ram_bytes": int(avail)}))
     return out
 
