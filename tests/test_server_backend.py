@@ -133,3 +133,19 @@ def test_real_llama_bench_json_jsonl_csv(llama_bench_bin, default_model, tmp_pat
         got = import_llama_bench(tmp_path / f"lb.{fmt}")
         assert len(got) == 1 and got[0]["test"] == "pp16" and got[0]["avg_ts"] > 0
         assert parse_llama_bench(out)[0]["n_prompt"] == 16
+
+
+def test_load_mode_uses_this_llama_servers_flag():
+    """This llama.cpp's llama-server has --load-mode, not --no-mmap/--mlock (common/arg.cpp): the old flags
+    would stop it at start-up."""
+    assert "--load-mode" not in RunConfig().to_server_argv()                      # mmap: llama.cpp's own default
+    for mmap, mlock, mode in ((False, False, "none"), (True, True, "mmap+mlock"), (False, True, "mlock")):
+        argv = RunConfig(use_mmap=mmap, use_mlock=mlock).to_server_argv()
+        assert argv[argv.index("--load-mode") + 1] == mode
+        assert "--mlock" not in argv and "--no-mmap" not in argv
+    server = find_llama_server()
+    if server is not None:     # and the binary in use documents it
+        import subprocess
+
+        help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=60).stdout
+        assert "--load-mode" in help_text
