@@ -44,6 +44,9 @@ def main() -> int:
                     help="with --predict: a calibration of this host (JSON, `calibration.calibrate(store=False)`); "
                          "made at -t and written there when the file does not exist (the stored host profile is "
                          "never changed); default: the stored calibration")
+    ap.add_argument("--batching", metavar="FILE", default=None,
+                    help="with --predict: a batched-decode calibration (serving.calibrate_batching); made at -t and "
+                         "written there when the file does not exist; default: the stored one")
     ap.add_argument("--results", default=None, help="append the rows to this JSONL file")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -75,6 +78,7 @@ def main() -> int:
     print(f"workload: prompt {args.prompt_tokens} tokens, output {args.max_tokens} tokens, greedy, ignore_eos; "
           f"levels {args.concurrency}; requests per level {args.requests or '4 × concurrency (≥ 8)'}")
     profile = None
+    batching = None
     if args.predict:
         from v100lab import calibration, devices
 
@@ -92,6 +96,23 @@ def main() -> int:
                 print(f"calibrated this host at {args.threads} thread(s) in {time.monotonic() - t1:.0f} s "
                       f"(written to {cal_path}; the host profile is not changed)")
             profile = {**(devices.read_host_profile() or {}), calibration.PROFILE_KEY: cal}
+        if args.batching:
+            from pathlib import Path
+
+            from v100lab import serving
+
+            b_path = Path(args.batching)
+            if b_path.exists():
+                batching = json.loads(b_path.read_text())
+                print(f"batched-decode calibration: {b_path} (measured {batching.get('measured_at')})")
+            else:
+                t1 = time.monotonic()
+                batching = serving.calibrate_batching(threads=[args.threads], store=False)
+                b_path.write_text(json.dumps(batching))
+                print(f"batched decode calibrated at {args.threads} thread(s) in {time.monotonic() - t1:.0f} s "
+                      f"(written to {b_path})")
+            for tname, curve in sorted(batching["threads"][str(args.threads)]["curves"].items()):
+                print(f"  {tname}: step(B)/step(1) " + ", ".join(f"B={b}: {v:.2f}" for b, v in curve.items()))
         elif calibration.stored_calibration() is None:
             print("host not calibrated (`v100lab calibrate`, or --calibrate): predictions use stated assumptions")
     t0 = time.monotonic()
@@ -110,7 +131,7 @@ def main() -> int:
         fixed = p_len.kind == g_len.kind == "fixed"
         phases = "together" if fixed else "staggered"
         rows = serving.compare_levels(read_spec(model), ["host"], cfg, run.levels, round(p_len.mean),
-                                      round(g_len.mean), profile=profile, phases=phases)
+                                      round(g_len.mean), profile=profile, phases=phases, batching=batching)
         print()
         print(f"batched-decode prediction (v100lab.serving.predict_serving, device host, phases={phases}"
               f"{'' if fixed else ', mean lengths'}) vs measured:")

@@ -99,3 +99,62 @@ def test_bad_batch(llama7b, kw):
 def test_bad_serving_input(llama7b):
     with pytest.raises(ConfigError):
         serving.predict_serving(llama7b, "v100-16gb", RunConfig(), concurrency=0)
+
+
+# ---- batched decode measured on a CPU (calibrate_batching) ------------------------------------------
+
+def _cpu():
+    from v100lab.devices import Device
+
+    return Device(id="testcpu", name="test CPU", kind="cpu", memory_gib=64, bandwidth_gbs=20)
+
+
+CURVES = {"version": 1, "threads": {"2": {"curves": {"Q4_0": {"1": 1.0, "2": 1.8, "4": 3.2, "8": 5.0},
+                                                     "F16": {"1": 1.0, "2": 1.2, "4": 1.5, "8": 2.0}}}}}
+
+
+def test_curve_interpolation_and_nearest_type():
+    curves = serving.batching_curves(CURVES, threads=3)          # the nearest thread count: 2
+    assert curves["Q4_0"][2] == 1.8
+    assert serving.curve_ratio(curves, "Q4_0", 1) == 1.0
+    assert serving.curve_ratio(curves, "Q4_0", 4) == pytest.approx(3.2)
+    assert 1.8 < serving.curve_ratio(curves, "Q4_0", 3) < 3.2
+    assert serving.curve_ratio(curves, "Q4_0", 16) == pytest.approx(5.0 + 8 * (5.0 - 3.2) / 4)   # linear past 8
+    assert serving.curve_ratio(curves, "Q4_1", 4) == pytest.approx(3.2)    # nearest bits per weight: Q4_0
+    assert serving.batching_curves({}, 2) is None and serving.batching_curves({"threads": {"2": "x"}}, 2) is None
+
+
+def test_cpu_batch_uses_the_measured_curve(llama7b):
+    cfg = RunConfig(n_ctx=4096, n_parallel=8, n_threads=2)
+    one = serving.predict_batch(llama7b, _cpu(), cfg, 1, depth=0, batching=CURVES)
+    assert one.t_step_s == pytest.approx(1.0 / speed.predict(llama7b, _cpu(), cfg, depth=0).tg_tps, rel=1e-9)
+    four = serving.predict_batch(llama7b, _cpu(), cfg, 4, depth=0, batching=CURVES)
+    assert four.t_weights_s > 2.5 * one.t_weights_s and not four.notes
+    roof = serving.predict_batch(llama7b, _cpu(), cfg, 4, depth=0, batching={})
+    assert roof.notes and "roofline" in roof.notes[0]
+
+
+def test_calibrate_batching_reads_llama_batched_bench(tmp_path, monkeypatch):
+    """The calibration run and its parsing, with a stand-in for llama-batched-bench (the real one is slow)."""
+    from v100lab import calibration
+
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text("#!/bin/sh\nfor pl in 1 2 4; do\n"
+                    "  echo \"{\\\"pl\\\": $pl, \\\"tg\\\": 10, \\\"t_tg\\\": $(( pl + 1 )).0}\"\ndone\n"
+                    "echo 'not json'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(calibration, "calibration_model_paths",
+                        lambda progress=None: {("calib-wide", "Q4_0"): tmp_path / "m.gguf",
+                                               ("calib-deep", "F16"): tmp_path / "d.gguf"})
+    monkeypatch.setenv("V100LAB_CACHE", str(tmp_path / "cache"))
+    res = serving.calibrate_batching(threads=[2], batches=(1, 2, 4), n_gen=10, repetitions=1, binary=fake)
+    assert res["threads"]["2"]["curves"] == {"Q4_0": {"1": 1.0, "2": 1.5, "4": 2.5}}
+    assert res["threads"]["2"]["step_ms"]["Q4_0"]["1"] == pytest.approx(200.0)
+    assert serving.stored_batching()["threads"]["2"]["curves"]["Q4_0"]["4"] == 2.5
+    bad = tmp_path / "crash"
+    bad.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
+    bad.chmod(0o755)
+    from v100lab.errors import RunFailed
+
+    with pytest.raises(RunFailed, match="no weight type"):
+        serving.calibrate_batching(threads=[2], batches=(1, 2), n_gen=4, repetitions=1, binary=bad, store=False)

