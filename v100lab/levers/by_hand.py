@@ -79,10 +79,28 @@ def output_bytes(spec: ModelSpec) -> int:
 
 def subject(sc):
     """What a by-hand cell about this machine works on: (model header, device, label) — the model measured
-    here on this machine, or, when nothing is measured, the scenario's model on its device."""
+    here on this machine, or, when nothing is measured, the scenario's model on its device.
+
+    The device's ``bandwidth_gbs`` is the peak the speed model divides by (:func:`peak_bandwidth_gbs`), so a
+    by-hand ceiling and the package's agree on a calibrated host too."""
     from v100lab.levers._study import study
 
     st = study(sc)
     if st.measuring:
-        return st.measured_spec, st.host, st.measured_label
-    return st.spec, st.device, st.label
+        return st.measured_spec, with_peak_bandwidth(st.host, sc), st.measured_label
+    return st.spec, with_peak_bandwidth(st.device, sc), st.label
+
+
+def peak_bandwidth_gbs(device, sc) -> float:
+    """GB/s no decode on ``device`` can beat, as the speed model takes it (``speed.DeviceRates.peak_bandwidth``):
+    the catalog figure for a GPU; for a calibrated host the larger of its STREAM-like figure and the best
+    bandwidth llama.cpp itself reached while calibrating."""
+    from v100lab.speed import rates_for
+
+    return rates_for(device, sc.run_config()).peak_bandwidth / 1e9
+
+
+def with_peak_bandwidth(device, sc):
+    from dataclasses import replace
+
+    return replace(device, bandwidth_gbs=peak_bandwidth_gbs(device, sc))
