@@ -13,8 +13,6 @@ No test asserts a speed.
 from __future__ import annotations
 
 import json
-import math
-import os
 import socket
 import subprocess
 import sys
