@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from v100lab.safeio import json_safe
 from v100lab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -455,22 +456,11 @@ class RequestResult:
         d.update(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, e2el_ms=self.e2el_ms,
                  itl_ms=[1e3 * x for x in self.itl_s], decode_ts=self.decode_ts)
         del d["itl_s"]
-        return _finite(d)
+        return json_safe(d)
 
 
 class _Failed(Exception):
     """A request that failed, with its one-line reason."""
-
-
-def _finite(obj):
-    """JSON-safe: NaN/inf floats become None (recursively)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -936,7 +926,7 @@ def summarize_level(results: Sequence[RequestResult], duration_s: float, slo: SL
             key = (r.reason or "unknown")[:120]
             reasons[key] = reasons.get(key, 0) + 1
     out["failures"] = reasons or None
-    return _finite(out)
+    return json_safe(out)
 
 
 _COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_seconds_total",
@@ -989,7 +979,7 @@ def server_side_by_side(results: Sequence[RequestResult], duration_s: float,
             client_out = sum(r.n_gen or 0 for r in ok) / duration_s
             out["output_throughput_ratio"] = (client_out / out["server_output_throughput"]
                                               if out["server_output_throughput"] else None)
-    return _finite(out)
+    return json_safe(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1019,7 +1009,7 @@ class ServeRun:
                "failed_requests": self.failed, "definitions": DEFINITIONS}
         if requests:
             doc["requests"] = [r.as_dict() for r in self.requests]
-        return _finite(doc)
+        return json_safe(doc)
 
 
 DEFINITIONS = ("vLLM `vllm bench serve` definitions: TTFT = send → first text event; ITL = gaps between "
@@ -1065,7 +1055,7 @@ def _request_row(base: Mapping[str, Any], rq: RequestResult, level: Level) -> di
            else None, "arrival": level.arrival}
     if rq.ok and row["avg_ts"] is None and rq.e2el_s:
         row["avg_ts"] = (rq.n_gen or 0) / rq.e2el_s        # one output token: no TPOT; tokens over latency
-    return _finite(row)
+    return json_safe(row)
 
 
 def _level_row(base: Mapping[str, Any], summary: Mapping[str, Any], level: Level, li: int,
@@ -1076,7 +1066,7 @@ def _level_row(base: Mapping[str, Any], summary: Mapping[str, Any], level: Level
     if not ok:
         top = max((summary.get("failures") or {"unknown": 1}).items(), key=lambda kv: kv[1])[0]
         reason = f"all {summary['requests']} requests failed: {top}"
-    return _finite({**base, "kind": "serve_level", "key": _key(base["run_id"], li, "level"),
+    return json_safe({**base, "kind": "serve_level", "key": _key(base["run_id"], li, "level"),
                     "test": f"serve {level.name}", "status": "ok" if ok else "failed", "reason": reason,
                     "n_prompt": int(workload.prompt_tokens.a) if workload.prompt_tokens.kind == "fixed" else None,
                     "n_gen": int(workload.max_tokens.a) if workload.max_tokens.kind == "fixed" else None,
