@@ -69,8 +69,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from v100lab.safeio import json_safe
 from v100lab.errors import ConfigError
+from v100lab.safeio import json_safe
 
 log = logging.getLogger(__name__)
 
