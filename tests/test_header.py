@@ -19,6 +19,7 @@ import pytest
 
 from v100lab.errors import GGUFError, ModelNotFoundError
 from v100lab.header import read_header, read_spec
+from v100lab.resolve import resolve
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,13 +181,13 @@ def test_derived_totals(default_model):
 
 
 # ------------------------------------------------------------------------------------------------
-# sources: path, str, alias, file object
+# sources: path, str, file object (an alias is resolve's job, never the reader's)
 # ------------------------------------------------------------------------------------------------
 
 def test_sources_agree(default_model):
     by_path = read_spec(default_model)
     assert read_spec(str(default_model)) == by_path
-    assert read_spec("default") == by_path
+    assert resolve("default") == (default_model, by_path)
     with open(default_model, "rb") as f:
         assert read_spec(f) == by_path
     # a non-seekable stream: size unknown, still parses (bounded by the cap)
@@ -213,6 +214,17 @@ def test_missing_model_is_model_not_found(tmp_path):
         read_spec(tmp_path / "nope.gguf")
     with pytest.raises(ModelNotFoundError):
         read_spec("not-an-alias")
+    with pytest.raises(ModelNotFoundError):
+        resolve("not-an-alias")
+
+
+def test_reader_never_resolves_an_alias(fresh_cache):
+    """An alias given to the reader is a missing file, not a model to build: nothing lands in the cache."""
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        read_spec("synth-tiny:Q4_0")
+    with pytest.raises(ModelNotFoundError, match="not built yet"):
+        resolve("synth-tiny:Q4_0")          # building is explicit: resolve(..., build=True)
+    assert not list(fresh_cache.iterdir())
 
 
 # ------------------------------------------------------------------------------------------------

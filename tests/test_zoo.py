@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from v100lab import zoo
+from v100lab import modelcache, zoo
 from v100lab.errors import ModelNotFoundError, V100labError
 
 
@@ -84,52 +84,52 @@ def test_build_atomically_reuses_and_detects_corruption(fresh_cache):
         calls.append(tmp)
         tmp.write_bytes(b"x" * 1000)
 
-    path = zoo.cache_dir() / "thing.bin"
-    zoo.build_atomically(path, {"v": 1}, write)
-    zoo.build_atomically(path, {"v": 1}, write)
+    path = modelcache.cache_dir() / "thing.bin"
+    modelcache.build_atomically(path, {"v": 1}, write)
+    modelcache.build_atomically(path, {"v": 1}, write)
     assert len(calls) == 1, "an intact cached file is reused"
 
     # same size, different bytes: the checksum catches it
     path.write_bytes(b"y" * 1000)
-    zoo._verified.clear()
-    zoo.build_atomically(path, {"v": 1}, write)
+    modelcache._verified.clear()
+    modelcache.build_atomically(path, {"v": 1}, write)
     assert len(calls) == 2 and path.read_bytes() == b"x" * 1000
 
     # truncated: the size catches it
     path.write_bytes(b"x" * 10)
-    zoo.build_atomically(path, {"v": 1}, write)
+    modelcache.build_atomically(path, {"v": 1}, write)
     assert len(calls) == 3
 
     # a changed recipe rebuilds
-    zoo.build_atomically(path, {"v": 2}, write)
+    modelcache.build_atomically(path, {"v": 2}, write)
     assert len(calls) == 4
     meta = json.loads((path.parent / "thing.bin.recipe.json").read_text())
     assert meta["size_bytes"] == 1000 and meta["recipe"] == {"v": 2}
 
 
 def test_crash_mid_write_leaves_nothing_under_the_real_name(fresh_cache):
-    path = zoo.cache_dir() / "model.gguf"
+    path = modelcache.cache_dir() / "model.gguf"
 
     def crash(tmp):
         tmp.write_bytes(b"partial")
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError):
-        zoo.build_atomically(path, {"v": 1}, crash)
+        modelcache.build_atomically(path, {"v": 1}, crash)
     assert not path.exists()
-    assert not [p for p in zoo.cache_dir().iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in modelcache.cache_dir().iterdir() if p.name.endswith(".tmp")]
 
 
 def test_killed_builder_process_leaves_no_model(fresh_cache):
     """kill -9 in the middle of writing: the real name never appears."""
     code = (
         "import os, time\n"
-        "from v100lab import zoo\n"
+        "from v100lab import modelcache\n"
         "def w(tmp):\n"
         "    tmp.write_bytes(b'x' * 100)\n"
         "    print('writing', flush=True)\n"
         "    time.sleep(60)\n"
-        "zoo.build_atomically(zoo.cache_dir() / 'm.gguf', {'v': 1}, w)\n"
+        "modelcache.build_atomically(modelcache.cache_dir() / 'm.gguf', {'v': 1}, w)\n"
     )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
     assert p.stdout.readline().strip() == "writing"

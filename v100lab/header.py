@@ -27,7 +27,10 @@ section starts) and a *skeleton* (see :mod:`v100lab.skeleton`, marked in ``gener
 :attr:`GGUFHeader.data_complete` says whether the data is all there.
 
 Public API: :func:`read_header` (the raw header), :func:`read_spec` (the derived ``ModelSpec``) and
-:func:`spec_from_header` (derivation, shared with the skeleton writer).
+:func:`spec_from_header` (derivation, shared with the skeleton writer). The reader parses what it is
+given — a path, an http(s) URL or a binary file object — and nothing else: a model alias
+(``default``, ``synth-1b:Q4_0``) or a skeleton name is turned into a path and ModelSpec by
+:func:`v100lab.resolve.resolve`, which is where building a model is asked for explicitly.
 """
 
 from __future__ import annotations
@@ -603,24 +606,23 @@ def _type_name(desc) -> str:
 # entry points
 # ------------------------------------------------------------------------------------------------
 
-def _is_url(source) -> bool:
+def is_url(source) -> bool:
     return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
 
 
 def _open_source(source, timeout: float) -> tuple[_Source, str]:
     if hasattr(source, "read"):
         return _FileSource(source, own=False), getattr(source, "name", "<file object>")
-    if _is_url(source):
+    if is_url(source):
         src = _HTTPSource(source, timeout)
         return src, src.label
     if isinstance(source, (str, os.PathLike)):
-        from v100lab import zoo
-
-        path = Path(os.fspath(source))
-        if not path.is_file():
-            path = zoo.resolve(os.fspath(source))  # alias, or ModelNotFoundError naming the path
+        path = Path(os.fspath(source)).expanduser()
+        if not path.exists():
+            raise ModelNotFoundError(f"model file '{term_text(os.fspath(source))}' does not exist "
+                                     "(an alias is resolved by v100lab.resolve.resolve, not by the header reader)")
         return _FileSource(_open_regular(path), own=True), str(path)
-    raise ModelNotFoundError(f"not a model path, URL, alias or file object: {source!r}")
+    raise ModelNotFoundError(f"not a model path, URL or file object: {source!r}")
 
 
 def _open_regular(path: Path):
@@ -671,7 +673,7 @@ def check_data(hdr: GGUFHeader) -> None:
 
 def read_header(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
                 timeout: float = 30) -> GGUFHeader:
-    """Parse only the GGUF header of ``source`` (path, zoo alias, binary file object, http(s) URL).
+    """Parse only the GGUF header of ``source`` (path, binary file object, http(s) URL; never an alias).
 
     Reads at most ``max_header_bytes`` (default 64 MiB); a header that needs more raises
     :class:`GGUFError`, and so does a file whose tensor data runs past its end (:func:`check_data`).

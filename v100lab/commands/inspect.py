@@ -13,7 +13,8 @@ import math
 import sys
 
 from v100lab.errors import ConfigError
-from v100lab.header import DEFAULT_MAX_HEADER_BYTES, MAX_TIMEOUT_S, read_spec
+from v100lab.header import DEFAULT_MAX_HEADER_BYTES, MAX_TIMEOUT_S
+from v100lab.resolve import resolve
 from v100lab.render import term_text
 from v100lab.safeio import redact_url
 from v100lab.spec import ModelSpec
@@ -171,7 +172,8 @@ def _check_args(args) -> None:
 
 def run(args) -> int:
     _check_args(args)
-    spec = read_spec(args.model, max_header_bytes=max(1, int(args.max_header_mib * 2**20)), timeout=args.timeout)
+    spec = resolve(args.model, build=True, max_header_bytes=max(1, int(args.max_header_mib * 2**20)),
+                   timeout=args.timeout).spec
     if args.json:
         json.dump(spec_to_json(spec, tensors=args.tensors), sys.stdout, indent=2, allow_nan=False)
         print()

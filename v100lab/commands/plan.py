@@ -23,6 +23,7 @@ import sys
 from v100lab import config as config_mod
 from v100lab.errors import ConfigError
 from v100lab.memory import fmt_bytes
+from v100lab.resolve import resolve
 from v100lab.safeio import json_safe, term_lines
 
 NAME = "plan"
@@ -101,10 +102,9 @@ def largest_context(spec, devices, cfg, feas) -> int:
 def run(args) -> int:
     from v100lab.devices import get_device
     from v100lab.memory import feasibility, plan
-    from v100lab.skeleton import load_spec
 
     cfg = config_mod.from_flag_args(args)
-    spec = load_spec(args.model)
+    spec = resolve(args.model, build=True).spec
     devices = [get_device(d) for d in args.device]
     mplan = plan(spec, devices, cfg, with_max_ctx=False)
     feas = feasibility(spec, devices, cfg, mplan, detail=True)

@@ -32,7 +32,7 @@ the "try it" answers (:func:`what_if`); ``summaries`` holds the
 the names below are the workbook's API.
 """
 
-from v100lab.skeleton import SKELETON_PREFIX, load_spec
+from v100lab.skeleton import SKELETON_PREFIX
 # _stage_model: used by benchmarks/bench_notebooks.py (it builds the stage files ahead of a timed run)
 from v100lab.levers._study import (
     HOST, GIB, MIB, COMPONENTS, STUDY_PARAMETERS, arch_of, spec_at_quant, Study, study, gpu_backend, gpu_host,
@@ -71,7 +71,7 @@ from v100lab.levers.captions import (
 )
 
 __all__ = [
-    'SKELETON_PREFIX', 'load_spec', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS', 'arch_of',
+    'SKELETON_PREFIX', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS', 'arch_of',
     'spec_at_quant', 'Study', 'study', 'gpu_backend', 'gpu_host', 'predict_rows', 'measure_sweep', 'capture_load',
     '_stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
     'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',

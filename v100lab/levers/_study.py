@@ -21,7 +21,8 @@ from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.results import TPS, Observation, tidy_frame
 from v100lab.scenario import Scenario
-from v100lab.skeleton import SKELETON_PREFIX, is_skeleton_name, load_spec, parse_skeleton_name
+from v100lab.resolve import resolve
+from v100lab.skeleton import SKELETON_PREFIX, is_skeleton_name, parse_skeleton_name
 from v100lab.spec import ModelSpec
 
 
@@ -95,7 +96,7 @@ def _spec_at_quant_cached(model: str, quant: str) -> ModelSpec:
     parsed = parse_skeleton_name(model)
     if parsed is not None:
         return skeleton_spec(parsed[0], quant)
-    spec = load_spec(model)
+    spec = resolve(model, build=True).spec
     if spec.file_type.upper() == quant:
         return spec
     a = arch_of(spec)
@@ -148,10 +149,9 @@ def _label(spec: ModelSpec, model: str) -> str:
 @lru_cache(maxsize=16)
 def study(sc: Scenario) -> Study:
     """Resolve ``sc`` once per kernel (cached; a Scenario is immutable)."""
-    from v100lab import zoo
     from v100lab.devices import get_device
 
-    spec = load_spec(sc.model)
+    spec = resolve(sc.model, build=True).spec
     label = _label(spec, sc.model)
     device = get_device(sc.device)
     host = get_device(HOST)
@@ -166,8 +166,7 @@ def study(sc: Scenario) -> Study:
         why = "the model is a URL: only its header is read here, the weights are not downloaded"
     else:
         try:
-            mpath = zoo.resolve(measured)
-            mspec = load_spec(str(mpath))
+            mpath, mspec = resolve(measured, build=True)
         except V100labError as exc:
             why = f"the model cannot be loaded here: {exc}"
             mpath = mspec = None
@@ -212,7 +211,7 @@ def beside(sc: Scenario) -> Target | None:
     if st.device.kind != "cpu" or sc.compare_gpu == NO_GPU:
         return None
     model, label = seed_target_model()
-    return Target(model, load_spec(model), label, get_device(sc.compare_gpu))
+    return Target(model, resolve(model, build=True).spec, label, get_device(sc.compare_gpu))
 
 
 def gpu_subject(sc: Scenario) -> Target:
