@@ -28,7 +28,7 @@ from pathlib import Path
 from v100lab import bench, zoo
 from v100lab.backends import BenchTest
 from v100lab.backends.inprocess import InProcessBackend
-from v100lab.backends.llamabench import find_llama_bench, run_llama_bench
+from v100lab.llamabench import find_llama_bench, run_llama_bench
 from v100lab.config import RunConfig
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from v100lab import bench
 from v100lab.backends import BenchTest
-from v100lab.backends.llamabench import (export_llama_bench_json, find_llama_bench, import_llama_bench,
+from v100lab.llamabench import (export_llama_bench_json, find_llama_bench, import_llama_bench,
                                          parse_llama_bench, run_llama_bench)
 from v100lab.backends.server import ServerBackend, find_llama_server
 from v100lab.config import RunConfig

@@ -13,7 +13,7 @@ configuration counted and the run continued). What it adds for the workbook:
 
 Row fields use llama-bench's names where llama-bench has one (``n_prompt``, ``n_gen``, ``n_depth``,
 ``avg_ts``, ``stddev_ts``, ``samples_ts``, ``samples_ns``, ``n_gpu_layers``, ``type_k``, ``flash_attn``, ...);
-values are v100lab's (``flash_attn`` is "on"/"off"/"auto" as in RunConfig; :mod:`v100lab.backends.llamabench`
+values are v100lab's (``flash_attn`` is "on"/"off"/"auto" as in RunConfig; :mod:`v100lab.llamabench`
 converts to and from llama-bench's own encodings).
 """
 
@@ -30,9 +30,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from tqdm.auto import tqdm
+
+from v100lab import buildflags, zoo
 from v100lab.backends import Backend, BenchTest, MeasureFailed, Measurement, get_backend
+from v100lab.backends.isolated import llama_build
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
+from v100lab.header import read_spec
+from v100lab.monitor import Monitor
+from v100lab.results import TPS, Observation
 from v100lab.store import ResultsStore, row_key
 from v100lab.worker import WorkerCrashed
 
@@ -118,8 +125,6 @@ def summarize(samples_ns: Sequence[int], n_tokens: int, noisy_cv: float = NOISY_
 
 @lru_cache(maxsize=64)
 def _model_facts_cached(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
-    from v100lab.header import read_spec
-
     facts: dict[str, Any] = {"model_filename": path, "model_file_size": size}
     try:
         spec = read_spec(path)
@@ -149,9 +154,6 @@ def model_facts(path: str | os.PathLike) -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _static_env() -> dict[str, Any]:
-    from v100lab import buildflags
-    from v100lab.backends.isolated import llama_build
-
     b = llama_build()          # read in a worker: a build that cannot load costs a log line here
     cpu = buildflags.host_cpu()
     flags = buildflags.read_record()
@@ -227,21 +229,11 @@ def _finish_row(row: dict[str, Any], *, status: str, reason: str | None = None,
     return row
 
 
-def failed_row(model: Mapping[str, Any], cfg: RunConfig, test: BenchTest, backend: str, repetitions: int,
-               reason: str, *, lever=None, value=None, raw_log=None, load=None, info=None,
-               warmup: bool = True) -> dict[str, Any]:
-    """A row with status "failed" and llama.cpp's (or the harness's) reason."""
-    return _finish_row(_base_row(model, cfg, test, backend, repetitions, lever, value), status="failed",
-                       reason=reason, raw_log=raw_log, load=load, info=info, cfg=cfg, warmup=warmup)
-
-
 # --------------------------------------------------------------------------------------------
 # running
 # --------------------------------------------------------------------------------------------
 
 def _resolve_model(model: str | os.PathLike) -> Path:
-    from v100lab import zoo
-
     text = os.fspath(model)
     if zoo.is_alias(text):
         return zoo.resolve(text)
@@ -322,8 +314,6 @@ def run_tests(model: str | os.PathLike, cfg: RunConfig | None = None,
                     return rows
             mon = None
             if monitor:
-                from v100lab.monitor import Monitor
-
                 try:
                     mon = Monitor(pid=session.monitor_pid)
                 except Exception as exc:  # the watched process is already gone
@@ -394,8 +384,6 @@ def sweep(model: str | os.PathLike, base_cfg: RunConfig | None, lever: str, valu
     total = sum(len(p[3]) for p in plans)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=total, desc=f"sweep {lever}", unit="test", leave=True)
     rows: list[dict[str, Any]] = []
     try:
@@ -429,8 +417,6 @@ def rows_to_observations(rows: Iterable[Mapping[str, Any]], model_label: str, de
 
     lever/value come from the sweep that produced the row (else lever "n_depth"); the note carries the
     backend, how it was timed, ± sd over r repetitions, and a noise flag when cv > NOISY_CV."""
-    from v100lab.results import TPS, Observation
-
     out = []
     for r in rows:
         if r.get("status") != "ok" or r.get("avg_ts") is None:

@@ -31,12 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"v100lab.commands.{name.replace('-', '_')}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"v100lab.commands.{name.replace('-', '_')}":
-                continue  # not written yet
-            raise
+        mod = importlib.import_module(f"v100lab.commands.{name.replace('-', '_')}")
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

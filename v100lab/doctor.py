@@ -30,7 +30,7 @@ far-below-ceiling      decode on a GPU under a quarter of that ceiling (the seed
 What the log says about loading is read by :func:`v100lab.loadlog.parse_load_log` (one parser for those
 lines); this module adds what the load log does not cover: speeds (llama-server's and llama_perf's
 "eval time" lines, llama-bench's markdown table or its json/jsonl/csv output through
-:mod:`v100lab.backends.llamabench`), the GPUs ggml-cuda reports, memory the tools say is free, allocation
+:mod:`v100lab.llamabench`), the GPUs ggml-cuda reports, memory the tools say is free, allocation
 failures and build warnings. llama-server's line prefixes (``0.00.123.456 I srv  ...``) are stripped first.
 
 A log is read with bounded memory (:func:`v100lab.safeio.read_bounded`: at most ``MAX_LOG_BYTES`` actually
@@ -384,8 +384,8 @@ def _bench_markdown(lines: Sequence[tuple[int, str]]) -> list[SpeedFact]:
 
 
 def _bench_records(text: str) -> list[SpeedFact]:
-    """llama-bench ``-o json|jsonl|csv`` output, read by :func:`v100lab.backends.llamabench.parse_llama_bench`."""
-    from v100lab.backends.llamabench import parse_llama_bench
+    """llama-bench ``-o json|jsonl|csv`` output, read by :func:`v100lab.llamabench.parse_llama_bench`."""
+    from v100lab.llamabench import parse_llama_bench
 
     try:
         recs = parse_llama_bench(text)

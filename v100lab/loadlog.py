@@ -46,8 +46,6 @@ HOST = "host"
 # older one): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line)
 LOG_NONE, LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_CONT = range(6)
 
-BUFFER_KINDS = ("model", "KV", "RS", "compute", "output")
-
 
 # ------------------------------------------------------------------------------------------------
 # facts

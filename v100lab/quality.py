@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from v100lab import zoo
 from v100lab.errors import V100labError
+from v100lab.results import Observation
+from v100lab.worker import call_isolated
+from v100lab.zoo import quant_of
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,7 @@ CORPUS_NAME = "pydoc_data.topics (Python Language Reference topics, ships with C
 
 def corpus_text() -> str:
     """The evaluation corpus: CPython's ``pydoc_data.topics``, sorted by topic name."""
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # heavy: a ~800 kB module of text, loaded only for an evaluation
 
     return "\n\n".join(topics[k] for k in sorted(topics))
 
@@ -56,7 +61,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _load(path: Path, n_ctx: int, n_threads: int):
-    import llama_cpp
+    import llama_cpp  # heavy: loaded only in the worker process that evaluates
 
     return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                            n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
@@ -78,10 +83,6 @@ def evaluate(model: str | Path, reference: str | Path | None = None, *, n_ctx: i
     Both models must share a tokenizer (a quant ladder does). Cost: ``n_chunks × n_ctx`` tokens of
     prompt processing per model.
     """
-    import os
-
-    from v100lab import zoo
-
     if n_ctx < 16 or n_ctx % 2:
         raise V100labError(f"n_ctx for quality evaluation must be an even number >= 16, got {n_ctx}")
     if n_chunks < 1:
@@ -89,7 +90,6 @@ def evaluate(model: str | Path, reference: str | Path | None = None, *, n_ctx: i
     threads = n_threads or os.cpu_count() or 1
     mpath = zoo.resolve(model)
     rpath = zoo.resolve(reference) if reference is not None else None
-    from v100lab.worker import call_isolated
 
     return call_isolated(_evaluate_here, str(model), mpath, None if reference is None else str(reference), rpath,
                          n_ctx, n_chunks, threads, what=f"scoring {mpath.name}")
@@ -135,9 +135,6 @@ def _evaluate_here(model: str, mpath: Path, reference: str | None, rpath: Path |
 
 def ladder_observations(results: list[QualityResult], model_label: str, device: str = "host"):
     """Quality results as tidy-table rows (lever "quant", source "measured")."""
-    from v100lab.results import Observation
-    from v100lab.zoo import quant_of
-
     rows = []
     for r in results:
         quant = quant_of(r.model)

@@ -19,11 +19,13 @@ import logging
 import os
 import sys
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from v100lab import buildflags
+from v100lab import bench, buildflags, zoo
 from v100lab.backends.isolated import IsolatedBackend, llama_build
+from v100lab.config import RunConfig
 from v100lab.errors import V100labError
 
 log = logging.getLogger(__name__)
@@ -80,8 +82,6 @@ class SelfTestReport:
 
 def rebuild_command() -> str:
     try:
-        from importlib.metadata import version
-
         v = version("llama-cpp-python")
     except Exception:  # not installed: the version pyproject pins
         v = "0.3.36"
@@ -93,9 +93,6 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
                  n_gen: int = SELFTEST_GEN) -> SelfTestReport:
     """Load ``model`` (default: the default model) and run pp``n_prompt`` and tg``n_gen`` at each thread
     count (default 1 and all cores), each configuration in its own worker under ``timeout`` seconds."""
-    from v100lab import bench, zoo
-    from v100lab.config import RunConfig
-
     if not (0 < timeout < float("inf")):
         raise V100labError(f"--timeout must be a positive number of seconds, got {timeout}")
     if n_prompt < 2:

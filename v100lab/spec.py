@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-IntOrPerLayer = "int | tuple[int, ...]"
-
 
 @dataclass(frozen=True)
 class TensorInfo:

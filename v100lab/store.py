@@ -36,7 +36,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from v100lab.errors import ConfigError, V100labError
 from v100lab.safeio import check_creatable, term_text
@@ -333,11 +333,3 @@ def _json_default(o):
     if hasattr(o, "item"):  # numpy scalars
         return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def write_rows(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> ResultsStore:
-    """Append ``rows`` to the store at ``path`` (convenience for scripts)."""
-    store = ResultsStore(path)
-    for r in rows:
-        store.append(r)
-    return store

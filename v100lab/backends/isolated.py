@@ -16,7 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from v100lab.backends import BenchTest, Measurement
+from v100lab.backends.inprocess import InProcessBackend, build_info, cpu_gpu_info
+from v100lab.backends.types import BenchTest, Measurement
 from v100lab.config import RunConfig
 from v100lab.errors import RunFailed
 from v100lab.worker import DEFAULT_TIMEOUT_S, FAULT_ENV, START_TIMEOUT_S, Worker, call_isolated, fire_fault, parse_fault
@@ -47,8 +48,6 @@ def _arm_fault(session, model_path: Path) -> None:
 
 def _open(model: Path, cfg: RunConfig) -> dict[str, Any]:
     global _session
-    from v100lab.backends.inprocess import InProcessBackend
-
     _session = InProcessBackend().open(model, cfg)
     _arm_fault(_session, model)
     return {"info": _session.info, "load": _session.load, "raw_log": _session.raw_log}
@@ -60,8 +59,6 @@ def _run(test: BenchTest, repetitions: int, warmup: bool) -> tuple[Measurement, 
 
 def _build_info_here() -> dict[str, Any]:
     """llama.cpp's build facts, read in this process (the worker's side of :func:`llama_build`)."""
-    from v100lab.backends.inprocess import build_info, cpu_gpu_info
-
     info = build_info()
     info["cpu_info"], info["gpu_info"] = cpu_gpu_info()
     return info

@@ -46,9 +46,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from v100lab.backends import BenchTest, Measurement, MeasureFailed, find_binary
+from v100lab.backends.inprocess import build_info, cpu_gpu_info
+from v100lab.backends.types import BenchTest, Measurement, MeasureFailed, find_binary
 from v100lab.config import ALL_LAYERS, GGML_TYPE_ID, RunConfig
 from v100lab.errors import ConfigError
+from v100lab.header import read_spec
+from v100lab.loadlog import parse_load_log
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +261,6 @@ class ServerSession:
         return self._log_text()
 
     def _parse_log(self) -> dict[str, Any] | None:
-        from v100lab.loadlog import parse_load_log
-
         text = self._log_text()
         return parse_load_log(text).as_dict() if text else None
 
@@ -279,8 +280,6 @@ class ServerSession:
                and _REASON_WORDS.search(ln)]
         if lib:
             return lib[-1]
-        from v100lab.loadlog import parse_load_log
-
         errors = [e.strip() for e in parse_load_log(text).errors if e.strip()]
         if errors:
             return errors[0]
@@ -325,9 +324,6 @@ class ServerSession:
                             f"GET /v1/models answered {st2}")
 
     def _describe(self) -> None:
-        from v100lab.backends.inprocess import build_info, cpu_gpu_info
-        from v100lab.header import read_spec
-
         try:
             self._spec = read_spec(self.model)
         except Exception as exc:  # a remote server's model need not be readable here

@@ -9,9 +9,12 @@ run failed, 2 for bad input (a missing or invalid parameter file, no notebook ma
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from v100lab import workbook
 from v100lab.errors import ConfigError
@@ -50,8 +53,6 @@ def _status_line(r: workbook.RunResult) -> str:
 
 
 def _stem(path: str) -> str:
-    from pathlib import Path
-
     return Path(path).stem
 
 
@@ -75,10 +76,6 @@ def _summary_table(result: workbook.BatchResult) -> str:
 
 
 def run(args) -> int:
-    import logging
-
-    from tqdm.auto import tqdm
-
     if not args.verbose:
         # papermill logs each failure as ERROR and nbconvert warns about images without alt text;
         # the status line and the index already say what failed, so keep the progress bar readable

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from v100lab import bench
+from v100lab import bench, zoo
 from v100lab.config import add_flag_arguments, from_flag_args
 
 NAME = "bench"
@@ -38,8 +38,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from v100lab import zoo
-
     cfg = from_flag_args(args)
     path = zoo.resolve(args.model)                       # bad model → ModelNotFoundError (exit 2)
     tests = bench.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)

@@ -10,6 +10,9 @@ import json
 import os
 import sys
 
+from v100lab import calibration
+from v100lab.devices import host_profile_path
+from v100lab.errors import ConfigError, V100labError
 from v100lab.render import term_text
 
 NAME = "calibrate"
@@ -27,8 +30,6 @@ def add_arguments(p):
 
 
 def _threads(text: str) -> list[int] | None:
-    from v100lab.errors import ConfigError
-
     if not text:
         return None
     try:
@@ -63,10 +64,6 @@ def _summary(cal: dict) -> list[str]:
 
 
 def run(args) -> int:
-    from v100lab import calibration
-    from v100lab.devices import host_profile_path
-    from v100lab.errors import ConfigError, V100labError
-
     if args.show:
         cal = calibration.stored_calibration()
         if not cal:

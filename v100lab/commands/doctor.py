@@ -16,6 +16,7 @@ import json
 import math
 import sys
 
+from v100lab.doctor import diagnose_file
 from v100lab.errors import ConfigError
 
 NAME = "doctor"
@@ -44,8 +45,6 @@ def _free_ram_bytes(gib: float | None) -> int | None:
 
 
 def run(args) -> int:
-    from v100lab.doctor import diagnose_file
-
     free = _free_ram_bytes(args.free_ram_gib)
     d = diagnose_file(args.logfile, args.device, free_ram_bytes=free)
     if args.json:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import sys
 
+from tqdm.auto import tqdm
+
 from v100lab import zoo
 from v100lab.errors import V100labError
+from v100lab.header import read_spec
 from v100lab.render import term_text
 
 NAME = "models"
@@ -23,8 +26,6 @@ def add_arguments(p):
 
 
 def _file_type(path) -> str | None:
-    from v100lab.header import read_spec
-
     try:
         return read_spec(path).file_type
     except V100labError:
@@ -68,8 +69,6 @@ def _check_target(target: str) -> None:
 
 
 def _make(args) -> int:
-    from tqdm.auto import tqdm
-
     if not args.targets:
         raise V100labError("models make: name at least one alias, e.g. `v100lab models make synth-tiny --ladder`")
     for target in args.targets:   # every name and quant checked before anything is built

@@ -21,8 +21,10 @@ import json
 import sys
 
 from v100lab import config as config_mod
+from v100lab import speed
+from v100lab.devices import get_device
 from v100lab.errors import ConfigError
-from v100lab.memory import fmt_bytes
+from v100lab.memory import feasibility, fmt_bytes, max_ctx, plan
 from v100lab.resolve import resolve
 from v100lab.safeio import json_safe, term_lines
 
@@ -52,8 +54,6 @@ def build_document(spec, devices, cfg, mplan, args) -> dict:
 
 def _predicted(spec, devices, cfg, mplan, args) -> dict:
     """The speed model's prediction for the same placement (v100lab.speed, issue 5): "predicted"."""
-    from v100lab import speed
-
     pred = speed.predict(spec, devices, cfg, depth=args.depth, n_prompt=max(1, args.n_prompt),
                          placement=speed.placement_from_plan(mplan, devices))
     return pred.as_json()
@@ -92,17 +92,12 @@ def _human(doc: dict) -> str:
 def largest_context(spec, devices, cfg, feas) -> int:
     """The largest context that fits by the same rule as ``fits`` (every device, with its margin), up to the
     training context or the context asked for; 0 when a limit no context lifts blocks (sequences, threads)."""
-    from v100lab.memory import max_ctx
-
     if any(b.kind in ("parallel", "threads") for b in feas.blockers):
         return 0
     return max_ctx(spec, devices, cfg, limit=max(cfg.n_ctx, spec.n_ctx_train), margin=True)
 
 
 def run(args) -> int:
-    from v100lab.devices import get_device
-    from v100lab.memory import feasibility, plan
-
     cfg = config_mod.from_flag_args(args)
     spec = resolve(args.model, build=True).spec
     devices = [get_device(d) for d in args.device]

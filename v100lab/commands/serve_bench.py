@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
+from v100lab import loadgen
 from v100lab.config import RunConfig, add_flag_arguments, from_flag_args
 from v100lab.errors import ConfigError
 
@@ -68,8 +69,6 @@ def add_arguments(p):
 
 
 def workload_from_args(args):
-    from v100lab import loadgen
-
     levels = loadgen.parse_concurrency(args.concurrency)
     levels += loadgen.parse_rate(args.rate, args.max_concurrency)
     if args.max_concurrency is not None and not args.rate:
@@ -84,8 +83,6 @@ def workload_from_args(args):
 
 
 def run(args) -> int:
-    from v100lab import loadgen
-
     workload = workload_from_args(args)
     explicit_np = args.n_parallel is not None
     args.n_parallel = args.n_parallel if explicit_np else max(lv.in_flight_cap or 1 for lv in workload.levels)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
+from v100lab.advisor import NothingFits, tune
 from v100lab.errors import ConfigError
 from v100lab.safeio import json_safe, term_lines
 
@@ -47,8 +48,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from v100lab.advisor import NothingFits, tune
-
     quants = None
     if args.quants:
         quants = [q.strip().upper() for q in args.quants.split(",") if q.strip()]

