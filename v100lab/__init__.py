@@ -1,21 +1,37 @@
 """v100lab: why llama.cpp is slow on your GPU, and what makes it fast — with numbers.
 
-The package is layered so that nothing imports upward:
+The package is layered, bottom to top; a module imports only from its own layer or a lower one, and no two
+modules import each other. The order is a contract (``[tool.importlinter]`` in pyproject.toml, checked by
+tests/test_layers.py, or ``lint-imports``); an import inside a function is kept only for an optional or heavy
+third-party dependency (llama_cpp, httpx, pandas, matplotlib, ...).
 
-1. data and config — ``errors``, ``spec`` (ModelSpec), ``config`` (RunConfig), ``results`` (the tidy
-   table), ``devices`` (catalog + measured host), ``loadlog`` (llama.cpp log capture and parsing),
-   ``quantmix`` (llama-quantize's per-tensor rules), ``store`` (JSONL results that survive crashes),
-   ``buildflags`` (llama.cpp's safe CPU build flags for this host), ``worker`` (crash isolation: every
-   llama.cpp run happens in a worker child process)
-2. model facts — ``header`` (bounded GGUF header reader → ModelSpec), ``skeleton`` (ModelSpec from an
-   architecture spec), ``zoo`` (the models on disk: default, gemma3-270m, synthetic, quant ladders)
-3. predictions — ``memory`` (the VRAM triangle), ``speed`` and ``calibration`` (the roofline)
-4. measurements — ``bench`` with ``backends`` (in-process in a worker, llama-server, llama-bench files),
-   ``monitor`` (telemetry while measuring), ``quality`` (perplexity, KL divergence), ``selftest`` (does this
-   llama.cpp build run here?)
-5. the workbook — ``levers`` (one sweep per lever → tidy rows), ``plots``, ``render`` (escaped
-   display), ``scenario`` (the params schema), ``advisor`` (tune), ``doctor``, ``workbook`` (batch)
-6. the ``v100lab`` command — ``cli`` and ``commands``
+0. base — ``errors``, ``safeio`` (bounded reads, atomic writes, escaping), ``buildflags`` (llama.cpp's safe
+   CPU build flags for this host)
+1. facts: pure data, no llama.cpp run, no file built — ``spec`` (ModelSpec), ``config`` (RunConfig),
+   ``results`` (the tidy table: schema and ``compare()``), ``quantmix`` (llama-quantize's per-tensor rules),
+   ``loadlog`` (llama.cpp log capture and parsing), ``devices`` (the catalog and the stored host profile),
+   ``store`` (JSONL results that survive crashes)
+2. llama.cpp arithmetic and the GGUF reader — ``llama_context`` (cells per stream, padding, SWA and
+   recurrent sizing, n_kv at a depth, row sizes, flash-attention resolution, KV bytes), ``header`` (a bounded
+   GGUF header reader: a path, URL or file object → ModelSpec; never an alias), ``skeleton`` (ModelSpec
+   from an architecture spec)
+3. models on disk — ``worker`` (crash isolation: every llama.cpp run happens in a worker child process),
+   ``modelcache`` (the cache directory, atomic verified builds, the default model's tokenizer), ``synth``
+   (synthetic models of other architectures), ``zoo`` (aliases → files: default, gemma3-270m, synthetic,
+   quant ladders), ``resolve`` (any model argument → (path or None, ModelSpec); building is explicit)
+4. predictions — ``memory`` (the VRAM triangle, feasibility, the ``--fit`` fallback) < ``rates`` (device
+   rates: GPU class fits, host rates from the stored profile) < ``speed`` (work per token, placement, the
+   roofline) < ``serving`` (batched decode under load)
+5. measurement — ``backends`` (``backends.types`` < in-process in a worker, llama-server) < ``monitor``
+   (telemetry while measuring) < ``bench`` (the harness) < ``llamabench`` (llama-bench's output in and out)
+   < ``quality`` (perplexity, KL divergence), ``selftest`` (does this llama.cpp build run here?), ``loadgen``
+   (serve-bench: load on an OpenAI-compatible server), ``memcheck`` (predicted memory against llama.cpp's)
+   < ``calibration`` (measure this host, fit, store the profile)
+6. the seed — ``seed`` (the blog's claims, the staircase, the verdict)
+7. the workbook — ``render`` (escaped display) < ``scenario`` (the params schema) < ``plots`` <
+   ``advisor`` (tune), ``doctor`` (log diagnosis) < ``levers`` (one sweep per lever → tidy rows) <
+   ``workbook`` (the batch runner)
+8. the ``v100lab`` command — ``commands`` (one module per subcommand) < ``cli`` (the dispatcher) < ``__main__``
 """
 
 __version__ = "0.1.0"

@@ -9,15 +9,17 @@ JSON document on stdout and nothing else.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
 from v100lab import __version__
+from v100lab.commands import (batch, bench, calibrate, doctor, inspect, models, plan, selftest, serve_bench,
+                              tune)
 from v100lab.errors import V100labError
 
 # Order is the order of `v100lab --help`.
-COMMANDS = ("models", "inspect", "plan", "bench", "calibrate", "tune", "doctor", "selftest", "batch", "serve-bench")
+COMMANDS = {"models": models, "inspect": inspect, "plan": plan, "bench": bench, "calibrate": calibrate,
+            "tune": tune, "doctor": doctor, "selftest": selftest, "batch": batch, "serve-bench": serve_bench}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,8 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"v100lab {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
-        mod = importlib.import_module(f"v100lab.commands.{name.replace('-', '_')}")
+    for name, mod in COMMANDS.items():
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

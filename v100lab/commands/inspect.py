@@ -35,7 +35,7 @@ def add_arguments(p):
 
 
 def spec_to_json(spec: ModelSpec, tensors: bool = False) -> dict:
-    """The stable JSON form of a ModelSpec (snake_case keys; issue 3's contract)."""
+    """The stable JSON form of a ModelSpec (snake_case keys; the field names are a stable interface for scripts)."""
     def per_layer(v):
         return list(v) if isinstance(v, tuple) else v
 

@@ -53,7 +53,7 @@ def build_document(spec, devices, cfg, mplan, args) -> dict:
 
 
 def _predicted(spec, devices, cfg, mplan, args) -> dict:
-    """The speed model's prediction for the same placement (v100lab.speed, issue 5): "predicted"."""
+    """The speed model's prediction for the same placement (v100lab.speed): "predicted"."""
     pred = speed.predict(spec, devices, cfg, depth=args.depth, n_prompt=max(1, args.n_prompt),
                          placement=speed.placement_from_plan(mplan, devices))
     return pred.as_json()
