@@ -277,7 +277,7 @@ class _Model:
 def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
     """The model(s) MODEL names: a skeleton family (arch name), a synthetic alias's ladder, or one file."""
     from v100lab import skeleton, zoo
-    from v100lab.header import read_spec
+    from v100lab.resolve import resolve
 
     text = os.fspath(model)
     parsed = skeleton.parse_skeleton_name(text)
@@ -296,14 +296,13 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
         out = []
         for q in (quants or DEFAULT_QUANTS):
             alias = f"{text}:{q.upper()}"
-            path = zoo.resolve(alias)
-            out.append(_Model(text, q.upper(), read_spec(path), str(path), str(path)))
+            path, spec = resolve(alias, build=True)
+            out.append(_Model(text, q.upper(), spec, str(path), str(path)))
         return out
     if quants:
         raise ConfigError(f"--quants needs an architecture name ({', '.join(skeleton.arch_names())}) or a "
                           f"synthetic alias; '{text}' is one file")
-    path = zoo.resolve(text) if zoo.is_alias(text) else None
-    spec = read_spec(path or text)
+    path, spec = resolve(text, build=True)
     return [_Model(text, spec.file_type, spec, str(path or text) if not str(text).startswith("http") else None,
                    str(path or text))]
 

@@ -145,7 +145,7 @@ def own_staircase(sc: Scenario):
     stage's flags (lever "stage"). Predicted and measured decode are both taken halfway through the
     context the tuned configuration must hold (depth ``target_ctx // 2``, as ``advisor.tune`` ranks), so the
     two are comparable."""
-    from v100lab import bench, zoo
+    from v100lab import bench
 
     st = study(sc)
     tuned = final_config(sc)
@@ -163,9 +163,9 @@ def own_staircase(sc: Scenario):
             model, note = _stage_model(st, quant)
             mcfg = _ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), depth + sc.n_gen + 1)
             try:
-                from v100lab.header import read_spec
+                from v100lab.resolve import resolve
 
-                mspec = read_spec(zoo.resolve(model))
+                mspec = resolve(model, build=True).spec
             except V100labError as exc:
                 failures.append({"lever": "stage", "value": label, "test": "", "reason": str(exc)})
                 continue

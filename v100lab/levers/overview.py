@@ -55,8 +55,7 @@ def staircase(sc: Scenario):
     from v100lab import speed
     from v100lab.bench import run_tests
     from v100lab.calibration import load_seed_claims
-    from v100lab.header import read_spec
-    from v100lab import zoo
+    from v100lab.resolve import resolve
 
     from dataclasses import replace
 
@@ -77,7 +76,7 @@ def staircase(sc: Scenario):
             continue
         model, note = _stage_model(st, stage["quant"])
         try:
-            mspec = read_spec(zoo.resolve(model))
+            mspec = resolve(model, build=True).spec
         except V100labError as exc:
             failures.append({"lever": "stage", "value": label, "test": "", "reason": str(exc)})
             continue
