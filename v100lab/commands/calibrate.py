@@ -66,9 +66,10 @@ def run(args) -> int:
     from v100lab import calibration
     from v100lab.devices import host_profile_path
     from v100lab.errors import ConfigError, V100labError
+    from v100lab.rates import stored_calibration
 
     if args.show:
-        cal = calibration.stored_calibration()
+        cal = stored_calibration()
         if not cal:
             raise V100labError("no calibration stored for this host: run `v100lab calibrate`")
     else:
