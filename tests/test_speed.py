@@ -39,7 +39,7 @@ def _all_on(spec, dev_id):
 # ---- the seed's ceiling ------------------------------------------------------------------------
 
 def test_ceiling_formula_on_the_seeds_numbers():
-    # DIGEST.md §2/§6: 900 GB/s over 14 GB ≈ 64 tok/s; Q4_0 14.5 GB → ~62; Q4_K_M 16.5 GB → ~54–55
+    # the seed post: 900 GB/s over 14 GB ≈ 64 tok/s; Q4_0 14.5 GB → ~62; Q4_K_M 16.5 GB → ~54–55
     assert speed.ceiling_tps(14e9, 900) == pytest.approx(64.29, abs=0.01)
     assert speed.ceiling_tps(14.5e9, 900) == pytest.approx(62.07, abs=0.01)
     assert speed.ceiling_tps(16.5e9, 900) == pytest.approx(54.55, abs=0.01)
@@ -120,7 +120,7 @@ def test_untied_embedding_is_a_row_lookup(tiny_f16):
 
 def test_recurrent_state_read_and_written(qwen):
     spec = qwen["Q4_0"]
-    # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (shared/seed/MODELS.md log lines)
+    # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (the model load log of Qwen3.5 27B)
     assert llama_context.recurrent_state_elements(spec) == 3 * 10240 + 128 * 6144
     w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048))["v100-32gb"]
     assert w.state_bytes == pytest.approx(2 * 48 * (3 * 10240 + 128 * 6144) * 4)
