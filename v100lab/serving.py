@@ -55,12 +55,10 @@ from typing import Any, Mapping, Sequence
 
 from v100lab import speed
 from v100lab.config import RunConfig
-from v100lab.devices import get_device
 from v100lab.errors import ConfigError
-from v100lab.rates import effective_threads, nearest_type, rates_for
+from v100lab.rates import effective_threads, nearest_type
 from v100lab.safeio import cache_dir
 from v100lab.spec import ModelSpec
-from v100lab.work import decode_work
 
 log = logging.getLogger(__name__)
 
@@ -106,19 +104,6 @@ def _r(x, nd: int = 3):
     return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
-def _setup(spec, devices, cfg, depth, profile, placement, rates):
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
-        devices = [devices]
-    devices = [get_device(d) for d in devices]
-    if placement is None:
-        placement = speed.placement_for(spec, devices, cfg)
-    work = decode_work(spec, placement, cfg, depth)
-    given = dict(rates or {})
-    rates = {k: given.get(k) or rates_for(p.device, cfg, profile if p.device.id == "host" else None)
-             for k, p in placement.items()}
-    return placement, work, rates
-
-
 def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch: int = 1, depth: int = 0,
                   profile: Mapping[str, Any] | None = None, placement=None, rates=None,
                   batching: Mapping[str, Any] | None = None) -> BatchPrediction:
@@ -128,8 +113,8 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
     cfg = cfg or RunConfig()
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
-    placement, work, rates = _setup(spec, devices, cfg, depth, profile, placement, rates)
-    single = speed._combine(spec, placement, work, rates, cfg, depth, 1)
+    placement, work, rates = speed.prepare(spec, devices, cfg, depth, profile, placement, rates)
+    single = speed.roofline(spec, placement, work, rates, cfg, depth, 1)
     active = [k for k, w in work.items() if w.layers or w.has_output]
     if batching is None:
         batching = stored_batching() or {}

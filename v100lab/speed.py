@@ -185,6 +185,15 @@ def predict(spec: ModelSpec, devices: Sequence | Any, cfg: RunConfig | None = No
     cfg = cfg or RunConfig()
     if n_prompt < 1:
         raise ConfigError(f"n_prompt must be >= 1, got {n_prompt}")
+    placement, work, rates = prepare(spec, devices, cfg, depth, profile, placement, rates)
+    return roofline(spec, placement, work, rates, cfg, depth, n_prompt)
+
+
+def prepare(spec: ModelSpec, devices: Sequence | Any, cfg: RunConfig, depth: int,
+            profile: Mapping[str, Any] | None = None, placement: Mapping[str, Placed] | None = None,
+            rates: Mapping[str, DeviceRates] | None = None):
+    """What the roofline takes, as :func:`predict` resolves it: (placement, work per device, rates per device).
+    Given ``placement`` and ``rates`` are kept; missing rates come from :func:`v100lab.rates.rates_for`."""
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
         devices = [devices]
     devices = [get_device(d) for d in devices]
@@ -194,10 +203,11 @@ def predict(spec: ModelSpec, devices: Sequence | Any, cfg: RunConfig | None = No
     given = dict(rates or {})
     rates = {k: given.get(k) or rates_for(p.device, cfg, profile if p.device.id == "host" else None)
              for k, p in placement.items()}
-    return _combine(spec, placement, work, rates, cfg, depth, n_prompt)
+    return placement, work, rates
 
 
-def _combine(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
+def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
+    """Decode and prompt speed from each device's work and rates (the module docstring's formula)."""
     notes: list[str] = []
     by: dict[str, DevicePrediction] = {}
     active = [k for k, w in work.items() if w.layers or w.has_output]
