@@ -64,7 +64,7 @@ CALIBRATION_VERSION = 1
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
 # Per-layer overhead and attention: many thin layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads),
 # and the same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
-# 64 elements (v100lab.speed.F16_SIMD_STEP), which makes such heads several times dearer per element.
+# 64 elements (v100lab.work.F16_SIMD_STEP), which makes such heads several times dearer per element.
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)

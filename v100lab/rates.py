@@ -40,7 +40,7 @@ PROFILE_KEY = "speed_calibration"
 UNCALIBRATED_CPU_EFFICIENCY = 0.7
 UNCALIBRATED_CPU_PP_GFLOPS_PER_THREAD = 20.0
 UNCALIBRATED_CPU_OVERHEAD_S = 1e-3
-# ggml-cpu simd-mappings.h, AVX512: GGML_F16_STEP 64. ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU
+
 
 @dataclass(frozen=True)
 class DeviceRates:
