@@ -184,7 +184,8 @@ def _label(kw: dict) -> str:
 
 def run_validation(configs=CONFIGS, refused=REFUSED):
     from v100lab.header import read_spec
-    from v100lab.memory import check_against_llama, plan
+    from v100lab.memcheck import check_against_llama
+    from v100lab.memory import plan
 
     rows, refusals = [], []
     for alias, kw in configs:

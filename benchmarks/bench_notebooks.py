@@ -51,7 +51,7 @@ def setup(params: Path) -> float:
             zoo.resolve(f"{levers.QUALITY_LADDER}:{q}")
         st = levers.study(sc)
         if st.measuring:
-            from v100lab.calibration import load_seed_claims
+            from v100lab.seed import load_seed_claims
 
             for stage in load_seed_claims()["stages"]:
                 model, _ = levers._stage_model(st, stage["quant"])

@@ -45,7 +45,7 @@ def main() -> int:
                          "made at -t and written there when the file does not exist (the stored host profile is "
                          "never changed); default: the stored calibration")
     ap.add_argument("--batching", metavar="FILE", default=None,
-                    help="with --predict: a batched-decode calibration (serving.calibrate_batching); made at -t and "
+                    help="with --predict: a batched-decode calibration (calibration.calibrate_batching); made at -t and "
                          "written there when the file does not exist; default: the stored one")
     ap.add_argument("--results", default=None, help="append the rows to this JSONL file")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -80,7 +80,7 @@ def main() -> int:
     profile = None
     batching = None
     if args.predict:
-        from v100lab import calibration, devices
+        from v100lab import calibration, devices, rates
 
         if args.calibration:
             from pathlib import Path
@@ -107,13 +107,13 @@ def main() -> int:
                 print(f"batched-decode calibration: {b_path} (measured {batching.get('measured_at')})")
             else:
                 t1 = time.monotonic()
-                batching = serving.calibrate_batching(threads=[args.threads], store=False)
+                batching = calibration.calibrate_batching(threads=[args.threads], store=False)
                 b_path.write_text(json.dumps(batching))
                 print(f"batched decode calibrated at {args.threads} thread(s) in {time.monotonic() - t1:.0f} s "
                       f"(written to {b_path})")
             for tname, curve in sorted(batching["threads"][str(args.threads)]["curves"].items()):
                 print(f"  {tname}: step(B)/step(1) " + ", ".join(f"B={b}: {v:.2f}" for b, v in curve.items()))
-        elif calibration.stored_calibration() is None:
+        elif rates.stored_calibration() is None:
             print("host not calibrated (`v100lab calibrate`, or --calibrate): predictions use stated assumptions")
     t0 = time.monotonic()
     run = loadgen.serve_bench(model, wl, cfg, results=args.results, progress=sys.stderr.isatty())

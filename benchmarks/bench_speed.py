@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-from v100lab import calibration, speed, zoo
+from v100lab import calibration, rates, seed, speed, zoo
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.header import read_spec
@@ -47,7 +47,7 @@ def _pct(x: float) -> str:
 
 
 def host_part(quick: bool, repetitions: int) -> dict:
-    cal = calibration.stored_calibration()
+    cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
     stems = calibration.calibration_stems()
@@ -105,8 +105,8 @@ def print_host(res: dict) -> None:
 
 
 def apple_part() -> dict:
-    loco = calibration.apple_rows("leave-one-chip-out")
-    insample = calibration.apple_rows("none")
+    loco = speed.apple_rows("leave-one-chip-out")
+    insample = speed.apple_rows("none")
     out = {"rows": loco.to_dict("records")}
     for name, df in (("loco", loco), ("in_sample", insample)):
         d = df[df["comparable"]]
@@ -117,7 +117,7 @@ def apple_part() -> dict:
             out[f"{name}_{test}_n"] = int(len(e))
     newer = loco[~loco["comparable"]]
     out["newer_build_rows"] = newer[["chip", "quant", "test", "published", "predicted", "error", "build"]].to_dict("records")
-    fit = calibration.gpu_class_fit("apple")
+    fit = rates.gpu_class_fit("apple")
     out["fit_all_rows"] = {"efficiency": fit.efficiency, "overhead_layer_ms": fit.overhead_layer_s * 1e3,
                            "pp_efficiency": dict(fit.pp_efficiency)}
     return out
@@ -145,14 +145,14 @@ def print_apple(res: dict) -> None:
 
 
 def seed_part() -> dict:
-    rows = speed.seed_staircase("v100-16gb")
-    claims = calibration.load_seed_claims()
+    rows = seed.seed_staircase("v100-16gb")
+    claims = seed.load_seed_claims()
     anchors = []
     for a in claims.get("anchors", []):
-        spec = calibration._arch_spec(a["arch"], a["quant"])
+        spec = rates.arch_spec(a["arch"], a["quant"])
         dev = get_device(a["device"])
         cfg = RunConfig.from_mapping(a.get("config") or {"flash_attn": a.get("flash_attn", "auto"), "n_ctx": 4096})
-        depth = int(a.get("depth", calibration.APPLE_TG_DEPTH))
+        depth = int(a.get("depth", rates.APPLE_TG_DEPTH))
         p = speed.predict(spec, [dev], cfg, depth=depth if a["test"] != "pp512" else 0, n_prompt=512)
         pred = p.pp_tps if a["test"] == "pp512" else p.tg_tps
         anchors.append({"id": a["id"], "role": a["role"], "published": a["tps"], "predicted": pred,

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
-if ! .venv/bin/python -c 'import sys; from v100lab.calibration import stored_calibration; sys.exit(not stored_calibration())'; then
+if ! .venv/bin/python -c 'import sys; from v100lab.rates import stored_calibration; sys.exit(not stored_calibration())'; then
   echo "workbook: calibrating this machine once (v100lab calibrate)" >&2
   .venv/bin/v100lab calibrate
 fi

@@ -1,4 +1,4 @@
-"""Calibration: the fit's arithmetic, thread interpolation, the Apple split, the stored host profile.
+"""Host calibration: the fit's arithmetic, what it measures, the stored host profile.
 
 Real llama.cpp where something is measured (slow tests); no speed is asserted.
 """
@@ -61,66 +61,6 @@ def test_fit_cpu_recovers_known_costs():
     assert fit["efficiency"] >= 1.0
 
 
-def _cal(bw1=20.0, bw2=30.0):
-    def per(th, bw):
-        return {"bandwidth_gbs": bw, "efficiency": 1.0, "tg_s_per_weight": {"Q4_0": 8e-11 / th, "F16": 9e-11 / th},
-                "attn_s_per_op": 1e-11 / th, "overhead_token_s": 0.0, "overhead_layer_s": 1e-5,
-                "pp_s_per_weight": {"Q4_0": 2e-11 / th, "F16": 2e-11 / th}, "pp_attn_s_per_op": 1e-11 / th,
-                "pp_overhead_s": 0.0}
-    return {"version": 1, "threads": {"1": per(1, bw1), "2": per(2, bw2)}}
-
-
-def test_thread_interpolation_and_extrapolation_are_monotone():
-    from v100lab.devices import device_from_mapping
-
-    dev = device_from_mapping({"id": "host", "name": "h", "kind": "cpu", "memory_gib": 8, "bandwidth_gbs": 30}, "t")
-    cal = _cal()
-    cal["threads"]["4"] = {**cal["threads"]["2"], "tg_s_per_weight": {"Q4_0": 2e-11, "F16": 2.25e-11},
-                           "pp_s_per_weight": {"Q4_0": 0.5e-11, "F16": 0.5e-11}}
-    costs = [calibration.cpu_rates_from_calibration(dev, cal, th).tg_cost("Q4_0") for th in (1, 2, 3, 4, 8)]
-    assert costs == sorted(costs, reverse=True)
-    assert costs[0] == pytest.approx(8e-11) and costs[1] == pytest.approx(4e-11)
-    assert "extrapolated" in calibration.cpu_rates_from_calibration(dev, cal, 8).source
-    # a type the host never calibrated borrows the nearest bits-per-weight type's cost
-    r = calibration.cpu_rates_from_calibration(dev, cal, 2)
-    assert r.tg_cost("Q4_1") == r.tg_cost("Q4_0")
-
-
-# ---- Apple / GPU classes ---------------------------------------------------------------------------
-
-def test_apple_table_and_fit():
-    df = calibration.load_apple_table()
-    assert len(df) == 84 and df["comparable"].sum() == 79
-    assert df["source"].str.contains("discussions/4167").all()
-    fit = calibration.gpu_class_fit("apple")
-    assert 0.3 < fit.efficiency <= 1.2
-    assert fit.overhead_layer_s >= 0
-    assert set(fit.pp_efficiency) == {"F16", "Q8_0", "Q4_0"}
-
-
-def test_apple_rows_leave_one_chip_out_is_a_real_split():
-    loco = calibration.apple_rows()
-    ins = calibration.apple_rows("none")
-    comp = loco[loco["comparable"]]
-    assert set(comp["test"]) == {"tg128", "pp512"}
-    assert (comp["predicted"] > 0).all()
-    # each chip's fit excludes that chip
-    assert all(f"but {c}" in f for c, f in zip(comp["chip"], comp["fit_on"]))
-    # and the held-out predictions differ from the in-sample ones
-    assert not np.allclose(comp["predicted"].values, ins[ins["comparable"]]["predicted"].values)
-    with pytest.raises(Exception):
-        calibration.apple_rows("random")
-
-
-def test_cuda_class_borrows_apple_efficiency_and_anchor_overhead():
-    apple, cuda = calibration.gpu_class_fit("apple"), calibration.gpu_class_fit("gpu")
-    assert cuda.efficiency == apple.efficiency
-    assert "anchor" in cuda.source
-    claims = calibration.load_seed_claims()
-    roles = {a["id"]: a["role"] for a in claims["anchors"]}
-    assert "validation" in roles.values()          # at least one published row is kept out of the fit
-
-
 def test_calibration_models_are_not_validation_models():
     stems = calibration.calibration_stems()
     validation = {zoo.SYNTH_PRESETS["synth-750m"].stem}
@@ -155,7 +95,7 @@ def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, d
 
     small_calibration([("F16", 0, True), ("Q4_0", 0, True), ("F16", 256, False)])
     spec = read_spec(default_model)
-    devices.measure_host()
+    calibration.measure_host()
     before = speed.predict(spec, ["host"], RunConfig(n_ctx=2048, n_threads=1))
     assert any("uncalibrated" in n for n in before.notes)
     cal = calibration.calibrate(threads=[1], repetitions=2)

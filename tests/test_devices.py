@@ -1,17 +1,19 @@
-"""The device catalog (data, one source per row) and the measured host."""
+"""The device catalog (data, one source per row) and the host: read from its stored profile, measured only
+when asked."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
-from pathlib import Path
+from importlib import resources
 
+import psutil
 import pytest
 
-from v100lab import devices
+from v100lab import calibration, devices
 from v100lab.errors import DeviceError
 
-APPLE_CSV = Path("/work/shared/data/apple_silicon_llama7b.csv")
 REQUIRED_IDS = ("v100-16gb", "v100-32gb", "v100-sxm2-16gb", "v100-sxm2-32gb", "p40", "p100-16gb", "t4", "a10",
                 "a100-40gb", "a100-80gb", "l4", "l40s", "h100-sxm", "h100-pcie", "h200", "rtx-3090", "rtx-4090",
                 "rtx-5090")
@@ -35,11 +37,14 @@ def test_catalog_has_the_issue_devices_with_sources_and_units():
     assert all(k == k.lower() for k in cat)
 
 
-@pytest.mark.skipif(not APPLE_CSV.exists(), reason="shared reference data not present")
-def test_apple_rows_match_the_reference_table():
+def test_apple_rows_match_the_published_table():
+    """Every Apple catalog row is backed by the llama-bench table shipped in v100lab/data, and back."""
     apple = [d for d in devices.catalog().values() if d.kind == "apple"]
-    with APPLE_CSV.open() as f:
-        pairs = {(r["chip"], float(r["bandwidth_gbs"])) for r in csv.DictReader(f)}
+    text = resources.files("v100lab").joinpath("data", "apple_silicon_llama7b.csv").read_text()
+    rows = list(csv.DictReader(io.StringIO("".join(line + "\n" for line in text.splitlines()
+                                                   if not line.startswith("#")))))
+    pairs = {(r["chip"], float(r["bandwidth_gbs"])) for r in rows}
+    assert len(pairs) >= 10
     for chip, bw in pairs:
         match = [d for d in apple if d.bandwidth_gbs == bw and d.name.startswith(f"Apple {chip} ")]
         assert match, f"no catalog row for {chip} at {bw} GB/s"
@@ -90,10 +95,9 @@ def test_missing_device_file(tmp_path):
 
 
 def test_host_is_measured_cached_and_keeps_other_fields(fresh_cache):
-    import psutil
-
+    profile = calibration.measure_host()
     h = devices.get_device("host")
-    assert h.kind == "cpu" and h.id == "host"
+    assert h.kind == "cpu" and h.id == "host" and h.bandwidth_gbs == profile["bandwidth_gbs"]
     assert abs(h.capacity_bytes - psutil.virtual_memory().total) < 2**20 * 2
     assert h.bandwidth_gbs > 0.5        # measured, whatever the machine
     bw = h.extra["bandwidth_measurement"]
@@ -108,8 +112,23 @@ def test_host_is_measured_cached_and_keeps_other_fields(fresh_cache):
     assert json.loads(path.read_text())["measured_at"] == h.extra["measured_at"]
 
 
-def test_host_profile_from_another_machine_is_remeasured(fresh_cache):
+def test_reading_an_unmeasured_host_measures_nothing(fresh_cache):
+    """get_device("host") is a getter: without a stored profile it states the assumed bandwidth and writes
+    nothing; measuring is the explicit calibration.measured_host() / measure_host()."""
+    h = devices.get_device("host")
+    assert h.extra["measured"] is False and h.bandwidth_gbs == devices.UNMEASURED_HOST_BANDWIDTH_GBS
+    assert "not measured" in h.name and "calibrate" in h.source_url
+    assert abs(h.capacity_bytes - psutil.virtual_memory().total) < 2**20 * 2
+    assert not devices.host_profile_path().exists() and not devices.host_measured()
+    m = calibration.measured_host()
+    assert "measured" not in m.extra and devices.host_measured()
+    assert devices.get_device("host").bandwidth_gbs == m.bandwidth_gbs
+
+
+def test_host_profile_from_another_machine_is_ignored(fresh_cache):
     devices.write_host_profile({"id": "host", "name": "other", "kind": "cpu", "memory_gib": 1, "bandwidth_gbs": 1,
                                 "fingerprint": {"hostname": "elsewhere", "cpu_count": 999, "ram_bytes": 1}})
     h = devices.get_device("host")
-    assert h.extra["fingerprint"]["hostname"] != "elsewhere"
+    assert h.extra["fingerprint"]["hostname"] != "elsewhere" and h.extra["measured"] is False
+    assert not devices.host_measured()
+    assert calibration.measured_host().extra["fingerprint"]["hostname"] != "elsewhere"

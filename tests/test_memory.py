@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from v100lab import memory
+from v100lab import memcheck, memory
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device
 from v100lab.header import read_spec
+from v100lab.skeleton import skeleton_spec
 from v100lab.spec import ModelSpec, TensorInfo
 
 V100 = "v100-16gb"
@@ -187,8 +188,7 @@ def test_triangle_rows_are_predicted_observations():
 
 
 def test_skeleton_27b_on_v100_needs_partial_offload_at_q8():
-    skeleton = pytest.importorskip("v100lab.skeleton")
-    spec = skeleton.skeleton_spec("qwen35-27b", "Q8_0")
+    spec = skeleton_spec("qwen35-27b", "Q8_0")
     p = memory.plan(spec, get_device(V100), RunConfig(n_ctx=4096), with_max_ctx=False)
     assert not p.fits and p.devices[V100].recurrent_bytes > 0
     k = memory.max_gpu_layers(spec, get_device(V100), RunConfig(n_ctx=4096))
@@ -222,7 +222,7 @@ def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
         path = zoo.resolve(alias)
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
-    checks, facts, _ = memory.check_against_llama(path, RunConfig(**kw))
+    checks, facts, _ = memcheck.check_against_llama(path, RunConfig(**kw))
     for kind, bound in TARGETS.items():
         c = checks[kind]
         assert c.within(bound), f"{kind}: predicted {c.predicted_bytes}, llama.cpp {c.measured_bytes} ({c.error:+.2%})"
@@ -232,7 +232,7 @@ def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
 def test_known_deviation_tiny_model_compute(tiny_f16):
     """synth-tiny at ubatch 512 is the one model whose logits-phase fragment differs (ggml-alloc places the
     final norm higher): compute stays within 5 %, total misses 2 % (RESULTS.md reports it)."""
-    checks, _, _ = memory.check_against_llama(tiny_f16, RunConfig(n_ctx=4096))
+    checks, _, _ = memcheck.check_against_llama(tiny_f16, RunConfig(n_ctx=4096))
     assert checks["compute"].within(0.05)
     assert checks["weights"].within(0.001) and checks["kv_cache"].within(0.001)
     assert abs(checks["total"].error) < 0.04

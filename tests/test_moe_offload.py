@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from v100lab import memory, synth, zoo
+from v100lab import memcheck, memory, synth, zoo
 from v100lab.config import (LLM_FFN_EXPS_REGEX, RunConfig, add_flag_arguments, from_flag_args, moe_offload_argv,
                             parse_override_tensor, tensor_overrides)
 from v100lab.devices import get_device
@@ -190,5 +190,5 @@ def test_llama_cpp_applies_the_overrides(default_model, monkeypatch):
     _, text = call_isolated(load_and_capture, path, cfg)
     overridden = sorted(re.findall(r"tensor (\S+) .*buffer type overridden to CPU", text))
     assert overridden == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
-    checks, _, _ = memory.check_against_llama(path, cfg)
+    checks, _, _ = memcheck.check_against_llama(path, cfg)
     assert checks["weights"].within(0.001) and checks["total"].within(0.02)

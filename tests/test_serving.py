@@ -147,7 +147,7 @@ def test_calibrate_batching_reads_llama_batched_bench(tmp_path, monkeypatch):
                         lambda progress=None: {("calib-wide", "Q4_0"): tmp_path / "m.gguf",
                                                ("calib-deep", "F16"): tmp_path / "d.gguf"})
     monkeypatch.setenv("V100LAB_CACHE", str(tmp_path / "cache"))
-    res = serving.calibrate_batching(threads=[2], batches=(1, 2, 4), n_gen=10, repetitions=1, binary=fake)
+    res = calibration.calibrate_batching(threads=[2], batches=(1, 2, 4), n_gen=10, repetitions=1, binary=fake)
     assert res["threads"]["2"]["curves"] == {"Q4_0": {"1": 1.0, "2": 1.5, "4": 2.5}}
     assert res["threads"]["2"]["step_ms"]["Q4_0"]["1"] == pytest.approx(200.0)
     assert serving.stored_batching()["threads"]["2"]["curves"]["Q4_0"]["4"] == 2.5
@@ -157,4 +157,4 @@ def test_calibrate_batching_reads_llama_batched_bench(tmp_path, monkeypatch):
     from v100lab.errors import RunFailed
 
     with pytest.raises(RunFailed, match="no weight type"):
-        serving.calibrate_batching(threads=[2], batches=(1, 2), n_gen=4, repetitions=1, binary=bad, store=False)
+        calibration.calibrate_batching(threads=[2], batches=(1, 2), n_gen=4, repetitions=1, binary=bad, store=False)

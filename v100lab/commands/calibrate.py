@@ -13,6 +13,7 @@ import sys
 from v100lab import calibration
 from v100lab.devices import host_profile_path
 from v100lab.errors import ConfigError, V100labError
+from v100lab.rates import stored_calibration
 from v100lab.render import term_text
 
 NAME = "calibrate"
@@ -65,7 +66,7 @@ def _summary(cal: dict) -> list[str]:
 
 def run(args) -> int:
     if args.show:
-        cal = calibration.stored_calibration()
+        cal = stored_calibration()
         if not cal:
             raise V100labError("no calibration stored for this host: run `v100lab calibrate`")
     else:

@@ -149,12 +149,13 @@ def _label(spec: ModelSpec, model: str) -> str:
 @lru_cache(maxsize=16)
 def study(sc: Scenario) -> Study:
     """Resolve ``sc`` once per kernel (cached; a Scenario is immutable)."""
+    from v100lab.calibration import measured_host
     from v100lab.devices import get_device
 
     spec = resolve(sc.model, build=True).spec
     label = _label(spec, sc.model)
+    host = measured_host()          # the workbook shows this machine measured: measure it once if never
     device = get_device(sc.device)
-    host = get_device(HOST)
     measured = sc.measured_model
     why = ""
     mpath = mspec = None
@@ -192,7 +193,7 @@ class Target:
 
 def seed_target_model() -> tuple[str, str]:
     """The seed's assumed model as a skeleton name at its first stage's quant, and its label."""
-    from v100lab.calibration import load_seed_claims
+    from v100lab.seed import load_seed_claims
 
     claims = load_seed_claims()
     return f"{SKELETON_PREFIX}{claims['model']['arch']}:{claims['stages'][0]['quant']}", claims["model"]["label"]
@@ -302,7 +303,7 @@ def gpu_host():
     """The CPU beside a catalog GPU, for layers that do not fit: the seed's assumed server CPU
     (``seed_claims.yaml`` host: 6 channels of DDR4-2666, uncalibrated) — not this machine, whose CPU
     says nothing about a V100 server's."""
-    from v100lab.calibration import load_seed_claims, seed_host_device
+    from v100lab.seed import load_seed_claims, seed_host_device
 
     return seed_host_device(load_seed_claims())
 

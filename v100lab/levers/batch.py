@@ -42,9 +42,9 @@ def prompt_weight_bytes(sc: Scenario, n_ubatch: int, n_prompt: int | None = None
     tokens — every layer's matrices once per step (the speed model's memory term of prompt processing)."""
     import math
 
-    from v100lab.speed import _layer_matrices
+    from v100lab.work import layer_matrices
 
     spec = study(sc).spec
     n_prompt = batch_prompt(sc) if n_prompt is None else n_prompt
     steps = math.ceil(n_prompt / n_ubatch)       # batch_sweep raises -b to at least -ub
-    return steps * sum(t.n_bytes for t in _layer_matrices(spec, range(spec.n_layer)))
+    return steps * sum(t.n_bytes for t in layer_matrices(spec, range(spec.n_layer)))

@@ -92,10 +92,10 @@ def subject(sc):
 
 
 def peak_bandwidth_gbs(device, sc) -> float:
-    """GB/s no decode on ``device`` can beat, as the speed model takes it (``speed.DeviceRates.peak_bandwidth``):
+    """GB/s no decode on ``device`` can beat, as the speed model takes it (``rates.DeviceRates.peak_bandwidth``):
     the catalog figure for a GPU; for a calibrated host the larger of its STREAM-like figure and the best
     bandwidth llama.cpp itself reached while calibrating."""
-    from v100lab.speed import rates_for
+    from v100lab.rates import rates_for
 
     return rates_for(device, sc.run_config()).peak_bandwidth / 1e9
 

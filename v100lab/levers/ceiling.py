@@ -21,7 +21,7 @@ def ceilings(sc: Scenario):
     """Per quant, on the scenario's device: the seed's ceiling (bandwidth / weight bytes), the strict ceiling
     and the predicted decode speed (layers that do not fit run on the CPU); plus, when the claims are the
     seed's, its own ceiling table beside the same figures for its assumed model and device (lever "quant")."""
-    from v100lab.calibration import load_seed_claims
+    from v100lab.seed import load_seed_claims
     from v100lab.skeleton import skeleton_spec
 
     st = study(sc)
@@ -123,7 +123,7 @@ def roofline(sc: Scenario):
                         lever="quant", value=spec.file_type)
         obs, failures = _measured(got, label)
         rows += obs
-    from v100lab.calibration import stored_calibration
+    from v100lab.rates import stored_calibration
 
     return _frame(rows, failures, calibrated=bool(stored_calibration()), host_bandwidth_gbs=st.host.bandwidth_gbs,
                   why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
@@ -133,7 +133,7 @@ def roofline(sc: Scenario):
 def apple(sc: Scenario):
     """Published llama.cpp rows on Apple Silicon (Llama 2 7B; source "claimed": published by others) against
     the speed model's prediction for the same chip (fitted on the *other* chips: leave-one-chip-out)."""
-    from v100lab.calibration import apple_rows
+    from v100lab.speed import apple_rows
 
     df = apple_rows()
     rows = []

@@ -190,7 +190,7 @@ def seed_verdict_table(sc: Scenario):
     import pandas as pd
 
     from v100lab import advisor
-    from v100lab.calibration import load_seed_claims
+    from v100lab.seed import load_seed_claims
 
     if sc.claims != "seed":
         return pd.DataFrame(columns=["flag", "seed", "tuned", "verdict"])

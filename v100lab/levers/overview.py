@@ -52,17 +52,16 @@ def staircase(sc: Scenario):
     assumed model) — and, on this machine, each stage's flags measured vs predicted for the measured model.
 
     Lever "stage", value "N name"; claimed rows only when the scenario's ``claims`` is "seed"."""
-    from v100lab import speed
     from v100lab.bench import run_tests
-    from v100lab.calibration import load_seed_claims
     from v100lab.resolve import resolve
+    from v100lab.seed import load_seed_claims, seed_staircase
 
     from dataclasses import replace
 
     st = study(sc)
     claims = load_seed_claims()
     relabel = {f"{s['id']} {s['name']}": stage_label(i, s) for i, s in enumerate(claims["stages"])}
-    rows = [replace(o, value=relabel.get(o.value, o.value)) for o in speed.seed_staircase(device=claims["device"])
+    rows = [replace(o, value=relabel.get(o.value, o.value)) for o in seed_staircase(device=claims["device"])
             if sc.claims == "seed" or o.source != "claimed"]
     failures: list[dict[str, str]] = []
     depths = set()
@@ -106,7 +105,7 @@ def seed_stage(index: int = -1):
     """One stage of the seed's staircase (default: the last) as the by-hand cell needs it: (the seed's
     assumed model at the stage's quant, the seed's device, the stage's label in :func:`staircase`'s frame,
     the stage's claimed tok/s range)."""
-    from v100lab.calibration import load_seed_claims
+    from v100lab.seed import load_seed_claims
     from v100lab.devices import get_device
     from v100lab.skeleton import skeleton_spec
 

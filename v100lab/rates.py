@@ -1,0 +1,397 @@
+"""How fast each device is: the rates the speed model (:mod:`v100lab.speed`) divides the work by.
+
+* **CPUs.** A host calibrated with ``v100lab calibrate`` (:mod:`v100lab.calibration`) has, per thread count,
+  a decode cost per weight for each ggml type, an attention cost, per-layer and per-token overheads and the
+  prompt costs; :func:`cpu_rates_from_calibration` reads them from the stored host profile (interpolated
+  between calibrated thread counts). On a small CPU, decoding below 8 bits is bound by dequantisation, not
+  by memory, so a bandwidth figure alone overpredicts. A CPU without a calibration gets stated assumptions
+  (:data:`UNCALIBRATED_CPU_EFFICIENCY` of its bandwidth).
+* **GPU classes.** Apple Silicon: efficiency (fraction of bandwidth reached in decode), per-layer overhead and
+  prompt-processing efficiency per weight type (fraction of the GPU's FP16 ALU peak) are fitted on the
+  published llama-bench rows in ``data/apple_silicon_llama7b.csv``. CUDA cards borrow Apple's bandwidth
+  efficiency; their per-layer overhead and prompt efficiency come from two published V100 rows
+  (``data/seed_claims.yaml``, ``anchors``), which therefore cannot validate anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from v100lab import memory
+from v100lab.config import RunConfig
+from v100lab.devices import Device, get_device, read_host_profile
+from v100lab.errors import ConfigError, V100labError
+from v100lab.llama_context import row_bytes
+from v100lab.skeleton import skeleton_spec
+from v100lab.work import causal_cells, single_device_work
+
+#: the host profile's key for the CPU calibration (written by :func:`v100lab.calibration.calibrate`)
+PROFILE_KEY = "speed_calibration"
+
+# Uncalibrated CPUs (catalog rows, a host that was never calibrated): fraction of the bandwidth that
+# decoding reaches. An assumption; `v100lab calibrate` replaces it for the host.
+UNCALIBRATED_CPU_EFFICIENCY = 0.7
+UNCALIBRATED_CPU_PP_GFLOPS_PER_THREAD = 20.0
+UNCALIBRATED_CPU_OVERHEAD_S = 1e-3
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """The calibrated (or fitted, or assumed) speed of one device for one run configuration."""
+
+    device_id: str
+    kind: str
+    bandwidth_gbs: float                      # peak (catalog) or measured (host, at this thread count)
+    efficiency: float                         # fraction of bandwidth_gbs that streaming weights reaches
+    tg_s_per_weight: Mapping[str, float]      # decode compute cost per weight, per ggml type (CPUs)
+    attn_s_per_op: float                      # decode attention cost per multiply-add (0: memory only)
+    pp_s_per_weight: Mapping[str, float]      # prompt cost per weight per token, per ggml type
+    pp_default_s_per_weight: float            # for types without their own figure
+    pp_attn_s_per_op: float
+    overhead_token_s: float                   # once per decoded token (graph, sync, logits)
+    overhead_layer_s: float                   # per layer on this device per token
+    pp_overhead_s: float                      # per ubatch of prompt processing
+    host_link_gbs: float | None
+    source: str
+    attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
+    threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
+
+    @property
+    def peak_bandwidth(self) -> float:
+        """Bytes/s no decode can beat: the catalog peak, or for a calibrated host the larger of its
+        STREAM-like figure and the best bandwidth llama.cpp itself reached in calibration."""
+        return self.bandwidth_gbs * 1e9 * max(1.0, self.efficiency)
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth_gbs * 1e9 * self.efficiency
+
+    def tg_cost(self, type_name: str) -> float | None:
+        """Seconds per weight of ``type_name`` in decode, or None when the device has no compute term
+        for it (GPUs)."""
+        if not self.tg_s_per_weight:
+            return None
+        if type_name in self.tg_s_per_weight:
+            return self.tg_s_per_weight[type_name]
+        return self.tg_s_per_weight.get(nearest_type(type_name, self.tg_s_per_weight))
+
+    def pp_cost(self, type_name: str) -> float:
+        if type_name in self.pp_s_per_weight:
+            return self.pp_s_per_weight[type_name]
+        if self.pp_s_per_weight:
+            near = nearest_type(type_name, self.pp_s_per_weight)
+            if near:
+                return self.pp_s_per_weight[near]
+        return self.pp_default_s_per_weight
+
+
+def bits_per_weight(type_name: str) -> float:
+    return 8.0 * row_bytes(type_name, 256 * 32) / (256 * 32)
+
+
+def nearest_type(type_name: str, known: Mapping[str, float]) -> str | None:
+    """The calibrated type with the closest bits per weight (an uncalibrated type borrows its cost)."""
+    try:
+        bpw = bits_per_weight(type_name)
+    except ConfigError:
+        return None
+    best = None
+    for k in known:
+        try:
+            d = abs(bits_per_weight(k) - bpw)
+        except ConfigError:
+            continue
+        if best is None or d < best[0]:
+            best = (d, k)
+    return best[1] if best else None
+
+
+def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) -> DeviceRates:
+    """How fast ``device`` is for ``cfg``: the host's calibration for a calibrated CPU, the fitted
+    device-class parameters for GPUs and Apple chips, stated assumptions otherwise."""
+    if device.kind == "cpu":
+        cal = None
+        if profile is not None:
+            cal = profile.get(PROFILE_KEY)
+        elif device.id == "host":
+            cal = dict(device.extra).get(PROFILE_KEY)
+        threads, note = effective_threads(cfg, device, profile)
+        if cal:
+            r = cpu_rates_from_calibration(device, cal, threads)
+        else:
+            r = _uncalibrated_cpu(device, threads)
+        return replace(r, source=f"{r.source}; {note}", threads_note=note) if note else r
+    return gpu_rates(device, gpu_class_fit(device.kind))
+
+
+def effective_threads(cfg: RunConfig, device, profile: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    """The thread count a CPU prediction uses, and a note when it is not -t: threads beyond the host's cores
+    (:func:`v100lab.memory.host_cores`, or the profile's) share those cores — llama.cpp starts them, but they
+    compute no faster (and spin while they wait) — so the rates are those of the cores, never extrapolated
+    past them."""
+    cores = memory.cores_of_profile(profile) or memory.host_cores([device])
+    if cfg.threads > cores:
+        return cores, f"-t {cfg.threads} is more threads than the {cores} cores: predicted at {cores}"
+    return cfg.threads, ""
+
+
+def _uncalibrated_cpu(device, threads: int) -> DeviceRates:
+    pp = 1.0 / (UNCALIBRATED_CPU_PP_GFLOPS_PER_THREAD * 1e9 * threads / 2.0)
+    return DeviceRates(
+        device_id=device.id, kind="cpu", bandwidth_gbs=float(device.bandwidth_gbs),
+        efficiency=UNCALIBRATED_CPU_EFFICIENCY, tg_s_per_weight=MappingProxyType({}), attn_s_per_op=0.0,
+        pp_s_per_weight=MappingProxyType({}), pp_default_s_per_weight=pp, pp_attn_s_per_op=pp,
+        overhead_token_s=UNCALIBRATED_CPU_OVERHEAD_S, overhead_layer_s=0.0, pp_overhead_s=0.0,
+        host_link_gbs=None,
+        source=f"uncalibrated CPU: {UNCALIBRATED_CPU_EFFICIENCY:.0%} of {device.bandwidth_gbs:g} GB/s (assumption); "
+               "run `v100lab calibrate` on that machine")
+
+
+# ------------------------------------------------------------------------------------------------
+# CPUs: the host's stored calibration
+# ------------------------------------------------------------------------------------------------
+
+def stored_calibration() -> dict[str, Any] | None:
+    """The CPU calibration stored in this host's profile, or None."""
+    prof = read_host_profile() or {}
+    return prof.get(PROFILE_KEY)
+
+
+def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> DeviceRates:
+    """The host's DeviceRates at ``threads``: a calibrated thread count as measured; in between,
+    per-weight rates interpolated linearly; beyond the largest, compute rates scaled by the thread
+    ratio while the bandwidth stays at the largest measured (a stated extrapolation)."""
+    per = {int(k): v for k, v in (cal.get("threads") or {}).items()}
+    if not per:
+        raise V100labError("host calibration has no thread counts; run `v100lab calibrate` again")
+    ks = sorted(per)
+    src = f"host calibration ({', '.join(map(str, ks))} threads)"
+    if threads in per:
+        p = per[threads]
+        return _rates_from(device, p, 1.0, src)
+    lo = max([k for k in ks if k < threads], default=None)
+    hi = min([k for k in ks if k > threads], default=None)
+    if lo is None:
+        return _rates_from(device, per[hi], threads / hi, src + f"; {threads} thread(s) scaled from {hi}")
+    if hi is None:
+        return _rates_from(device, per[lo], threads / lo, src + f"; {threads} threads extrapolated from {lo}")
+    f = (threads - lo) / (hi - lo)
+    a, b = per[lo], per[hi]
+    mixed = dict(b)
+    for key in ("tg_s_per_weight", "pp_s_per_weight"):
+        mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
+                      for t in set(a.get(key, {})) & set(b.get(key, {}))}
+    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op"):
+        if a.get(key) and b.get(key):
+            mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
+    for key in ("overhead_token_s", "overhead_layer_s", "pp_overhead_s", "bandwidth_gbs", "efficiency"):
+        if key in a and key in b:
+            mixed[key] = (1 - f) * a[key] + f * b[key]
+    return _rates_from(device, mixed, 1.0, src + f"; {threads} threads interpolated")
+
+
+def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> DeviceRates:
+    tg = {t: c / speedup for t, c in (p.get("tg_s_per_weight") or {}).items()}
+    pp = {t: c / speedup for t, c in (p.get("pp_s_per_weight") or {}).items()}
+    default_pp = statistics.median(pp.values()) if pp else 1e-9
+    return DeviceRates(
+        device_id=device.id, kind="cpu", bandwidth_gbs=float(p.get("bandwidth_gbs") or device.bandwidth_gbs),
+        efficiency=float(p.get("efficiency", 1.0)), tg_s_per_weight=MappingProxyType(tg),
+        attn_s_per_op=float(p.get("attn_s_per_op", 0.0)) / speedup, pp_s_per_weight=MappingProxyType(pp),
+        pp_default_s_per_weight=default_pp, pp_attn_s_per_op=float(p.get("pp_attn_s_per_op", 0.0)) / speedup,
+        overhead_token_s=float(p.get("overhead_token_s", 0.0)), overhead_layer_s=float(p.get("overhead_layer_s", 0.0)),
+        pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source,
+        attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU classes: the Apple Silicon table and the CUDA anchors
+# ------------------------------------------------------------------------------------------------
+
+APPLE_CSV = "apple_silicon_llama7b.csv"
+APPLE_BUILD = "8e672ef"       # the comparable rows; "newer build" rows are judged apart
+ALUS_PER_GPU_CORE = 128       # FP32 ALUs per Apple GPU core (16 EUs × 8 ALUs), FP16 at the same rate
+# GPU clock per generation (GHz). M1: 1.278 (1.296 on Pro/Max/Ultra), M2: 1.398 — macrumors "Apple Silicon
+# Mac chips" thread (https://spy.macrumors.com/threads/apple-silicon-mac-chips.2471322); M3: 1.398,
+# M4: 1.470 — hmc-tech.com GPU pages (https://hmc-tech.com/gpu/apple-9-core-m3-fl-vs-apple-8-core-m4-fl).
+APPLE_GPU_CLOCK_GHZ = {"M1": 1.278, "M2": 1.398, "M3": 1.398, "M4": 1.470, "M5": 1.470}
+APPLE_TG_DEPTH = 64           # tg128: the 128 generated tokens sit at depths 0..127, mean 64
+
+
+def data_text(name: str) -> str:
+    """A file shipped in ``v100lab/data``, as text."""
+    return resources.files("v100lab").joinpath("data", name).read_text()
+
+
+def load_apple_table():
+    """The published Apple Silicon llama-bench rows (header comment lines skipped) as a DataFrame."""
+    import io
+
+    import pandas as pd   # heavy, optional until a table is asked for
+
+    text = "".join(line + "\n" for line in data_text(APPLE_CSV).splitlines() if not line.startswith("#"))
+    df = pd.read_csv(io.StringIO(text))
+    df["comparable"] = df["build"].astype(str).str.startswith(APPLE_BUILD)
+    df["generation"] = df["chip"].str.split().str[0]
+    return df
+
+
+def apple_device(row):
+    """A Device for one table row: its bandwidth and GPU-core count; FP16 peak = cores × 128 ALUs × 2 × clock."""
+    gen = str(row["chip"]).split()[0]
+    tflops = float(row["gpu_cores"]) * ALUS_PER_GPU_CORE * 2 * APPLE_GPU_CLOCK_GHZ[gen] / 1e3
+    return Device(id=f"apple-{str(row['chip']).lower().replace(' ', '-')}-{int(row['gpu_cores'])}c",
+                  name=f"Apple {row['chip']} ({int(row['gpu_cores'])}-core GPU)", kind="apple",
+                  memory_gib=64, bandwidth_gbs=float(row["bandwidth_gbs"]), fp16_tflops=tflops,
+                  source_url="https://github.com/ggml-org/llama.cpp/discussions/4167")
+
+
+def arch_spec(arch, quant: str):
+    """A skeleton ModelSpec (v100lab.skeleton) for a shipped architecture name or an inline mapping."""
+    if isinstance(arch, Mapping):
+        return _arch_spec_cached(json.dumps(dict(arch), sort_keys=True), quant)
+    return _arch_spec_cached(str(arch), quant)
+
+
+@lru_cache(maxsize=None)
+def _arch_spec_cached(arch: str, quant: str):
+    return skeleton_spec(json.loads(arch) if arch.startswith("{") else arch, quant)
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """Parameters of one GPU device class."""
+
+    kind: str
+    efficiency: float                        # decode: fraction of peak bandwidth reached
+    overhead_layer_s: float                  # decode: per layer (repeating + output) per token
+    pp_efficiency: Mapping[str, float]       # prompt: fraction of the FP16 peak, per weight type
+    pp_default_efficiency: float
+    overhead_token_s: float = 0.0
+    pp_overhead_s: float = 0.0
+    n_rows: int = 0
+    source: str = ""
+
+
+APPLE_CFG = RunConfig(flash_attn="on", n_ctx=4096)   # FA: cells read = cells used (the 2023 build padded n_kv to 32)
+
+
+def _apple_work(quant: str):
+    spec = arch_spec("llama2-7b", quant)
+    dev = Device(id="x", name="x", kind="apple", memory_gib=64, bandwidth_gbs=1)
+    return spec, single_device_work(spec, APPLE_CFG, APPLE_TG_DEPTH, dev)
+
+
+def _pp_ideal_seconds(spec, n_prompt: int = 512) -> float:
+    """FLOPs of a pp512 (layers for every token, output for the last one, causal attention) in
+    FP16-peak seconds per TFLOP/s: divide by the device's TFLOP/s × 1e12."""
+    flops = 0.0
+    for t in spec.tensors:
+        if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1:
+            flops += 2.0 * t.n_elements * n_prompt
+    out = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
+    flops += 2.0 * out.n_elements
+    flops += sum(2.0 * causal_cells(0, n_prompt) * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
+                 for il in range(spec.n_layer) if spec.has_kv(il))
+    return flops
+
+
+def fit_gpu_rows(df, kind: str = "apple") -> GpuFit:
+    """Fit decode efficiency + per-layer overhead (weighted least squares on 1/tg) and prompt efficiency
+    per weight type (geometric mean of ideal/measured time) on published rows."""
+    import numpy as np   # heavy: only the fits need it
+
+    X, y = [], []
+    pp_e: dict[str, list[float]] = {}
+    for _, row in df.iterrows():
+        spec, w = _apple_work(str(row["quant"]))
+        dev = apple_device(row)
+        X.append([w.bytes_read / (dev.bandwidth_gbs * 1e9), spec.n_layer + 1.0])
+        y.append(1.0 / float(row["tg128"]))
+        ideal = _pp_ideal_seconds(spec) / (dev.fp16_tflops * 1e12)
+        pp_e.setdefault(str(row["quant"]), []).append(ideal / (512.0 / float(row["pp512"])))
+    X, y = np.array(X), np.array(y)
+    wts = 1.0 / y
+    coef, *_ = np.linalg.lstsq(X * wts[:, None], y * wts, rcond=None)
+    inv_eff, o_layer = float(coef[0]), max(float(coef[1]), 0.0)
+    pp = {q: float(math.exp(statistics.fmean(math.log(v) for v in vals))) for q, vals in pp_e.items()}
+    # a quant's own weight type: F16 → F16, Q8_0 → Q8_0, Q4_0 → Q4_0 (the table has only these three)
+    quantized = [v for q, v in pp.items() if q != "F16"]
+    default = float(math.exp(statistics.fmean(math.log(v) for v in quantized))) if quantized else min(pp.values())
+    return GpuFit(kind=kind, efficiency=1.0 / inv_eff, overhead_layer_s=o_layer, pp_efficiency=MappingProxyType(pp),
+                  pp_default_efficiency=default, n_rows=len(df),
+                  source=f"{kind} class fitted on {len(df)} published llama-bench rows (llama.cpp discussion #4167)")
+
+
+
+@lru_cache(maxsize=None)
+def gpu_class_fit(kind: str) -> GpuFit:
+    """Parameters of a device class. ``apple``: fitted on every comparable Apple row. ``gpu`` (CUDA):
+    Apple's decode efficiency; per-layer overhead and prompt efficiency set from the two V100 anchor rows
+    of ``seed_claims.yaml`` (so those rows validate nothing)."""
+    df = load_apple_table()
+    apple = fit_gpu_rows(df[df["comparable"]], "apple")
+    if kind == "apple":
+        return apple
+    if kind != "gpu":
+        raise ConfigError(f"no GPU class parameters for device kind '{kind}'")
+    anchors = {a["id"]: a for a in published_anchors()}
+    tg_a, pp_a = anchors.get("v100-llama2-7b-q4_0-tg128"), anchors.get("v100-llama8b-q5_0-pp512")
+    o_layer = apple.overhead_layer_s
+    pp_eff = dict(apple.pp_efficiency)
+    default = apple.pp_default_efficiency
+    notes = []
+    if tg_a:
+        dev = get_device(tg_a["device"])
+        spec = arch_spec(tg_a["arch"], tg_a["quant"])
+        w = single_device_work(spec, RunConfig(flash_attn=tg_a.get("flash_attn", "off"), n_ctx=4096),
+                               APPLE_TG_DEPTH, dev)
+        t_mem = w.bytes_read / (apple.efficiency * dev.bandwidth_gbs * 1e9)
+        o_layer = max((1.0 / float(tg_a["tps"]) - t_mem) / (spec.n_layer + 1), 0.0)
+        notes.append(f"overhead from {tg_a['id']}")
+    if pp_a:
+        dev = get_device(pp_a["device"])
+        spec = arch_spec(pp_a["arch"], pp_a["quant"])
+        flops_s = _pp_ideal_seconds(spec) / (dev.fp16_tflops * 1e12)
+        # one figure for every type: the anchor is a single row
+        pp_eff = {}
+        default = flops_s / (512.0 / float(pp_a["tps"]))
+        notes.append(f"prompt efficiency from {pp_a['id']}")
+    return GpuFit(kind="gpu", efficiency=apple.efficiency, overhead_layer_s=o_layer,
+                  pp_efficiency=MappingProxyType(pp_eff), pp_default_efficiency=default, n_rows=apple.n_rows,
+                  source="CUDA class: bandwidth efficiency from the Apple fit; " + ", ".join(notes)
+                         + " (V100 anchors in seed_claims.yaml)")
+
+
+def gpu_rates(device, fit: GpuFit) -> DeviceRates:
+    """DeviceRates of a GPU/Apple device under a class fit (:func:`gpu_class_fit`, or an explicit one:
+    leave-one-chip-out passes its own). Prompt speed scales with the FP16 peak, or the FP32 one where FP16
+    is slower (Pascal: llama.cpp avoids the crippled FP16 path)."""
+    tflops = device.fp16_tflops or device.fp32_tflops
+    if device.fp32_tflops and device.fp16_tflops and device.fp16_tflops < device.fp32_tflops:
+        tflops = device.fp32_tflops
+    if not tflops:
+        raise ConfigError(f"device '{device.id}': no fp16_tflops/fp32_tflops, cannot predict prompt speed")
+    flops = tflops * 1e12
+    pp = {t: 2.0 / (e * flops) for t, e in fit.pp_efficiency.items()}
+    default = 2.0 / (fit.pp_default_efficiency * flops)
+    return DeviceRates(device_id=device.id, kind=device.kind, bandwidth_gbs=float(device.bandwidth_gbs),
+                       efficiency=fit.efficiency, tg_s_per_weight=MappingProxyType({}), attn_s_per_op=0.0,
+                       pp_s_per_weight=MappingProxyType(pp), pp_default_s_per_weight=default,
+                       pp_attn_s_per_op=pp.get("F16", default), overhead_token_s=fit.overhead_token_s,
+                       overhead_layer_s=fit.overhead_layer_s, pp_overhead_s=fit.pp_overhead_s,
+                       host_link_gbs=device.host_link_gbs, source=fit.source)
+
+
+def published_anchors() -> list[dict[str, Any]]:
+    """The independent published rows (``data/seed_claims.yaml``, ``anchors``) the CUDA class is set from."""
+    import yaml   # third-party parser, needed only here and for the seed's claims
+
+    return list(yaml.safe_load(data_text("seed_claims.yaml")).get("anchors") or [])

@@ -1,0 +1,93 @@
+"""The seed's claims judged: the blog post's staircase of configurations and tok/s, its ceiling table, and
+the verdict on each stage (claimed vs predicted vs the strict ceiling).
+
+``data/seed_claims.yaml`` holds what the seed claims (its device, its assumed model and server CPU, each
+stage's quant and flags and claimed tok/s) and independent published rows. This module sits on top of the
+predictions: it predicts every stage with :mod:`v100lab.speed` and marks claims above the strict ceiling
+(the bytes a token must read at peak bandwidth) as impossible.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from v100lab import memory
+from v100lab.config import RunConfig
+from v100lab.devices import device_from_mapping, get_device
+from v100lab.rates import arch_spec, data_text
+from v100lab.results import Observation
+from v100lab.speed import predict
+
+SEED_CLAIMS = "seed_claims.yaml"
+
+
+def load_seed_claims(path=None) -> dict[str, Any]:
+    """``data/seed_claims.yaml`` (or ``path``): the seed's staircase, its ceiling table, and independent anchors."""
+    import yaml   # third-party parser
+
+    if path is None:
+        return yaml.safe_load(data_text(SEED_CLAIMS))
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def seed_host_device(claims: Mapping[str, Any]):
+    """The seed's assumed server CPU (``host`` in the claims: uncalibrated, a catalog-like row)."""
+    return device_from_mapping(claims["host"], "seed_claims.yaml host")
+
+
+def seed_stage_prediction(stage: Mapping[str, Any], claims: Mapping[str, Any], device: str, arch: str):
+    """Predict one stage: the stage's quant and flags on ``device`` plus the seed's (assumed) host CPU.
+    A configuration that does not fit is predicted with the most GPU layers that do (what llama.cpp's
+    ``--fit`` does; older builds refuse to load) and says so."""
+    spec = arch_spec(arch, stage["quant"])
+    cfg = RunConfig.from_mapping(stage.get("config") or {})
+    gpu = get_device(device)
+    host = seed_host_device(claims)
+    devs = [gpu, host]
+    note = ""
+    mp = memory.plan(spec, devs, cfg, with_max_ctx=False)
+    if not mp.fits:
+        ngl = memory.max_gpu_layers(spec, devs, cfg)
+        if ngl < min(cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6, spec.n_layer + 1):
+            note = f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl} (as llama.cpp's --fit)"
+            cfg = cfg.with_(n_gpu_layers=ngl)
+    pred = predict(spec, devs, cfg, depth=int(stage.get("depth", 0)), n_prompt=512)
+    return pred, spec, note
+
+
+def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_file=None) -> list:
+    """The seed's staircase (its configurations, one change per stage, and the tok/s it claims for each) on
+    ``device``: for each stage one "claimed" row per end of
+    the claimed range and one "predicted" row, plus the seed's plain and the strict ceiling; claims
+    above the strict ceiling are marked ``above_ceiling=True`` and noted "impossible"."""
+    claims = load_seed_claims(claims_file)
+    arch = arch or claims["model"]["arch"]
+    own = {c["quant"]: float(c["claimed_ceiling_tps"]) for c in claims.get("ceiling_table", [])}
+    rows: list = []
+    for stage in claims["stages"]:
+        pred, spec, note = seed_stage_prediction(stage, claims, device, arch)
+        label = f"{stage['id']} {stage['name']}"
+        strict = pred.strict_ceiling_tg_tps
+        plain = pred.ceiling_tg_tps
+        lo, hi = stage["claimed_tps"]
+        for v in sorted({float(lo), float(hi)}):
+            above = v > strict
+            above_plain = v > plain
+            why = "impossible: above the strict ceiling" if above else (
+                "above the seed's plain ceiling (bandwidth / file size)" if above_plain else "")
+            if stage["quant"] in own and v > own[stage["quant"]]:
+                why = "; ".join(x for x in (why, f"above the seed's own ceiling ({own[stage['quant']]:g})") if x)
+            rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device,
+                                    lever="stage", value=label, metric="tg_tps", result=v, unit="tok/s",
+                                    source="claimed", above_ceiling=above,
+                                    note="; ".join(x for x in (why, claims.get("source", "")) if x)))
+        rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage",
+                                value=label, metric="tg_tps", result=pred.tg_tps, unit="tok/s", source="predicted",
+                                above_ceiling=pred.tg_tps > strict, note=f"bound: {pred.bound}; {note}".strip("; ")))
+        for metric, val in (("ceiling_tg_tps", plain), ("strict_ceiling_tg_tps", strict)):
+            rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage",
+                                    value=label, metric=metric, result=val, unit="tok/s", source="predicted",
+                                    note="seed's plain ceiling" if metric == "ceiling_tg_tps" else
+                                    "bytes read per token at peak bandwidth"))
+    return rows

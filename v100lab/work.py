@@ -1,0 +1,200 @@
+"""What one decoded token costs each device, before any rate is applied: the weights it multiplies and the
+bytes it reads per ggml type, the KV cache and recurrent state it reads, the attention multiply-adds.
+
+Decoding one token reads every weight that the token passes through once, plus the KV cache up to the
+current depth, plus (for recurrent layers) the state. :mod:`v100lab.rates` turns these figures into
+seconds per device; :mod:`v100lab.speed` combines them into tok/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from v100lab.config import RunConfig
+from v100lab.errors import ConfigError
+from v100lab.llama_context import kv_cells_read, recurrent_state_elements, row_bytes
+from v100lab.spec import ModelSpec, TensorInfo
+
+# ggml-cpu simd-mappings.h, AVX512: GGML_F16_STEP 64. ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU
+# flash-attention kernel per KV cell) run SIMD over the largest multiple of the step and a scalar loop over
+# the rest, so a head_dim of 96 costs far more per element than 64 or 256. (AVX2 builds: step 32.)
+F16_SIMD_STEP = 64
+
+
+@dataclass(frozen=True)
+class TypeWork:
+    """Per token, for one ggml type on one device: weights multiplied and bytes read."""
+
+    n_weights: float
+    n_bytes: float
+
+
+@dataclass(frozen=True)
+class DeviceWork:
+    """What one decoded token costs one device, before any rate is applied."""
+
+    device_id: str
+    layers: tuple[int, ...]
+    has_output: bool
+    weights: Mapping[str, TypeWork]   # ggml type → weights multiplied and bytes read (matrices only)
+    other_bytes: float                # 1-D tensors (norms, biases) and embedding rows: bytes only
+    kv_bytes: float                   # KV cache bytes read at this depth
+    attn_ops: float                   # attention multiply-adds: Σ query heads × cells × (head_dim_k + head_dim_v)
+    state_bytes: float                # recurrent state read + written (f32)
+    placed_weight_bytes: float        # the device's share of the file's weight bytes (the seed's ceiling uses these)
+    attn_tail_ops: float = 0.0        # the part of attn_ops in each head's scalar tail (head_dim mod F16_SIMD_STEP)
+
+    @property
+    def weight_bytes_read(self) -> float:
+        return sum(w.n_bytes for w in self.weights.values()) + self.other_bytes
+
+    @property
+    def bytes_read(self) -> float:
+        return self.weight_bytes_read + self.kv_bytes + self.state_bytes
+
+    @property
+    def n_weights(self) -> float:
+        return sum(w.n_weights for w in self.weights.values())
+
+    @property
+    def flops(self) -> float:
+        """2 FLOPs per weight multiplied (one multiply-add) plus 2 per attention multiply-add."""
+        return 2.0 * self.n_weights + 2.0 * self.attn_ops
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Which repeating layers (and whether the output layer) a device holds."""
+
+    device: Any                       # v100lab.devices.Device
+    layers: tuple[int, ...]
+    has_output: bool
+
+
+def _is_expert(t: TensorInfo) -> bool:
+    return "_exps" in t.name
+
+
+def _is_output(t: TensorInfo) -> bool:
+    return t.layer is None and (t.name.startswith("output") or t.name.startswith("cls"))
+
+
+def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig, depth: int = 0) -> dict[str, DeviceWork]:
+    """Bytes and operations of one decoded token at ``depth`` tokens of context, per device.
+
+    * matrices of the layers a device holds are read once (MoE experts: the fraction used per token);
+    * the output matrix (or, with tied embeddings, ``token_embd``) is read on the device holding the
+      output layer; otherwise ``token_embd`` is a row lookup (get_rows), one row per token;
+    * MTP/nextn layers at the end are not run by plain decoding;
+    * KV: the cells :func:`kv_cells_read` says, at the cache types' row sizes;
+    * recurrent layers: their state is read and written once.
+    """
+    if depth < 0:
+        raise ConfigError(f"depth must be >= 0, got {depth}")
+    used = depth + 1
+    tied = spec.tensor("output.weight") is None
+    n_layer_run = spec.n_layer - (spec.nextn_layers or 0)
+    expert_frac = (spec.expert_used_count / spec.expert_count) if spec.expert_count else 1.0
+    state_el = recurrent_state_elements(spec) * 4.0
+    # the seed's ceiling counts the whole file once: token_embd goes with the first layer's device
+    # (with tied embeddings, with the output layer's, where it is read)
+    first = next((k for k, p in placement.items() if 0 in p.layers), None)
+    embd_home = next((k for k, p in placement.items() if p.has_output), first) if tied else \
+        (first or next((k for k, p in placement.items() if p.has_output), None))
+    out: dict[str, DeviceWork] = {}
+    for dev_id, placed in placement.items():
+        layers = set(il for il in placed.layers if il < n_layer_run)
+        weights: dict[str, list[float]] = {}
+        other = 0.0
+        stored = 0.0
+        for t in spec.tensors:
+            on_dev = (t.layer is not None and t.layer in set(placed.layers)) or \
+                     (t.layer is None and _is_output(t) and placed.has_output)
+            if on_dev or (t.name == "token_embd.weight" and dev_id == embd_home):
+                stored += t.n_bytes
+            read_as_matrix = False
+            if t.layer is not None:
+                if t.layer not in layers:
+                    continue
+                read_as_matrix = len(t.shape) >= 2 and t.shape[0] > 1 and t.shape[1] > 1
+                frac = expert_frac if _is_expert(t) else 1.0
+            elif t.name == "token_embd.weight":
+                if tied and placed.has_output:
+                    read_as_matrix, frac = True, 1.0
+                elif dev_id == _input_device(placement):
+                    other += t.n_bytes / max(spec.n_vocab, 1)   # one row per token
+                    continue
+                else:
+                    continue
+            elif _is_output(t):
+                if not placed.has_output:
+                    continue
+                read_as_matrix = len(t.shape) >= 2 and t.shape[1] > 1
+                frac = 1.0
+            else:
+                continue
+            if read_as_matrix:
+                w = weights.setdefault(t.type_name, [0.0, 0.0])
+                w[0] += t.n_elements * frac
+                w[1] += t.n_bytes * frac
+            else:
+                other += t.n_bytes
+        kv = attn = tail = state = 0.0
+        dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
+        for il in sorted(layers):
+            if spec.is_recurrent(il):
+                state += 2.0 * state_el
+                continue
+            if not spec.has_kv(il):
+                continue
+            cells = kv_cells_read(spec, il, cfg, used)
+            kv += cells * (row_bytes(cfg.cache_type_k, spec.n_embd_k_gqa(il)) +
+                           row_bytes(cfg.cache_type_v, spec.n_embd_v_gqa(il)))
+            attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
+            tail += cells * spec.n_head_at(il) * dtail
+        out[dev_id] = DeviceWork(
+            device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
+            weights=MappingProxyType({k: TypeWork(v[0], v[1]) for k, v in sorted(weights.items())}),
+            other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, state_bytes=state,
+            placed_weight_bytes=stored)
+    return out
+
+
+def head_tail(head_dim: int) -> int:
+    """Elements of a head past the last full SIMD step (scalar in ggml's f16 vector kernels)."""
+    return head_dim % F16_SIMD_STEP
+
+
+def _input_device(placement: Mapping[str, Placed]) -> str:
+    """token_embd lives in host memory (llama.cpp never offloads the input layer): the CPU device if
+    the placement has one, else the first device."""
+    for dev_id, p in placement.items():
+        if getattr(p.device, "kind", None) == "cpu":
+            return dev_id
+    return next(iter(placement))
+
+
+def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
+    """Σ over the prompt's tokens of the cells each one attends to: token i sees depth + i + 1 cells
+    (at most ``window`` in a sliding-window layer)."""
+    a, n = depth + 1, n_prompt
+    if window is None:
+        return n * a + n * (n - 1) / 2
+    m = min(max(window - a, 0), n)          # tokens still inside the window
+    return m * a + m * (m - 1) / 2 + (n - m) * window
+
+
+def layer_matrices(spec, layers):
+    """The weight matrices (2-D, more than one row) of the repeating layers in ``layers``."""
+    layer_set = set(layers)
+    return (t for t in spec.tensors
+            if t.layer is not None and t.layer in layer_set and len(t.shape) >= 2 and t.shape[1] > 1)
+
+
+
+def single_device_work(spec: ModelSpec, cfg: RunConfig, depth: int, device: Any) -> DeviceWork:
+    """One decoded token's work with every layer and the output layer on ``device``."""
+    placed = {device.id: Placed(device, tuple(range(spec.n_layer)), True)}
+    return decode_work(spec, placed, cfg, depth)[device.id]
