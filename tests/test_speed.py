@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from v100lab import speed
+from v100lab import llama_context, speed
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.errors import V100labError
@@ -66,13 +66,13 @@ def test_fewer_bytes_higher_ceiling(qwen):
 @pytest.mark.parametrize("used, size, expect", [(1, 4096, 256), (10, 4096, 256), (300, 4096, 512),
                                                 (2049, 4096, 2304), (5000, 4096, 4096), (100, 128, 128)])
 def test_n_kv_cells_mirrors_get_n_kv(used, size, expect):
-    assert speed.n_kv_cells(used, size) == expect
+    assert llama_context.n_kv_cells(used, size) == expect
 
 
 def test_flash_attention_reads_only_used_cells(default_model):
     spec = read_spec(default_model)
-    on = speed.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="on"), used=10)
-    off = speed.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="off"), used=10)
+    on = llama_context.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="on"), used=10)
+    off = llama_context.kv_cells_read(spec, 0, RunConfig(n_ctx=4096, flash_attn="off"), used=10)
     assert on == 10 and off == 256
 
 
@@ -81,14 +81,14 @@ def test_sliding_window_layers_cap_cells(gemma_model):
     swa = next(il for il in range(spec.n_layer) if spec.is_swa(il))
     full = next(il for il in range(spec.n_layer) if not spec.is_swa(il))
     cfg = RunConfig(n_ctx=8192)
-    assert speed.kv_cells_read(spec, swa, cfg, used=5000) == spec.sliding_window
-    assert speed.kv_cells_read(spec, full, cfg, used=5000) == 5000
+    assert llama_context.kv_cells_read(spec, swa, cfg, used=5000) == spec.sliding_window
+    assert llama_context.kv_cells_read(spec, full, cfg, used=5000) == 5000
 
 
 def test_causal_cells_closed_form():
     for depth, n, w in ((0, 512, None), (100, 64, None), (0, 512, 128), (1000, 300, 512), (10, 5, 3)):
         brute = sum(min(depth + i + 1, w) if w else depth + i + 1 for i in range(n))
-        assert speed.causal_cells(depth, n, w) == pytest.approx(brute)
+        assert llama_context.causal_cells(depth, n, w) == pytest.approx(brute)
 
 
 # ---- bytes and work per token ------------------------------------------------------------------
@@ -121,7 +121,7 @@ def test_untied_embedding_is_a_row_lookup(tiny_f16):
 def test_recurrent_state_read_and_written(qwen):
     spec = qwen["Q4_0"]
     # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (shared/seed/MODELS.md log lines)
-    assert speed.recurrent_state_elements(spec) == 3 * 10240 + 128 * 6144
+    assert llama_context.recurrent_state_floats(spec) == 3 * 10240 + 128 * 6144
     w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048))["v100-32gb"]
     assert w.state_bytes == pytest.approx(2 * 48 * (3 * 10240 + 128 * 6144) * 4)
 

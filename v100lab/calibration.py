@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 from v100lab import zoo
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, RunFailed, V100labError
+from v100lab.llama_context import causal_cells, type_sizef
 from v100lab.speed import DeviceRates, Placed, decode_work, predict
 
 log = logging.getLogger(__name__)
@@ -292,9 +293,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     achieved = []
     for t, c in costs.items():
         if c > 0:
-            from v100lab.speed import row_bytes
-
-            achieved.append(row_bytes(t, 256 * 32) / (256 * 32) / c / 1e9)
+            achieved.append(type_sizef(t) / c / 1e9)
     eff = max([1.0] + [a / bandwidth_gbs for a in achieved])
     out: dict[str, Any] = {
         "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4),
@@ -308,8 +307,6 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
         ptypes = sorted({t.type_name for p in pp_pts for t in p["spec"].tensors
                          if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1})
         rows, y, wts = [], [], []
-        from v100lab.speed import causal_cells
-
         for p in pp_pts:
             spec, n = p["spec"], p["n_prompt"]
             per_type = {t: 0.0 for t in ptypes}
@@ -570,8 +567,6 @@ def _apple_work(quant: str):
 def _pp_ideal_seconds(spec, n_prompt: int = 512) -> float:
     """FLOPs of a pp512 (layers for every token, output for the last one, causal attention) in
     FP16-peak seconds per TFLOP/s: divide by the device's TFLOP/s × 1e12."""
-    from v100lab.speed import causal_cells
-
     flops = 0.0
     for t in spec.tensors:
         if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1:
@@ -736,12 +731,6 @@ def seed_stage_prediction(stage: Mapping[str, Any], claims: Mapping[str, Any], d
     gpu = get_device(device)
     host = seed_host_device(claims)
     devs = [gpu, host]
-    note = ""
-    mp = memory.plan(spec, devs, cfg, with_max_ctx=False)
-    if not mp.fits:
-        ngl = memory.max_gpu_layers(spec, devs, cfg)
-        if ngl < min(cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6, spec.n_layer + 1):
-            note = f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl} (as llama.cpp's --fit)"
-            cfg = cfg.with_(n_gpu_layers=ngl)
+    cfg, note = memory.fit_gpu_layers(spec, devs, cfg)
     pred = predict(spec, devs, cfg, depth=int(stage.get("depth", 0)), n_prompt=512)
     return pred, spec, note

@@ -32,15 +32,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
+from v100lab.llama_context import (F32, bits_per_weight, causal_cells, kv_cell_bytes, kv_cells, kv_cells_read, n_kv_cells,
+                                   recurrent_state_floats, resolve_flash_attn)
 from v100lab.spec import ModelSpec, TensorInfo
 
 log = logging.getLogger(__name__)
 
 BOUNDS = ("memory", "compute", "overhead", "host-link")
 GPU_KINDS = ("gpu", "apple")
-# src/llama-kv-cache.cpp, llama_kv_cache::get_n_kv: n_kv is the used cells padded to 256 (at least 256,
-# at most the cache size); the cache itself is n_ctx padded to 256.
-KV_PAD = 256
 # ggml/src/ggml-cuda/ggml-cuda.cu, ggml_backend_cuda_device_offload_op: matmuls of weights kept in host
 # memory run on the GPU (weights copied over PCIe) when the batch has at least 32 tokens.
 OP_OFFLOAD_MIN_BATCH = 32
@@ -76,73 +75,6 @@ def ceiling_tps(weight_bytes: float, bandwidth_gbs: float) -> float:
 # ------------------------------------------------------------------------------------------------
 # bytes and operations per token
 # ------------------------------------------------------------------------------------------------
-
-def row_bytes(type_name: str, n: int) -> float:
-    """Bytes of ``n`` elements of a ggml type (ggml_row_size), from gguf.GGML_QUANT_SIZES."""
-    import gguf
-
-    try:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name.upper()]]
-    except KeyError:
-        raise ConfigError(f"unknown ggml type '{type_name}'") from None
-    return n / block * size
-
-
-def kv_cache_cells(cfg: RunConfig, spec: ModelSpec) -> int:
-    """Cells of one sequence's KV cache: n_ctx (0 = training context) per sequence, padded to 256."""
-    n_ctx = cfg.n_ctx or spec.n_ctx_train
-    if cfg.n_parallel > 1 and not cfg.kv_unified:
-        n_ctx = max(1, n_ctx // cfg.n_parallel)
-    return int(math.ceil(n_ctx / KV_PAD) * KV_PAD)
-
-
-def n_kv_cells(used: int, cache_cells: int, pad: int = KV_PAD) -> int:
-    """llama_kv_cache::get_n_kv (src/llama-kv-cache.cpp): min(size, max(pad, GGML_PAD(used, pad)))."""
-    return int(min(cache_cells, max(pad, math.ceil(used / pad) * pad)))
-
-
-def flash_attn_effective(cfg: RunConfig) -> bool:
-    """``auto`` resolves to on wherever the backend supports flash attention (CPU, CUDA, Metal do) —
-    src/llama-context.cpp resolves LLAMA_FLASH_ATTN_TYPE_AUTO by checking the device of each layer."""
-    return cfg.flash_attn in ("on", "auto")
-
-
-def kv_cells_read(spec: ModelSpec, il: int, cfg: RunConfig, used: int) -> int:
-    """KV cells the attention of layer ``il`` touches when ``used`` cells are occupied.
-
-    Without flash attention, KQ is a matmul over all n_kv cells (padded to 256). The flash-attention
-    kernels skip masked cells (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk:
-    ``if (mv == -INFINITY) continue``; CUDA stops at the last unmasked KV tile), so they read only the
-    cells in use. Sliding-window layers see at most n_swa of them (unless --swa-full keeps a full cache,
-    in which case the mask still hides cells outside the window).
-    """
-    cache = kv_cache_cells(cfg, spec)
-    if spec.is_swa(il) and spec.sliding_window:
-        window = min(used, spec.sliding_window)
-        if not cfg.swa_full:
-            # llama_kv_cache_iswa: the SWA cache holds n_swa * n_seq + n_ubatch cells, padded
-            swa_cells = min(cache, int(math.ceil((spec.sliding_window * cfg.n_parallel + cfg.n_ubatch) / KV_PAD) * KV_PAD))
-            cache = swa_cells
-        if flash_attn_effective(cfg):
-            return window
-        return n_kv_cells(used, cache)
-    if flash_attn_effective(cfg):
-        return min(used, cache)
-    return n_kv_cells(used, cache)
-
-
-def recurrent_state_elements(spec: ModelSpec) -> int:
-    """f32 elements of one recurrent layer's state for one sequence: n_embd_r() + n_embd_s()
-    (src/llama-hparams.cpp: conv state (d_conv - 1) × (d_inner + 2 n_group d_state); SSM state
-    d_state × d_inner). Qwen3.5 (gated delta net): 3 × 10240 + 128 × 6144 per layer."""
-    d_conv = spec.ssm_conv_kernel or 0
-    d_inner = spec.ssm_inner_size or 0
-    d_state = spec.ssm_state_size or 0
-    n_group = spec.ssm_group_count or 0
-    n_r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
-    n_s = d_state * d_inner
-    return n_r + n_s
-
 
 @dataclass(frozen=True)
 class TypeWork:
@@ -218,7 +150,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
     tied = spec.tensor("output.weight") is None
     n_layer_run = spec.n_layer - (spec.nextn_layers or 0)
     expert_frac = (spec.expert_used_count / spec.expert_count) if spec.expert_count else 1.0
-    state_el = recurrent_state_elements(spec) * 4.0
+    state_el = recurrent_state_floats(spec) * float(F32)
     # the seed's ceiling counts the whole file once: token_embd goes with the first layer's device
     # (with tied embeddings, with the output layer's, where it is read)
     first = next((k for k, p in placement.items() if 0 in p.layers), None)
@@ -271,8 +203,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             if not spec.has_kv(il):
                 continue
             cells = kv_cells_read(spec, il, cfg, used)
-            kv += cells * (row_bytes(cfg.cache_type_k, spec.n_embd_k_gqa(il)) +
-                           row_bytes(cfg.cache_type_v, spec.n_embd_v_gqa(il)))
+            kv += cells * kv_cell_bytes(spec, il, cfg.cache_type_k, cfg.cache_type_v)
             attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
             tail += cells * spec.n_head_at(il) * dtail
         out[dev_id] = DeviceWork(
@@ -349,10 +280,6 @@ class DeviceRates:
             if near:
                 return self.pp_s_per_weight[near]
         return self.pp_default_s_per_weight
-
-
-def bits_per_weight(type_name: str) -> float:
-    return 8.0 * row_bytes(type_name, 256 * 32) / (256 * 32)
 
 
 def _nearest_type(type_name: str, known: Mapping[str, float]) -> str | None:
@@ -666,16 +593,6 @@ def _tg_link_time(spec, placement, rates, active) -> float:
     return t
 
 
-def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
-    """Σ over the prompt's tokens of the cells each one attends to: token i sees depth + i + 1 cells
-    (at most ``window`` in a sliding-window layer)."""
-    a, n = depth + 1, n_prompt
-    if window is None:
-        return n * a + n * (n - 1) / 2
-    m = min(max(window - a, 0), n)          # tokens still inside the window
-    return m * a + m * (m - 1) / 2 + (n - m) * window
-
-
 def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, depth, n_prompt) -> tuple[float, str]:
     """Prompt processing on one device: matmuls at the device's rate for each type, attention over the
     causal triangle (depth + i cells for the i-th token), and per-ubatch overhead."""
@@ -699,9 +616,9 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
             continue
         window = spec.sliding_window if (spec.is_swa(il) and spec.sliding_window) else None
         cells = causal_cells(depth, n_prompt, window)
-        if not flash_attn_effective(cfg):
-            # KQ over all n_kv cells of each ubatch
-            cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cache_cells(cfg, spec))
+        if not resolve_flash_attn(cfg):
+            # KQ over all n_kv cells of the layer's cache (the sliding-window cache for an SWA layer)
+            cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cells(spec, cfg, swa=spec.is_swa(il)))
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
     t_cmp += attn * r.pp_attn_s_per_op
     t_ovh = n_ub * r.pp_overhead_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from v100lab.llama_context import type_sizef
 from v100lab.spec import ModelSpec, TensorInfo
 
 TOLERANCE = 0.01
@@ -55,11 +56,8 @@ def kv_layers(spec: ModelSpec) -> list[int]:
 
 def bytes_per_element(type_name: str) -> float:
     """Bytes per stored value of a ggml type: a block's bytes over its values (gguf.GGML_QUANT_SIZES) —
-    f16 2, q8_0 34/32 (32 int8 values and one f16 scale), q4_0 18/32."""
-    from v100lab.memory import type_size
-
-    block, size = type_size(type_name)
-    return size / block
+    f16 2, q8_0 34/32 (32 int8 values and one f16 scale), q4_0 18/32 (ggml_type_sizef)."""
+    return type_sizef(type_name)
 
 
 def not_multiplied(spec: ModelSpec) -> list[TensorInfo]:
