@@ -302,3 +302,26 @@ def test_tune_answer_passes_the_plan_command(tmp_path, capsys):
     assert main(["plan", f"skeleton:qwen35-27b:{t['quant']}", "-d", gpu, "-d", host, *flags, "--json"]) == 0
     p = _json(capsys.readouterr().out)
     assert p["fits"] is True and p["max_ctx"] >= 8192
+
+
+# ---- the --fit fallback: one function for the levers, the seed's staircase and the advisor ---------------
+
+def test_fit_gpu_layers_keeps_the_layers_that_fit():
+    spec = skeleton_spec("qwen35-27b", "Q8_0")          # ~27 GiB of weights: not on a 16 GB card
+    host = Device(id="host", name="h", kind="cpu", memory_gib=256, bandwidth_gbs=40)
+    devs = [get_device("v100-16gb"), host]
+    cfg = RunConfig(n_ctx=4096)
+    ngl = memory.max_gpu_layers(spec, devs, cfg)
+    assert 0 < ngl < memory.layer_slots(spec)
+    fitted, note = memory.fit_gpu_layers(spec, devs, cfg)
+    assert fitted == cfg.with_(n_gpu_layers=ngl)
+    assert f"-ngl {ngl}" in note and "--fit" in note
+    # -ngl -1 asks for every layer too (the copy in the levers never reduced it)
+    assert memory.fit_gpu_layers(spec, devs, cfg.with_(n_gpu_layers=-1))[0].n_gpu_layers == ngl
+    # the advisor's rule: fitting leaves the margin free, so never more layers
+    with_margin = memory.fit_gpu_layers(spec, devs, cfg, margin=True)[0].n_gpu_layers
+    assert with_margin == memory.max_gpu_layers(spec, devs, cfg, margin=True) <= ngl
+    # unchanged where it fits as asked, and on CPUs
+    assert memory.fit_gpu_layers(spec, devs, cfg.with_(n_gpu_layers=ngl)) == (cfg.with_(n_gpu_layers=ngl), "")
+    assert memory.fit_gpu_layers(skeleton_spec("llama2-7b", "Q4_0"), devs, cfg) == (cfg, "")
+    assert memory.fit_gpu_layers(spec, [host], cfg) == (cfg, "")

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 from v100lab import zoo
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, RunFailed, V100labError
-from v100lab.llama_context import causal_cells, type_sizef
+from v100lab.llama_context import CTX_PAD, causal_cells, pad, type_sizef
 from v100lab.speed import DeviceRates, Placed, decode_work, predict
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
     from v100lab.backends.isolated import IsolatedBackend
 
     need = depth + max(n_gen, n_prompt) + 1
-    cfg = RunConfig(n_ctx=n_ctx or max(512, int(math.ceil(need / 256) * 256)), n_threads=threads,
+    cfg = RunConfig(n_ctx=n_ctx or max(512, pad(need, CTX_PAD)), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
     out: dict[str, Timing] = {}
     with IsolatedBackend().open(path, cfg) as session:
