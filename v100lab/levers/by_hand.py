@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from v100lab.llama_context import type_sizef
+from v100lab.llama_context import has_kv_cache, type_sizef
 from v100lab.spec import ModelSpec, TensorInfo
 
 TOLERANCE = 0.01
@@ -50,8 +50,9 @@ def value_of(df, **eq) -> float | None:
 
 
 def kv_layers(spec: ModelSpec) -> list[int]:
-    """The layers that keep a KV cache: not recurrent (those keep a fixed-size state) and with KV heads."""
-    return [il for il in range(spec.n_layer) if spec.has_kv(il)]
+    """The layers that keep a KV cache: not recurrent (those keep a fixed-size state), with KV heads, and not an
+    MTP layer (llama.cpp gives those no cache in the main context)."""
+    return [il for il in range(spec.n_layer) if has_kv_cache(spec, il)]
 
 
 def bytes_per_element(type_name: str) -> float:
