@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from v100lab import memory, speed
+from v100lab import llama_context, memory, speed
 from v100lab.advisor import NothingFits, tune
 from v100lab.cli import main
 from v100lab.config import RunConfig, add_flag_arguments, from_flag_args
@@ -60,13 +60,13 @@ def test_max_sequences_is_this_builds():
     fn = getattr(llama_cpp, "llama_max_parallel_sequences", None)
     if fn is None:
         pytest.skip("this llama-cpp-python does not bind llama_max_parallel_sequences")
-    assert fn() == memory.LLAMA_MAX_SEQ
+    assert fn() == llama_context.LLAMA_MAX_SEQ
 
 
 def test_limits_are_blockers():
     spec = skeleton_spec("qwen3-32b", "Q4_K_M")
     big = Device(id="big", name="big", kind="gpu", memory_gib=4096, bandwidth_gbs=1000)
-    ok = memory.feasibility(spec, big, RunConfig(n_ctx=4096, n_parallel=memory.LLAMA_MAX_SEQ))
+    ok = memory.feasibility(spec, big, RunConfig(n_ctx=4096, n_parallel=llama_context.LLAMA_MAX_SEQ))
     assert ok.fits and not ok.blockers
     f = memory.feasibility(spec, big, RunConfig(n_ctx=4096, n_parallel=300))
     assert not f.fits and [b.kind for b in f.blockers] == ["parallel"]
@@ -75,7 +75,7 @@ def test_limits_are_blockers():
     kinds = {b.kind for b in f.blockers}
     assert {"parallel", "context"} <= kinds       # and each slot would get no cell at all
     assert any("each gets none" in b.problem for b in f.blockers)
-    f = memory.feasibility(spec, big, RunConfig(n_ctx=memory.MAX_CTX + 1))
+    f = memory.feasibility(spec, big, RunConfig(n_ctx=llama_context.MAX_CTX + 1))
     assert any(b.kind == "context" for b in f.blockers)
 
 
@@ -266,7 +266,7 @@ def test_tune_answer_always_passes_plans_rule(tmp_path_factory, capsys, arch, qu
         r = tune(arch, gpu, host=host, quants=quants, min_ctx=min_ctx, parallel=parallel)
     except ConfigError as exc:      # a limit no configuration meets: bad input
         event("refused")
-        assert parallel > memory.LLAMA_MAX_SEQ and "256" in str(exc)
+        assert parallel > llama_context.LLAMA_MAX_SEQ and "256" in str(exc)
         return
     except NothingFits as exc:
         event("nothing fits")
@@ -278,7 +278,7 @@ def test_tune_answer_always_passes_plans_rule(tmp_path_factory, capsys, arch, qu
         assert not memory.feasibility(spec, devs, r.closest.config).fits
         return
     event("recommended, partial offload" if r.best.offloaded_layers < r.best.n_layer_total else "recommended")
-    assert parallel <= memory.LLAMA_MAX_SEQ
+    assert parallel <= llama_context.LLAMA_MAX_SEQ
     cfg = _argv_config(r.argv)
     assert cfg == r.config                         # the printed command is the configuration judged
     spec = skeleton_spec(arch, r.quant)
@@ -302,3 +302,26 @@ def test_tune_answer_passes_the_plan_command(tmp_path, capsys):
     assert main(["plan", f"skeleton:qwen35-27b:{t['quant']}", "-d", gpu, "-d", host, *flags, "--json"]) == 0
     p = _json(capsys.readouterr().out)
     assert p["fits"] is True and p["max_ctx"] >= 8192
+
+
+# ---- the --fit fallback: one function for the levers, the seed's staircase and the advisor ---------------
+
+def test_fit_gpu_layers_keeps_the_layers_that_fit():
+    spec = skeleton_spec("qwen35-27b", "Q8_0")          # ~27 GiB of weights: not on a 16 GB card
+    host = Device(id="host", name="h", kind="cpu", memory_gib=256, bandwidth_gbs=40)
+    devs = [get_device("v100-16gb"), host]
+    cfg = RunConfig(n_ctx=4096)
+    ngl = memory.max_gpu_layers(spec, devs, cfg)
+    assert 0 < ngl < memory.layer_slots(spec)
+    fitted, note = memory.fit_gpu_layers(spec, devs, cfg)
+    assert fitted == cfg.with_(n_gpu_layers=ngl)
+    assert f"-ngl {ngl}" in note and "--fit" in note
+    # -ngl -1 asks for every layer too (the copy in the levers never reduced it)
+    assert memory.fit_gpu_layers(spec, devs, cfg.with_(n_gpu_layers=-1))[0].n_gpu_layers == ngl
+    # the advisor's rule: fitting leaves the margin free, so never more layers
+    with_margin = memory.fit_gpu_layers(spec, devs, cfg, margin=True)[0].n_gpu_layers
+    assert with_margin == memory.max_gpu_layers(spec, devs, cfg, margin=True) <= ngl
+    # unchanged where it fits as asked, and on CPUs
+    assert memory.fit_gpu_layers(spec, devs, cfg.with_(n_gpu_layers=ngl)) == (cfg.with_(n_gpu_layers=ngl), "")
+    assert memory.fit_gpu_layers(skeleton_spec("llama2-7b", "Q4_0"), devs, cfg) == (cfg, "")
+    assert memory.fit_gpu_layers(spec, [host], cfg) == (cfg, "")

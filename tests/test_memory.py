@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from v100lab import memcheck, memory
+from v100lab import llama_context, memcheck, memory
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device
 from v100lab.header import read_spec
@@ -46,35 +46,35 @@ def toy_spec(n_layer=4, tied=False, **kw) -> ModelSpec:
 
 def test_context_sizes_mirror_llama_context():
     s = toy_spec()
-    cs = memory.context_sizes(s, RunConfig(n_ctx=300))
+    cs = llama_context.context_sizes(s, RunConfig(n_ctx=300))
     assert (cs.n_ctx, cs.n_ctx_seq, cs.n_batch, cs.n_ubatch) == (512, 512, 300, 300)   # batch capped before padding
-    cs = memory.context_sizes(s, RunConfig(n_ctx=1000, n_parallel=3))
+    cs = llama_context.context_sizes(s, RunConfig(n_ctx=1000, n_parallel=3))
     assert (cs.n_ctx, cs.n_ctx_seq, cs.n_stream) == (1536, 512, 3)
-    cs = memory.context_sizes(s, RunConfig(n_ctx=4096, n_parallel=4, kv_unified=True))
+    cs = llama_context.context_sizes(s, RunConfig(n_ctx=4096, n_parallel=4, kv_unified=True))
     assert (cs.n_ctx, cs.n_ctx_seq, cs.n_stream) == (4096, 4096, 1)
-    assert memory.context_sizes(s, RunConfig(n_ctx=0)).n_ctx == 8192   # 0 = the training context
+    assert llama_context.context_sizes(s, RunConfig(n_ctx=0)).n_ctx == 8192   # 0 = the training context
 
 
 def test_kv_cache_design_fact(default_model):
     # DESIGN.md: SmolLM2 at n_ctx 2048, f16: 30 layers × 3 KV heads × 64 × 2 (K and V) × 2 bytes × 2048 = 45 MiB
     spec = read_spec(default_model)
-    assert memory.kv_cache_bytes(spec, RunConfig(n_ctx=2048)) == 30 * 3 * 64 * 2 * 2 * 2048
+    assert llama_context.kv_cache_bytes(spec, RunConfig(n_ctx=2048)) == 30 * 3 * 64 * 2 * 2 * 2048
     # quantized rows: q8_0 stores 32 values in 34 bytes, q4_0 in 18
-    q8 = memory.kv_cache_bytes(spec, RunConfig(n_ctx=2048, cache_type_k="q8_0", cache_type_v="q8_0"))
+    q8 = llama_context.kv_cache_bytes(spec, RunConfig(n_ctx=2048, cache_type_k="q8_0", cache_type_v="q8_0"))
     assert q8 == 30 * 2 * (192 // 32 * 34) * 2048
-    assert memory.row_size("q4_0", 192) == 6 * 18
+    assert llama_context.row_size("q4_0", 192) == 6 * 18
 
 
 def test_swa_cells_and_swa_full():
     s = toy_spec(sliding_window=512, swa_layers=(0, 1, 2))
-    assert memory.kv_cells(s, RunConfig(n_ctx=4096), swa=True) == 1024            # pad(512 + 512, 256)
-    assert memory.kv_cells(s, RunConfig(n_ctx=4096, n_ubatch=100), swa=True) == 768
-    assert memory.kv_cells(s, RunConfig(n_ctx=4096, swa_full=True), swa=True) == 4096
-    assert memory.kv_cells(s, RunConfig(n_ctx=512), swa=True) == 512              # never above the base size
+    assert llama_context.kv_cells(s, RunConfig(n_ctx=4096), swa=True) == 1024            # pad(512 + 512, 256)
+    assert llama_context.kv_cells(s, RunConfig(n_ctx=4096, n_ubatch=100), swa=True) == 768
+    assert llama_context.kv_cells(s, RunConfig(n_ctx=4096, swa_full=True), swa=True) == 4096
+    assert llama_context.kv_cells(s, RunConfig(n_ctx=512), swa=True) == 512              # never above the base size
     # unified: the window is kept for every sequence
-    assert memory.kv_cells(s, RunConfig(n_ctx=4096, n_parallel=2, kv_unified=True), swa=True) == 1536
-    full = memory.kv_layer_bytes(s, RunConfig(n_ctx=4096), 3)
-    swa = memory.kv_layer_bytes(s, RunConfig(n_ctx=4096), 0)
+    assert llama_context.kv_cells(s, RunConfig(n_ctx=4096, n_parallel=2, kv_unified=True), swa=True) == 1536
+    full = llama_context.kv_layer_bytes(s, RunConfig(n_ctx=4096), 3)
+    swa = llama_context.kv_layer_bytes(s, RunConfig(n_ctx=4096), 0)
     assert full == 4 * swa
 
 
@@ -82,16 +82,16 @@ def test_recurrent_state_is_f32_per_sequence_and_independent_of_n_ctx():
     s = toy_spec(recurrent_layers=(0, 1, 2), ssm_conv_kernel=4, ssm_inner_size=512, ssm_state_size=128,
                  ssm_group_count=2)
     per_seq = (3 * (512 + 2 * 2 * 128) + 128 * 512) * 4
-    assert memory.recurrent_layer_bytes(s, RunConfig(n_ctx=512), 0) == per_seq
-    assert memory.recurrent_bytes(s, RunConfig(n_ctx=32768)) == 3 * per_seq
-    assert memory.recurrent_bytes(s, RunConfig(n_ctx=4096, n_parallel=4)) == 12 * per_seq
+    assert llama_context.recurrent_layer_bytes(s, RunConfig(n_ctx=512), 0) == per_seq
+    assert llama_context.recurrent_bytes(s, RunConfig(n_ctx=32768)) == 3 * per_seq
+    assert llama_context.recurrent_bytes(s, RunConfig(n_ctx=4096, n_parallel=4)) == 12 * per_seq
     # only the layer without recurrence has a KV cache
-    assert memory.kv_layer_bytes(s, RunConfig(), 0) == 0 and memory.kv_layer_bytes(s, RunConfig(), 3) > 0
+    assert llama_context.kv_layer_bytes(s, RunConfig(), 0) == 0 and llama_context.kv_layer_bytes(s, RunConfig(), 3) > 0
 
 
 def test_mla_caches_k_only():
     s = toy_spec(kv_lora_rank=512, rope_dimension_count=64)
-    assert memory.kv_layer_bytes(s, RunConfig(n_ctx=256), 0) == (512 + 64) * 2 * 256
+    assert llama_context.kv_layer_bytes(s, RunConfig(n_ctx=256), 0) == (512 + 64) * 2 * 256
 
 
 # ---- placement -----------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_plan_json_keys_and_host_device():
     assert p.devices["host"].output_bytes == s.n_vocab * 4
     assert p.devices[V100].overhead_bytes == 512 * 2**20
     total_kv = sum(m.kv_cache_bytes for m in p.devices.values())
-    assert total_kv == memory.kv_cache_bytes(s, RunConfig(n_ctx=4096))
+    assert total_kv == llama_context.kv_cache_bytes(s, RunConfig(n_ctx=4096))
     assert any("3/5 layers" in w for w in doc["warnings"])
 
 
@@ -193,8 +193,8 @@ def test_skeleton_27b_on_v100_needs_partial_offload_at_q8():
     assert not p.fits and p.devices[V100].recurrent_bytes > 0
     k = memory.max_gpu_layers(spec, get_device(V100), RunConfig(n_ctx=4096))
     assert 0 < k < p.n_layer_total
-    rec = memory.recurrent_bytes(spec, RunConfig(n_ctx=2048))
-    assert rec == memory.recurrent_bytes(spec, RunConfig(n_ctx=32768))
+    rec = llama_context.recurrent_bytes(spec, RunConfig(n_ctx=2048))
+    assert rec == llama_context.recurrent_bytes(spec, RunConfig(n_ctx=32768))
 
 
 # ---- against llama.cpp itself (CPU build: every buffer on the host) ------------------------------

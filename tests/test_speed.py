@@ -88,7 +88,7 @@ def test_sliding_window_layers_cap_cells(gemma_model):
 def test_causal_cells_closed_form():
     for depth, n, w in ((0, 512, None), (100, 64, None), (0, 512, 128), (1000, 300, 512), (10, 5, 3)):
         brute = sum(min(depth + i + 1, w) if w else depth + i + 1 for i in range(n))
-        assert speed.causal_cells(depth, n, w) == pytest.approx(brute)
+        assert llama_context.causal_cells(depth, n, w) == pytest.approx(brute)
 
 
 # ---- bytes and work per token ------------------------------------------------------------------
@@ -121,7 +121,7 @@ def test_untied_embedding_is_a_row_lookup(tiny_f16):
 def test_recurrent_state_read_and_written(qwen):
     spec = qwen["Q4_0"]
     # llama_hparams: n_embd_r = 3 × (6144 + 2·16·128), n_embd_s = 128 × 6144 (the model load log of Qwen3.5 27B)
-    assert llama_context.recurrent_state_elements(spec) == 3 * 10240 + 128 * 6144
+    assert llama_context.recurrent_state_floats(spec) == 3 * 10240 + 128 * 6144
     w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048))["v100-32gb"]
     assert w.state_bytes == pytest.approx(2 * 48 * (3 * 10240 + 128 * 6144) * 4)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from v100lab import memcheck, memory, synth, zoo
+from v100lab import llama_context, memcheck, memory, synth, zoo
 from v100lab.config import RunConfig
 from v100lab.errors import ModelNotFoundError, V100labError
 from v100lab.header import read_spec
@@ -210,7 +210,7 @@ def test_recurrent_phase_counts_state_copies_that_do_not_fit(default_model):
     many = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=4096, n_ubatch=32, n_parallel=64), True)["recurrent"]
     state = (spec.ssm_inner_size * spec.ssm_state_size
              + (spec.ssm_conv_kernel - 1) * (spec.ssm_inner_size + 2 * spec.ssm_group_count * spec.ssm_state_size)) * 4
-    per_seq_cells = memory.context_sizes(spec, RunConfig(n_ctx=4096, n_parallel=64)).n_ctx_seq
+    per_seq_cells = llama_context.context_sizes(spec, RunConfig(n_ctx=4096, n_parallel=64)).n_ctx_seq
     masks_delta = (per_seq_cells - 4096) * 32 * 2
     assert many - one == 2 * state * 63 + masks_delta     # the states of 63 more sequences
     assert "recurrent" not in memory.compute_bytes_by_phase(_tiny_spec("synth-qwen3moe-tiny"), RunConfig(), True)

@@ -37,7 +37,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import bench, memory, skeleton, speed, zoo
+from v100lab import bench, llama_context, memory, skeleton, speed, zoo
 from v100lab.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
 from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
@@ -324,11 +324,6 @@ def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate
                      tight_device=tight, strict_ceiling_tg_tps=pred.strict_ceiling_tg_tps)
 
 
-def _max_layers(m: _Model, devices: list, cfg: RunConfig) -> int:
-    """The most --gpu-layers whose GPU share fits with the margin (0 … n_layer + 1); the host is judged after."""
-    return memory.max_gpu_layers(m.spec, devices, cfg, margin=True)
-
-
 def _gpu_deficit(c: Candidate) -> int:
     """Bytes the GPUs lack (with their margins) for this candidate's layers."""
     return sum(b.shortfall_bytes for b in c.blockers if b.kind == "memory" and b.device != memory.HOST)
@@ -441,7 +436,7 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
         raise ConfigError(f"--parallel must be >= 1, got {parallel}")
     dev = get_device(device)
     devices = [dev] if dev.kind == "cpu" else [dev] + ([get_device(host)] if host is not None else [])
-    n_ctx = memory._pad(min_ctx, memory.CTX_PAD) if min_ctx % memory.CTX_PAD else min_ctx
+    n_ctx = llama_context.pad(min_ctx, llama_context.CTX_PAD)
     # llama.cpp's limits that no candidate can meet: bad input, refused before any search
     for b in memory.limit_blockers(None, RunConfig(n_ctx=n_ctx, n_parallel=parallel), devices):
         raise ConfigError(b.line())
@@ -456,7 +451,7 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     gpu = dev.kind != "cpu"
     notes: list[str] = []
     for m in models:
-        seq = memory.context_sizes(m.spec, RunConfig(n_ctx=n_ctx, n_parallel=parallel)).n_ctx_seq
+        seq = llama_context.context_sizes(m.spec, RunConfig(n_ctx=n_ctx, n_parallel=parallel)).n_ctx_seq
         if m.spec.n_ctx_train and seq > m.spec.n_ctx_train:
             notes.append(f"--min-ctx {min_ctx}: {memory.ctx_train_warning(m.spec, seq)}")
             break
@@ -466,9 +461,9 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
             c = _evaluate(m, devices, cfg, depth)
             deficit = _gpu_deficit(c)
             if gpu and deficit > 0:      # the GPU cannot hold every layer: the most it can, the rest on the host
-                ngl = _max_layers(m, devices, cfg)
-                part = replace(_evaluate(m, devices, cfg.with_(n_gpu_layers=ngl), depth),
-                               note=f"partial offload: --gpu-layers {ngl} is the most that fits",
+                fitted, _ = memory.fit_gpu_layers(m.spec, devices, cfg, margin=True)
+                part = replace(_evaluate(m, devices, fitted, depth),
+                               note=f"partial offload: --gpu-layers {fitted.n_gpu_layers} is the most that fits",
                                full_offload_deficit_bytes=deficit)
                 c = part if part.fits or part.distance < c.distance else replace(c, full_offload_deficit_bytes=deficit)
             cands.append(c)

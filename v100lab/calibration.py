@@ -44,10 +44,10 @@ from v100lab.config import RunConfig
 from v100lab.devices import Device
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.header import read_spec
-from v100lab.llama_context import row_bytes
+from v100lab.llama_context import CTX_PAD, causal_cells, pad, type_sizef
 from v100lab.rates import PROFILE_KEY
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
-from v100lab.work import causal_cells, single_device_work
+from v100lab.work import single_device_work
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
     A test whose coefficient of variation exceeds :data:`RERUN_ABOVE_CV` is run once more and the quieter
     run is kept."""
     need = depth + max(n_gen, n_prompt) + 1
-    cfg = RunConfig(n_ctx=n_ctx or max(512, int(math.ceil(need / 256) * 256)), n_threads=threads,
+    cfg = RunConfig(n_ctx=n_ctx or max(512, pad(need, CTX_PAD)), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
     out: dict[str, Timing] = {}
     with IsolatedBackend().open(path, cfg) as session:
@@ -295,7 +295,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
     achieved = []
     for t, c in costs.items():
         if c > 0:
-            achieved.append(row_bytes(t, 256 * 32) / (256 * 32) / c / 1e9)
+            achieved.append(type_sizef(t) / c / 1e9)
     eff = max([1.0] + [a / bandwidth_gbs for a in achieved])
     out: dict[str, Any] = {
         "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4),

@@ -5,9 +5,11 @@ This module answers it from a :class:`~v100lab.spec.ModelSpec` (a GGUF header, o
 nobody downloaded), a device (or several) and a :class:`~v100lab.config.RunConfig`, by mirroring
 llama.cpp's own arithmetic:
 
-* **context sizes** — src/llama-context.cpp, ``llama_context::llama_context``: n_batch = min(n_ctx, n_batch)
-  and n_ubatch = min(n_batch, n_ubatch) *before* padding; n_ctx padded to 256; without ``kv_unified`` each
-  of the n_seq_max streams gets ``n_ctx_seq = pad(n_ctx / n_seq_max, 256)`` cells.
+* **context sizes, KV cache, recurrent state** — :mod:`v100lab.llama_context` (src/llama-context.cpp,
+  src/llama-kv-cache.cpp, src/llama-kv-cache-iswa.cpp, src/llama-memory-recurrent.cpp): cells per stream, the
+  sliding-window cache, bytes per cell and per layer; the KV of a layer lives on that layer's device. Hybrids
+  (qwen35, qwen35moe) keep KV only on their full-attention layers (src/llama-model.cpp create_memory:
+  filter_attn = !is_recr(il)), recurrent state on the rest.
 * **weights** — src/llama-model.cpp, ``load_tensors``: ``i_gpu_start = max(n_layer + 1 - ngl, 0)``; the
   layer slots are the n_layer repeating blocks plus the output layer (slot n_layer), so ``-ngl k`` puts
   the output layer and the last k - 1 blocks on the GPU(s); block slots are split between GPUs by
@@ -19,15 +21,6 @@ llama.cpp's own arithmetic:
   ``--cpu-moe`` / ``--n-cpu-moe N``, common/common.h ``LLM_FFN_EXPS_REGEX`` per layer) move the matching tensors,
   the first matching pattern winning, whatever their layer's device (:func:`tensor_devices`); experts overridden to
   the CPU are repacked like any CPU weight.
-* **KV cache** — src/llama-kv-cache.cpp, ``llama_kv_cache::llama_kv_cache``: per layer that has a cache,
-  a K tensor ``[n_embd_k_gqa, kv_size, n_stream]`` of ``type_k`` and a V tensor ``[n_embd_v_gqa, ...]`` of
-  ``type_v``, i.e. ``row_size(type, n_embd_gqa) × cells × streams`` bytes; src/llama-kv-cache-iswa.cpp:
-  sliding-window layers get ``pad(min(kv_size, n_swa × (n_seq if unified else 1) + n_ubatch), 256)`` cells
-  unless ``swa_full``; MLA models (kv_lora_rank) keep K only. The KV of a layer lives on that layer's device.
-* **recurrent state** — src/llama-memory-recurrent.cpp with llama_hparams::n_embd_r / n_embd_s
-  (src/llama-hparams.cpp): per recurrent layer, R ``(d_conv - 1) × (d_inner + 2 × n_group × d_state)`` and
-  S ``d_state × d_inner`` floats (F32) per sequence — independent of n_ctx. Hybrids (qwen35, qwen35moe) keep KV only on
-  their full-attention layers (src/llama-model.cpp create_memory: filter_attn = !is_recr(il)).
 * **output buffer** — src/llama-context.cpp, ``output_reserve(n_seq_max)``: ``n_vocab × 4 × n_seq_max``
   bytes of logits, in host memory.
 * **compute buffer** — an estimate of ggml-alloc's peak for the worst-case graph (n_ubatch tokens, all of
@@ -43,158 +36,26 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from v100lab.config import RunConfig, tensor_overrides
 from v100lab.devices import Device
 from v100lab.errors import ConfigError
+from v100lab.llama_context import (CTX_PAD, F32, LLAMA_MAX_SEQ, MAX_CTX, context_sizes, is_mtp_layer, kv_cache_bytes,
+                                   kv_cells, pad, recurrent_bytes, resolve_flash_attn)
 from v100lab.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
 HOST = "host"
-CTX_PAD = 256            # src/llama-context.cpp: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)
-F32 = 4
-# src/llama-cparams.h: ``#define LLAMA_MAX_SEQ 256`` (what llama_max_parallel_sequences() returns);
-# src/llama-context.cpp, llama_context::llama_context throws "n_seq_max must be <= 256" above it.
-LLAMA_MAX_SEQ = 256
-# common/common.h: common_params.n_ctx is an int32_t (llama-server parses --ctx-size with std::stoi).
-MAX_CTX = 2**31 - 1
 # The free memory a configuration must leave on every device, GPU and host alike (see :func:`margin_bytes`).
 MARGIN_FRACTION = 0.03
 MIN_MARGIN_MIB = 256
 
 # ------------------------------------------------------------------------------------------------
-# type sizes
+# output buffer
 # ------------------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=None)
-def type_size(type_name: str) -> tuple[int, int]:
-    """(block elements, bytes per block) of a ggml type name ("q8_0", "F16", "Q4_K", ...)."""
-    import gguf
-
-    try:
-        qt = gguf.GGMLQuantizationType[type_name.upper()]
-    except KeyError:
-        raise ConfigError(f"unknown ggml type '{type_name}'") from None
-    return gguf.GGML_QUANT_SIZES[qt]
-
-
-def row_size(type_name: str, n: int) -> int:
-    """ggml_row_size(type, n): bytes of n elements of a type (n must be a multiple of the block size)."""
-    block, size = type_size(type_name)
-    if n % block:
-        raise ConfigError(f"{n} elements cannot be stored as {type_name} (block size {block})")
-    return n // block * size
-
-
-def _pad(x: int, to: int) -> int:
-    return (x + to - 1) // to * to
-
-
-# ------------------------------------------------------------------------------------------------
-# context sizes (src/llama-context.cpp, llama_context::llama_context)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ContextSizes:
-    n_ctx: int          # total cells over all streams, after padding (llama.cpp's printed n_ctx)
-    n_ctx_seq: int      # cells per stream (llama.cpp's printed n_ctx_seq)
-    n_batch: int
-    n_ubatch: int
-    n_seq: int          # n_seq_max
-    n_stream: int       # 1 with kv_unified, else n_seq
-
-
-def context_sizes(spec: ModelSpec, cfg: RunConfig) -> ContextSizes:
-    """n_ctx, n_ctx_seq, n_batch, n_ubatch as llama.cpp derives them from the requested values."""
-    n_ctx = cfg.n_ctx or spec.n_ctx_train
-    n_batch = min(n_ctx, cfg.n_batch)            # causal attention: the batch is limited by the context
-    n_ubatch = min(n_batch, cfg.n_ubatch)
-    n_ctx = _pad(n_ctx, CTX_PAD)
-    n_seq = max(1, cfg.n_parallel)
-    if cfg.kv_unified:
-        n_ctx_seq, n_stream = n_ctx, 1
-    else:
-        n_ctx_seq = _pad(n_ctx // n_seq, CTX_PAD)
-        n_ctx, n_stream = n_ctx_seq * n_seq, n_seq
-    return ContextSizes(n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq=n_seq,
-                        n_stream=n_stream)
-
-
-# ------------------------------------------------------------------------------------------------
-# KV cache and recurrent state
-# ------------------------------------------------------------------------------------------------
-
-
-def kv_cells(spec: ModelSpec, cfg: RunConfig, swa: bool = False) -> int:
-    """Cells per stream of the full-attention cache, or (``swa=True``) of the sliding-window cache.
-
-    src/llama-kv-cache-iswa.cpp: ``size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1)
-    + n_ubatch), n_pad)``, and ``size_swa = size_base`` with ``swa_full``."""
-    cs = context_sizes(spec, cfg)
-    base = cs.n_ctx_seq
-    if not swa or cfg.swa_full or not spec.sliding_window:
-        return base
-    return min(base, _pad(spec.sliding_window * (cs.n_seq if cfg.kv_unified else 1) + cs.n_ubatch, CTX_PAD))
-
-
-def kv_widths(spec: ModelSpec, il: int) -> tuple[int, int]:
-    """(K width, V width) per cell of layer il. MLA (kv_lora_rank) caches the compressed latent plus the
-    RoPE part in K and no V (src/llama-model.cpp create_memory; llama_hparams::n_embd_k_gqa for MLA)."""
-    if spec.kv_lora_rank:
-        return spec.kv_lora_rank + (spec.rope_dimension_count or 0), 0
-    return spec.n_embd_k_gqa(il), spec.n_embd_v_gqa(il)
-
-
-def is_mtp_layer(spec: ModelSpec, il: int) -> bool:
-    """Whether layer il is a multi-token-prediction (nextn) layer at the end of the stack. This llama.cpp build
-    loads them only for an MTP draft context (llama_model_params.load_mtp, default false: their tensors are
-    TENSOR_SKIP in load_arch_tensors) and gives them no KV cache in the main context (src/llama-model.cpp
-    create_memory: ``filter = il < n_layer()`` when n_layer_nextn > 0)."""
-    return spec.nextn_layers > 0 and il >= spec.n_layer - spec.nextn_layers
-
-
-def kv_layer_bytes(spec: ModelSpec, cfg: RunConfig, il: int) -> int:
-    """Bytes of layer il's KV cache (0 for layers without one: recurrent, n_head_kv == 0, or an MTP layer)."""
-    if not spec.has_kv(il) or is_mtp_layer(spec, il):
-        return 0
-    cs = context_sizes(spec, cfg)
-    cells = kv_cells(spec, cfg, swa=spec.is_swa(il))
-    wk, wv = kv_widths(spec, il)
-    per_cell = row_size(cfg.cache_type_k, wk) + (row_size(cfg.cache_type_v, wv) if wv else 0)
-    return per_cell * cells * cs.n_stream
-
-
-def kv_cache_bytes(spec: ModelSpec, cfg: RunConfig, layers: Iterable[int] | None = None) -> int:
-    """Total KV cache bytes over ``layers`` (default: all). Mirrors llama_kv_cache's K/V tensors."""
-    layers = range(spec.n_layer) if layers is None else layers
-    return sum(kv_layer_bytes(spec, cfg, il) for il in layers)
-
-
-def recurrent_layer_bytes(spec: ModelSpec, cfg: RunConfig, il: int) -> int:
-    """Bytes of layer il's recurrent state: F32 R (conv) and S (SSM) rows, one per sequence.
-
-    src/llama-hparams.cpp: n_embd_r = (d_conv - 1)·(d_inner + 2·n_group·d_state), n_embd_s = d_state·d_inner;
-    src/llama-memory-recurrent.cpp allocates them per cell, with max(1, n_seq_max) cells."""
-    if not spec.is_recurrent(il):
-        return 0
-    d_conv = spec.ssm_conv_kernel or 0
-    d_inner = spec.ssm_inner_size or 0
-    d_state = spec.ssm_state_size or 0
-    n_group = spec.ssm_group_count or 0
-    n_embd_r = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
-    n_embd_s = d_state * d_inner
-    return (n_embd_r + n_embd_s) * F32 * max(1, cfg.n_parallel)
-
-
-def recurrent_bytes(spec: ModelSpec, cfg: RunConfig, layers: Iterable[int] | None = None) -> int:
-    layers = range(spec.n_layer) if layers is None else layers
-    return sum(recurrent_layer_bytes(spec, cfg, il) for il in layers)
 
 
 def output_bytes(spec: ModelSpec, cfg: RunConfig) -> int:
@@ -524,12 +385,6 @@ def _host_capacity() -> int:
     return int(psutil.virtual_memory().total)
 
 
-def resolve_flash_attn(cfg: RunConfig) -> bool:
-    """flash_attn "auto" resolves to on where the backend supports it (CPU, CUDA, Metal all do for the
-    usual head sizes; llama.cpp turns it off with a warning where a layer's device cannot run it)."""
-    return cfg.flash_attn != "off"
-
-
 def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
     accel = [d for d in devices if d.kind != "cpu"]
     host_dev = next((d for d in devices if d.kind == "cpu"), None)
@@ -703,6 +558,29 @@ def max_gpu_layers(spec: ModelSpec, devices: Device | Sequence[Device], cfg: Run
     return lo
 
 
+def fit_gpu_layers(spec: ModelSpec, devices: Device | Sequence[Device], cfg: RunConfig | None = None, *,
+                   margin: bool = False) -> tuple[RunConfig, str]:
+    """``cfg`` as it runs when the GPU(s) cannot hold the layers it asks for: with the most --gpu-layers whose GPU
+    share fits (:func:`max_gpu_layers`), and a note saying so; ``cfg`` unchanged and "" when it fits as asked, or
+    when every device is a CPU. ``margin``: fitting means leaving :func:`margin_bytes` free on each GPU.
+
+    This is the layer half of llama.cpp's ``--fit`` (common/fit.cpp, ``common_fit_params``, on by default in
+    llama-server): with -ngl at its default it moves layers off the GPUs until the rest fits (older builds refuse
+    to load instead). Its other half — shrinking the context when n_ctx is 0 — and its default 1 GiB target
+    margin per device are not modelled."""
+    cfg = cfg or RunConfig()
+    devs = _as_list(devices)
+    if all(d.kind == "cpu" for d in devs) or _fits_gpu(_plan(spec, devs, cfg), margin):
+        return cfg, ""
+    slots = layer_slots(spec)
+    asked = slots if cfg.n_gpu_layers < 0 else min(cfg.n_gpu_layers, slots)
+    ngl = max_gpu_layers(spec, devs, cfg, margin=margin)
+    if ngl >= asked:
+        return cfg, ""
+    return (cfg.with_(n_gpu_layers=ngl),
+            f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl} (as llama.cpp's --fit)")
+
+
 # ------------------------------------------------------------------------------------------------
 # feasibility: the one rule that `plan` and `tune` share
 # ------------------------------------------------------------------------------------------------
@@ -813,14 +691,14 @@ def limit_blockers(spec: ModelSpec | None, cfg: RunConfig, devices: Device | Seq
                            f"('n_seq_max must be <= {LLAMA_MAX_SEQ}')", f"use --parallel {LLAMA_MAX_SEQ} or fewer",
                            n_seq / LLAMA_MAX_SEQ - 1))
     n_ctx = cfg.n_ctx or (spec.n_ctx_train if spec is not None else 0)
-    padded = _pad(n_ctx, CTX_PAD)
+    padded = pad(n_ctx, CTX_PAD)
     if n_ctx <= 0:
         out.append(Blocker("context", "", "--ctx-size 0 means the training context, and this model records none",
                            "give --ctx-size", 1.0))
     elif n_ctx > MAX_CTX:
         out.append(Blocker("context", "", f"--ctx-size {n_ctx} is beyond llama-server's limit {MAX_CTX} (a 32-bit int)",
                            f"use --ctx-size {MAX_CTX} or less", n_ctx / MAX_CTX - 1))
-    elif not cfg.kv_unified and _pad(padded // n_seq, CTX_PAD) < 1:
+    elif not cfg.kv_unified and pad(padded // n_seq, CTX_PAD) < 1:
         # src/llama-context.cpp, llama_context::llama_context: n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256),
         # and 0 throws "n_ctx_seq == 0" (see context_sizes)
         out.append(Blocker("context", "", f"{n_seq} slots share {padded} cells: each gets none (llama.cpp refuses: "

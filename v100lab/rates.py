@@ -28,9 +28,9 @@ from v100lab import memory
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device, read_host_profile
 from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import row_bytes
+from v100lab.llama_context import bits_per_weight, causal_cells
 from v100lab.skeleton import skeleton_spec
-from v100lab.work import causal_cells, single_device_work
+from v100lab.work import single_device_work
 
 #: the host profile's key for the CPU calibration (written by :func:`v100lab.calibration.calibrate`)
 PROFILE_KEY = "speed_calibration"
@@ -90,10 +90,6 @@ class DeviceRates:
             if near:
                 return self.pp_s_per_weight[near]
         return self.pp_default_s_per_weight
-
-
-def bits_per_weight(type_name: str) -> float:
-    return 8.0 * row_bytes(type_name, 256 * 32) / (256 * 32)
 
 
 def nearest_type(type_name: str, known: Mapping[str, float]) -> str | None:

@@ -45,13 +45,7 @@ def seed_stage_prediction(stage: Mapping[str, Any], claims: Mapping[str, Any], d
     gpu = get_device(device)
     host = seed_host_device(claims)
     devs = [gpu, host]
-    note = ""
-    mp = memory.plan(spec, devs, cfg, with_max_ctx=False)
-    if not mp.fits:
-        ngl = memory.max_gpu_layers(spec, devs, cfg)
-        if ngl < min(cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10**6, spec.n_layer + 1):
-            note = f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl} (as llama.cpp's --fit)"
-            cfg = cfg.with_(n_gpu_layers=ngl)
+    cfg, note = memory.fit_gpu_layers(spec, devs, cfg)
     pred = predict(spec, devs, cfg, depth=int(stage.get("depth", 0)), n_prompt=512)
     return pred, spec, note
 

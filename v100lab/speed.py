@@ -35,11 +35,11 @@ from v100lab import memory
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device
 from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import flash_attn_effective, kv_cache_cells, n_kv_cells
+from v100lab.llama_context import causal_cells, kv_cells, n_kv_cells, resolve_flash_attn
 from v100lab.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, fit_gpu_rows,
                            gpu_rates, load_apple_table, rates_for)
 from v100lab.spec import ModelSpec
-from v100lab.work import DeviceWork, Placed, causal_cells, decode_work, layer_matrices, single_device_work
+from v100lab.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +324,9 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
             continue
         window = spec.sliding_window if (spec.is_swa(il) and spec.sliding_window) else None
         cells = causal_cells(depth, n_prompt, window)
-        if not flash_attn_effective(cfg):
+        if not resolve_flash_attn(cfg):
             # KQ over all n_kv cells of each ubatch
-            cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cache_cells(cfg, spec))
+            cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cells(spec, cfg, swa=spec.is_swa(il)))
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
     t_cmp += attn * r.pp_attn_s_per_op
     t_ovh = n_ub * r.pp_overhead_s

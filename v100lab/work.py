@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
-from v100lab.llama_context import kv_cells_read, recurrent_state_elements, row_bytes
+from v100lab.llama_context import F32, kv_cell_bytes, kv_cells_read, recurrent_state_floats
 from v100lab.spec import ModelSpec, TensorInfo
 
 # ggml-cpu simd-mappings.h, AVX512: GGML_F16_STEP 64. ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU
@@ -97,7 +97,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
     tied = spec.tensor("output.weight") is None
     n_layer_run = spec.n_layer - (spec.nextn_layers or 0)
     expert_frac = (spec.expert_used_count / spec.expert_count) if spec.expert_count else 1.0
-    state_el = recurrent_state_elements(spec) * 4.0
+    state_el = recurrent_state_floats(spec) * float(F32)
     # the seed's ceiling counts the whole file once: token_embd goes with the first layer's device
     # (with tied embeddings, with the output layer's, where it is read)
     first = next((k for k, p in placement.items() if 0 in p.layers), None)
@@ -150,8 +150,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             if not spec.has_kv(il):
                 continue
             cells = kv_cells_read(spec, il, cfg, used)
-            kv += cells * (row_bytes(cfg.cache_type_k, spec.n_embd_k_gqa(il)) +
-                           row_bytes(cfg.cache_type_v, spec.n_embd_v_gqa(il)))
+            kv += cells * kv_cell_bytes(spec, il, cfg.cache_type_k, cfg.cache_type_v)
             attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
             tail += cells * spec.n_head_at(il) * dtail
         out[dev_id] = DeviceWork(
@@ -174,16 +173,6 @@ def _input_device(placement: Mapping[str, Placed]) -> str:
         if getattr(p.device, "kind", None) == "cpu":
             return dev_id
     return next(iter(placement))
-
-
-def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
-    """Σ over the prompt's tokens of the cells each one attends to: token i sees depth + i + 1 cells
-    (at most ``window`` in a sliding-window layer)."""
-    a, n = depth + 1, n_prompt
-    if window is None:
-        return n * a + n * (n - 1) / 2
-    m = min(max(window - a, 0), n)          # tokens still inside the window
-    return m * a + m * (m - 1) / 2 + (n - m) * window
 
 
 def layer_matrices(spec, layers):

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
+from v100lab.llama_context import CTX_PAD, pad
+from v100lab.memory import fit_gpu_layers
 from v100lab.results import TPS, Observation, tidy_frame
 from v100lab.scenario import Scenario
 from v100lab.resolve import resolve
@@ -278,24 +280,8 @@ def _tests(sc: Scenario, pp: bool = True, tg: bool = True) -> list[str]:
 def _ctx_for(cfg: RunConfig, need: int) -> RunConfig:
     """``cfg`` with a context large enough for ``need`` tokens per sequence (0 = the model's own is kept)."""
     if cfg.n_ctx and cfg.n_ctx < need * max(1, cfg.n_parallel):
-        return cfg.with_(n_ctx=int(math.ceil(need * max(1, cfg.n_parallel) / 256) * 256))
+        return cfg.with_(n_ctx=pad(need * max(1, cfg.n_parallel), CTX_PAD))
     return cfg
-
-
-def _fitting(spec: ModelSpec, devices: Sequence, cfg: RunConfig) -> tuple[RunConfig, str]:
-    """``cfg`` as llama.cpp's --fit would run it on GPUs: the most layers that fit when all do not."""
-    from v100lab import memory
-
-    if all(d.kind == "cpu" for d in devices):
-        return cfg, ""
-    p = memory.plan(spec, list(devices), cfg, with_max_ctx=False)
-    gpus = p.gpu_devices
-    if all(m.fits for m in gpus.values()):
-        return cfg, ""
-    ngl = memory.max_gpu_layers(spec, list(devices), cfg)
-    if ngl < min(cfg.n_gpu_layers, memory.layer_slots(spec)):
-        return cfg.with_(n_gpu_layers=ngl), f"does not fit with -ngl {cfg.n_gpu_layers}: predicted with -ngl {ngl}"
-    return cfg, ""
 
 
 @lru_cache(maxsize=1)
@@ -325,7 +311,7 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
     devs = _devices_for(device)
     why = ""
     if fit:
-        cfg, why = _fitting(spec, devs, cfg)
+        cfg, why = fit_gpu_layers(spec, devs, cfg)
     pred_tg = speed.predict(spec, devs, cfg, depth=depth + n_gen // 2, n_prompt=max(1, n_prompt))
     pred_pp = speed.predict(spec, devs, cfg, depth=depth, n_prompt=max(1, n_prompt)) if "pp_tps" in metrics else None
     base_note = "; ".join(x for x in (note, why, f"bound: {pred_tg.bound}") if x)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from v100lab.llama_context import has_kv_cache, type_sizef
 from v100lab.spec import ModelSpec, TensorInfo
 
 TOLERANCE = 0.01
@@ -49,17 +50,15 @@ def value_of(df, **eq) -> float | None:
 
 
 def kv_layers(spec: ModelSpec) -> list[int]:
-    """The layers that keep a KV cache: not recurrent (those keep a fixed-size state) and with KV heads."""
-    return [il for il in range(spec.n_layer) if spec.has_kv(il)]
+    """The layers that keep a KV cache: not recurrent (those keep a fixed-size state), with KV heads, and not an
+    MTP layer (llama.cpp gives those no cache in the main context)."""
+    return [il for il in range(spec.n_layer) if has_kv_cache(spec, il)]
 
 
 def bytes_per_element(type_name: str) -> float:
     """Bytes per stored value of a ggml type: a block's bytes over its values (gguf.GGML_QUANT_SIZES) —
-    f16 2, q8_0 34/32 (32 int8 values and one f16 scale), q4_0 18/32."""
-    from v100lab.memory import type_size
-
-    block, size = type_size(type_name)
-    return size / block
+    f16 2, q8_0 34/32 (32 int8 values and one f16 scale), q4_0 18/32 (ggml_type_sizef)."""
+    return type_sizef(type_name)
 
 
 def not_multiplied(spec: ModelSpec) -> list[TensorInfo]:

@@ -7,10 +7,11 @@ from typing import Any
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
+from v100lab.memory import fit_gpu_layers
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import (conditions, _devices_for, _fitting, _frame, _measured, predict_rows, spec_at_quant,
+from v100lab.levers._study import (conditions, _devices_for, _frame, _measured, predict_rows, spec_at_quant,
                                    study, parameters)
 from v100lab.levers.triangle import quant_specs
 
@@ -84,7 +85,7 @@ def catalog_ceilings(sc: Scenario):
         rows += predict_rows(st.spec, st.label, dev, cfg, lever="device", value=dev.id, n_gen=sc.n_gen,
                              n_prompt=sc.n_prompt, metrics=("tg_tps",), note="fits" if fits else "does not fit")
         rows += device_ceilings(st.spec, st.label, dev, cfg, lever="device", value=dev.id, depth=sc.n_gen // 2)
-        p = speed.predict(st.spec, devs, _fitting(st.spec, devs, cfg)[0], depth=sc.n_gen // 2,
+        p = speed.predict(st.spec, devs, fit_gpu_layers(st.spec, devs, cfg)[0], depth=sc.n_gen // 2,
                           n_prompt=max(1, sc.n_prompt))
         overhead = p.t_overhead_token_s + sum(d.t_overhead_s for d in p.by_device.values())
         if overhead > 0:

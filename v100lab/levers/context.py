@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from v100lab import llama_context
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.levers._study import capture_load, conditions, _ctx_for, _devices_for, _frame, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
@@ -15,7 +16,6 @@ def kv_memory(sc: Scenario):
     """KV cache (and recurrent state) bytes for every context × cache type: predicted for the scenario's
     model, and for the measured model both predicted and read from llama.cpp's load log (lever "n_ctx",
     note "cache_type=...")."""
-    from v100lab import memory
     from v100lab.errors import RunFailed
 
     st = study(sc)
@@ -30,7 +30,7 @@ def kv_memory(sc: Scenario):
                 cfg = sc.run_config().with_(n_ctx=n_ctx, cache_type_k=ct, cache_type_v=ct,
                                             flash_attn="on" if ct not in ("f16", "f32", "bf16") else
                                             sc.flash_attn)
-                kv = memory.kv_cache_bytes(spec, cfg) + memory.recurrent_bytes(spec, cfg)
+                kv = llama_context.kv_cache_bytes(spec, cfg) + llama_context.recurrent_bytes(spec, cfg)
                 rows.append(Observation(label, spec.file_type, dev, "n_ctx", str(n_ctx), "kv_cache_bytes", float(kv),
                                         "bytes", "predicted", note=f"cache_type={ct}"))
                 if measure:
@@ -86,7 +86,7 @@ def quantized_v(sc: Scenario):
         p = memory.plan(spec, [st.host] if st.measuring else _devices_for(st.device), cfg, with_max_ctx=False)
         refused = [w for w in p.warnings if "refuses" in w]
         predicted = ("refused: " + refused[0].split(":")[0]) if refused else \
-            f"loads; KV {memory.kv_cache_bytes(spec, cfg) / MIB:.1f} MiB"
+            f"loads; KV {llama_context.kv_cache_bytes(spec, cfg) / MIB:.1f} MiB"
         measured = "not measured"
         if st.measuring:
             try:

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
+from v100lab.llama_context import kv_bytes_per_token, kv_cache_bytes as _kv_cache_bytes
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
@@ -18,20 +19,6 @@ PARAMETERS = parameters("compare_gpu", "n_gpu_layers", "n_ctx", "n_batch", "n_ub
                         "n_parallel", "swa_full", "quants", "ctx_sizes", "cache_types")
 
 log = logging.getLogger(__name__)
-
-
-def kv_bytes_per_token(spec: ModelSpec, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
-    """Bytes of K and V cache one token adds, over the layers that have a cache (the seed's
-    2 × layers × KV heads × head_dim × bytes, with GQA, SWA and recurrent layers as llama.cpp has them)."""
-    from v100lab.memory import kv_widths, row_size
-
-    total = 0
-    for il in range(spec.n_layer):
-        if not spec.has_kv(il):
-            continue
-        wk, wv = kv_widths(spec, il)
-        total += row_size(cache_type_k, wk) + (row_size(cache_type_v, wv) if wv else 0)
-    return int(total)
 
 
 def header_facts(sc: Scenario):
@@ -171,6 +158,4 @@ def largest_context(grid):
 
 def kv_cache_bytes(sc: Scenario) -> int:
     """The KV cache the memory model predicts for the scenario's model and flags (all sequences, all layers)."""
-    from v100lab import memory
-
-    return memory.kv_cache_bytes(study(sc).spec, sc.run_config())
+    return _kv_cache_bytes(study(sc).spec, sc.run_config())
