@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 
+from v100lab.memory import type_size
 from v100lab.spec import ModelSpec, TensorInfo
+from v100lab.speed import rates_for
+from v100lab.levers.steps import study
 
 TOLERANCE = 0.01
 
@@ -56,8 +59,6 @@ def kv_layers(spec: ModelSpec) -> list[int]:
 def bytes_per_element(type_name: str) -> float:
     """Bytes per stored value of a ggml type: a block's bytes over its values (gguf.GGML_QUANT_SIZES) —
     f16 2, q8_0 34/32 (32 int8 values and one f16 scale), q4_0 18/32."""
-    from v100lab.memory import type_size
-
     block, size = type_size(type_name)
     return size / block
 
@@ -83,8 +84,6 @@ def subject(sc):
 
     The device's ``bandwidth_gbs`` is the peak the speed model divides by (:func:`peak_bandwidth_gbs`), so a
     by-hand ceiling and the package's agree on a calibrated host too."""
-    from v100lab.levers._study import study
-
     st = study(sc)
     if st.measuring:
         return st.measured_spec, with_peak_bandwidth(st.host, sc), st.measured_label
@@ -95,8 +94,6 @@ def peak_bandwidth_gbs(device, sc) -> float:
     """GB/s no decode on ``device`` can beat, as the speed model takes it (``speed.DeviceRates.peak_bandwidth``):
     the catalog figure for a GPU; for a calibrated host the larger of its STREAM-like figure and the best
     bandwidth llama.cpp itself reached while calibrating."""
-    from v100lab.speed import rates_for
-
     return rates_for(device, sc.run_config()).peak_bandwidth / 1e9
 
 

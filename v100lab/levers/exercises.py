@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from v100lab import memory, speed
+from v100lab.devices import get_device
 from v100lab.errors import ConfigError
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _devices_for, GIB, MIB, spec_at_quant, study
+from v100lab.levers.steps import GIB, MIB, devices_for, spec_at_quant, study
 
 
 def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
-    from v100lab import memory, speed
-    from v100lab.devices import get_device
-
     st = study(sc)
     spec = spec_at_quant(sc.model, quant) if quant else st.spec
     device = get_device(sc.device)
-    devs = _devices_for(device)
+    devs = devices_for(device)
     cfg = sc.run_config()
     plan = memory.plan(spec, devs, cfg, with_max_ctx=False)
     fitted = cfg

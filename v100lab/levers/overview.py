@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+from v100lab import speed, zoo
+from v100lab.bench import run_tests
+from v100lab.calibration import load_seed_claims
 from v100lab.config import RunConfig
+from v100lab.devices import get_device
 from v100lab.errors import V100labError
+from v100lab.header import read_spec
 from v100lab.scenario import Scenario
-from v100lab.levers._study import (beside, _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model,
+from v100lab.skeleton import skeleton_spec
+from v100lab.levers.course import LESSONS
+from v100lab.levers.steps import (beside, ctx_for, lever_frame, GIB, gpu_backend, measured_rows, predict_rows, with_note, stage_model,
                                    study, parameters, threads_text)
 
 PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
@@ -15,8 +22,6 @@ PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
 def notebook_map():
     """The notebooks of the workbook, in reading order, and the question each answers."""
     import pandas as pd
-
-    from v100lab.levers.course import LESSONS
 
     return pd.DataFrame([(x.notebook, x.question) for x in LESSONS], columns=["notebook", "what it shows"])
 
@@ -52,12 +57,6 @@ def staircase(sc: Scenario):
     assumed model) — and, on this machine, each stage's flags measured vs predicted for the measured model.
 
     Lever "stage", value "N name"; claimed rows only when the scenario's ``claims`` is "seed"."""
-    from v100lab import speed
-    from v100lab.bench import run_tests
-    from v100lab.calibration import load_seed_claims
-    from v100lab.header import read_spec
-    from v100lab import zoo
-
     from dataclasses import replace
 
     st = study(sc)
@@ -72,10 +71,10 @@ def staircase(sc: Scenario):
         cfg_map = dict(stage.get("config") or {})
         depth = int(stage.get("depth", 0))
         depths.add(depth)
-        cfg = _ctx_for(RunConfig.from_mapping({**cfg_map, "n_threads": sc.n_threads}), depth + sc.n_gen + 1)
+        cfg = ctx_for(RunConfig.from_mapping({**cfg_map, "n_threads": sc.n_threads}), depth + sc.n_gen + 1)
         if not st.measuring:
             continue
-        model, note = _stage_model(st, stage["quant"])
+        model, note = stage_model(st, stage["quant"])
         try:
             mspec = read_spec(zoo.resolve(model))
         except V100labError as exc:
@@ -87,13 +86,13 @@ def staircase(sc: Scenario):
         if sc.n_gen:
             got = run_tests(model, cfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
                             lever="stage", value=label)
-            obs, fails = _measured(got, mlabel)
-            rows += [_renote(o, note) for o in obs]
+            obs, fails = measured_rows(got, mlabel)
+            rows += [with_note(o, note) for o in obs]
             failures += fails
     here = (f"right: {st.measured_label}, each stage's own flags (-c, -fa, KV cache), depth "
             f"{'/'.join(map(str, sorted(depths)))}, {threads_text(sc.n_threads)}, tg{sc.n_gen} × {sc.repetitions}"
             if st.measuring else "")
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, conditions=here,
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured, conditions=here,
                   depth=next(iter(depths)) if len(depths) == 1 else None)
 
 
@@ -107,10 +106,6 @@ def seed_stage(index: int = -1):
     """One stage of the seed's staircase (default: the last) as the by-hand cell needs it: (the seed's
     assumed model at the stage's quant, the seed's device, the stage's label in :func:`staircase`'s frame,
     the stage's claimed tok/s range)."""
-    from v100lab.calibration import load_seed_claims
-    from v100lab.devices import get_device
-    from v100lab.skeleton import skeleton_spec
-
     claims = load_seed_claims()
     stage = claims["stages"][index]
     spec = skeleton_spec(claims["model"]["arch"], stage["quant"])
