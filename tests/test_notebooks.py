@@ -359,7 +359,7 @@ def test_a_difference_inside_the_noise_is_no_difference():
 
     def row(v, x, sd):
         return Observation("m", "Q4_0", "host", "n_ubatch", v, "pp_tps", x, "tok/s", "measured",
-                           note=f"pp512; ±{sd:.2f} (r=3); backend x")
+                           note="pp512; backend x", sd=sd, repetitions=3)
     assert "no difference" in _effect(tidy_frame([row("512", 100.0, 6.0), row("2048", 110.0, 6.0)]), "pp_tps",
                                       "n_ubatch")
     assert "best 2048" in _effect(tidy_frame([row("512", 100.0, 1.0), row("2048", 110.0, 1.0)]), "pp_tps",
@@ -376,7 +376,7 @@ def test_sweep_draws_error_bars_ticks_at_the_values_and_the_conditions():
     rows = []
     for v, x in (("1", 30.0), ("2", 52.0), ("4", 80.0)):
         rows.append(Observation("m", "Q4_0", "host", "n_parallel", v, "tg_tps", x, "tok/s", "measured",
-                                note=f"tg64; ±{x / 10:.2f} (r=3); backend x"))
+                                note="tg64; backend x", sd=x / 10, repetitions=3))
         rows.append(Observation("m", "Q4_0", "host", "n_parallel", v, "tg_tps", x * 1.1, "tok/s", "predicted"))
     df = lever_frame(rows, conditions="m · depth 0 · -fa auto · -c 2048 · -t 2", depth=0)
     fig = plots.sweep(df, "title", lever="n_parallel", metrics=("tg_tps",))
