@@ -27,9 +27,11 @@ parameters cell holds): ``overview`` 00, ``triangle`` 01, ``ceiling`` 02, ``base
 04, ``gpu_layers`` 05, ``context`` 06, ``flash_attn`` 07, ``batch`` 08, ``threads`` 09, ``parallel`` 10,
 ``loading`` 11, ``final`` 12; :mod:`~v100lab.levers.course` lists them in reading order;
 :mod:`~v100lab.levers.by_hand` holds what the by-hand cells use (:func:`agree`), :mod:`~v100lab.levers.exercises`
-the "try it" answers (:func:`what_if`); ``summaries`` holds the
-``summary_*`` paragraphs, ``captions`` the ``caption_*`` sentences under each plot (what to look at). The notebooks call everything through this package (``levers.baseline(sc)``), so
-the names below are the workbook's API.
+the "try it" answers (:func:`what_if`); ``summaries`` holds the ``summary_*`` paragraphs, ``captions`` the
+``caption_*`` sentences under each plot (what to look at), ``text`` the words both share (picking rows, numbers,
+a difference judged against the noise); every measured-vs-predicted figure in them comes from
+:func:`v100lab.results.compare`. The notebooks call everything through this package (``levers.baseline(sc)``),
+so the names below are the workbook's API.
 """
 
 from v100lab.skeleton import SKELETON_PREFIX, load_spec

@@ -281,7 +281,7 @@ def caption_baseline(sc: Scenario, base):
             else None
         out.append(md("{name}: the orange bar is {v} tok/s{runs}, {e}{ceil}.", name=name.capitalize(),
                        v=fmt(r["measured"]), runs=_runs(r["sd"], int(r["repetitions"])), e=_against(r["measured"], p),
-                       ceil=f" and {100 * r['result'] / c:.0f} % of the strict ceiling ({fmt(c)})" if c else ""))
+                       ceil=f" and {100 * r['measured'] / c:.0f} % of the strict ceiling ({fmt(c)})" if c else ""))
     st = study(sc)
     if st.device.id != HOST:
         p = mean_of(base, metric="tg_tps", source="predicted", device=st.device.id)

@@ -22,12 +22,12 @@ from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
 from v100lab.loadlog import load_and_capture
-from v100lab.results import TPS, flag_above_ceiling, Observation, tidy_frame
-from v100lab.scenario import NO_GPU, keys, Scenario
-from v100lab.spec import ModelSpec
-from v100lab.worker import call_isolated
+from v100lab.results import TPS, Observation, flag_above_ceiling, tidy_frame
+from v100lab.scenario import NO_GPU, Scenario, keys
 from v100lab.skeleton import (SKELETON_PREFIX, arch_spec_of, is_skeleton_name, load_spec, parse_skeleton_name,
                               skeleton_spec)
+from v100lab.spec import ModelSpec
+from v100lab.worker import call_isolated
 
 
 HOST = "host"
