@@ -248,7 +248,7 @@ def compare(df, on: Sequence[str] = COMPARE_KEYS, *, metric: str | Sequence[str]
     if require:
         out = out.dropna(subset=list(require)).reset_index(drop=True)
     out[["ratio", "claimed_ratio"]] = out[["ratio", "claimed_ratio"]].replace([np.inf, -np.inf], np.nan)
-    return out
+    return out[keys + ["measured", "predicted", "claimed", "ratio", "claimed_ratio", "sd", "repetitions"]]
 
 
 # ------------------------------------------------------------------------------------------------
