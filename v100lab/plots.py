@@ -39,8 +39,8 @@ def _inline_formatter() -> None:
     """Make IPython show a bare ``Figure`` as a PNG (what ``%matplotlib inline`` registers; a kernel that
     never imported pyplot has not done it). Nothing happens outside IPython."""
     try:
-        from IPython import get_ipython
-        from IPython.core.pylabtools import select_figure_formats
+        from IPython import get_ipython  # optional dependency: IPython (only a notebook displays it)
+        from IPython.core.pylabtools import select_figure_formats  # optional dependency: IPython (only a notebook displays it)
     except ImportError:
         return
     shell = get_ipython()
@@ -50,8 +50,8 @@ def _inline_formatter() -> None:
 
 
 def _figure(ncols: int = 1, nrows: int = 1, width: float = 6.4, height: float = 4.2, **kw):
-    import seaborn as sns
-    from matplotlib.figure import Figure
+    import seaborn as sns  # heavy third-party dependency (plotting)
+    from matplotlib.figure import Figure  # heavy third-party dependency (plotting)
 
     _inline_formatter()
 
@@ -142,7 +142,7 @@ def _value_ticks(ax, order: Sequence[str], numeric: bool) -> None:
         ax.set_xticks([float(v) for v in order])
         ax.set_xticklabels([mpl_text(v) for v in order], rotation=30 if len(order) > 6 else 0)
     else:
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # heavy third-party dependency (plotting)
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
@@ -352,8 +352,8 @@ def fit_heatmap(grid):
     """The VRAM triangle: per model and device (one row of panels each: the scenario's, and the GPU beside
     this machine when there is one), one heatmap per cache type, quants × context sizes, coloured by the
     margin left on the device (GiB; red: does not fit), annotated with the margin."""
-    import numpy as np
-    import seaborn as sns
+    import numpy as np  # heavy third-party dependency
+    import seaborn as sns  # heavy third-party dependency (plotting)
 
     g = grid[(grid["lever"] == "n_ctx") & (grid["metric"] == "margin_bytes")].copy()
     g["cache type"] = g["cache_type"]
@@ -480,7 +480,7 @@ def roofline(df):
 def apple(df):
     """Published Apple Silicon rows (x) against the prediction for the same chip (y), tg and pp, log-log,
     with the line of perfect agreement and ±15 %."""
-    import numpy as np
+    import numpy as np  # heavy third-party dependency
 
     fig, axes = _figure(ncols=2, width=5.0, height=4.6)
     seen: set = set()
@@ -714,7 +714,7 @@ def load_times(df):
         _empty(axes[0][0], mpl_text(f"not measured: {why}"))
         _empty(axes[0][1], "")
         return fig
-    import seaborn as sns
+    import seaborn as sns  # heavy third-party dependency (plotting)
 
     for ax, metric, label in ((axes[0][0], "load_s", "load model + create context (s)"),
                               (axes[0][1], "first_token_s", "prompt + first token after loading (s)")):

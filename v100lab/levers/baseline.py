@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from v100lab import memory
 from v100lab.bench import environment
 from v100lab.errors import RunFailed
@@ -33,7 +35,6 @@ def baseline(sc: Scenario):
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
                              metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
         obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, bench_tests(sc))
-        from dataclasses import replace
 
         rows += [replace(o, lever="config", value="baseline") for o in obs]
     return lever_frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
@@ -45,7 +46,7 @@ def run_environment():
     """Where the measurements of this notebook ran: the CPU and the flags llama.cpp's kernels use, the llama.cpp
     build (commit, its system-info line), the build flags scripts/setup.sh chose and why, the OS — the same
     facts every measured row carries (``env``), so that rows from two builds or CPUs can be told apart."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     env = environment()
     rows = [("CPU", env.get("cpu_model"), f"{env.get('cpu_count')} cores"),
@@ -65,7 +66,7 @@ def load_diagnosis(sc: Scenario):
     """What llama.cpp's load log says for the measured model with the scenario's flags — offloaded layers,
     flash attention, context, and each buffer with its device — beside the memory plan's figure for it.
     Without a measurement: the plan for the scenario's model on its device."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
     cfg = sc.run_config()

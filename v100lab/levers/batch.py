@@ -4,6 +4,8 @@ measured vs predicted over the micro-batch sizes, with a prompt longer than the 
 
 from __future__ import annotations
 
+import math
+
 from v100lab.scenario import Scenario
 from v100lab.speed import _layer_matrices
 from v100lab.levers.steps import conditions, ctx_for, lever_frame, lever_rows, parameters, study
@@ -41,8 +43,6 @@ def batch_sweep(sc: Scenario):
 def prompt_weight_bytes(sc: Scenario, n_ubatch: int, n_prompt: int | None = None) -> float:
     """Weight bytes read to process a prompt (default :func:`batch_prompt` tokens) in steps of ``n_ubatch``
     tokens — every layer's matrices once per step (the speed model's memory term of prompt processing)."""
-    import math
-
     spec = study(sc).spec
     n_prompt = batch_prompt(sc) if n_prompt is None else n_prompt
     steps = math.ceil(n_prompt / n_ubatch)       # batch_sweep raises -b to at least -ub

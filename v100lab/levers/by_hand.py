@@ -11,6 +11,7 @@ stops the notebook: either the lesson's formula or the package is wrong.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from v100lab.memory import type_size
 from v100lab.spec import ModelSpec, TensorInfo
@@ -98,6 +99,4 @@ def peak_bandwidth_gbs(device, sc) -> float:
 
 
 def with_peak_bandwidth(device, sc):
-    from dataclasses import replace
-
     return replace(device, bandwidth_gbs=peak_bandwidth_gbs(device, sc))

@@ -72,7 +72,7 @@ def depth_sweep(sc: Scenario):
 def quantized_v(sc: Scenario):
     """Quantized V needs flash attention: for V = f16 and V = q8_0 with flash attention off and on, what the
     memory plan predicts (KV bytes, llama.cpp's refusal) and what llama.cpp does here when it loads."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
     spec = st.measured_spec if st.measuring else st.spec

@@ -51,7 +51,7 @@ def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str |
     keys set to new values (``n_threads=1``), numeric keys scaled (``scale={"n_ctx": 0.5}``), or the model
     at another quant (``quant="Q8_0"``). A table of what changes: context, KV cache, memory, whether it fits,
     decode at depth 0 and halfway through the context, prompt processing, the strict ceiling."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     new = dict(changes)
     for key, factor in (scale or {}).items():

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -46,7 +48,7 @@ def final_config(sc: Scenario):
 
 def command_reasons(sc: Scenario):
     """The tuned llama-server command, one row per flag with why it is there and what it buys."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     t = final_config(sc)
     rows = [{"flag": _display_flag(r.flag), "why": r.why,
@@ -70,9 +72,6 @@ def tuned_command(sc: Scenario) -> list[str]:
 def display_path(path: str) -> str:
     """A model path as the command shows it: inside the virtual environment or the v100lab cache, the file's
     name (``v100lab models`` says where it is); below the current folder, relative to it; else as it is."""
-    import os
-    import sys
-
     p = Path(path)
     if not p.is_absolute():
         return path
@@ -184,7 +183,7 @@ def own_staircase(sc: Scenario):
 def seed_verdict_table(sc: Scenario):
     """The seed's final command against the tuned one for the seed's device and assumed model, flag by flag
     (:func:`v100lab.advisor.seed_verdict`); empty when the scenario's claims are not the seed's."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     if sc.claims != "seed":
         return pd.DataFrame(columns=["flag", "seed", "tuned", "verdict"])

@@ -27,8 +27,8 @@ def load_modes():
     ``enum llama_load_mode``), each with the build's own name for it, whether it is the build's default, and
     the flags (``--no-mmap``/``--mlock``, RunConfig's ``use_mmap``/``use_mlock``) that select it — modes no
     flag selects are listed as such. Also whether the build supports mmap and mlock on this machine."""
-    import llama_cpp
-    import pandas as pd
+    import llama_cpp  # heavy dependency: llama-cpp-python (loads llama.cpp)
+    import pandas as pd  # heavy third-party dependency
 
     by_value: dict[int, list[str]] = {}
     for name, flags in MODES:

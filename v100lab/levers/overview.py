@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from v100lab import speed, zoo
 from v100lab.bench import run_tests
 from v100lab.calibration import load_seed_claims
@@ -21,14 +23,14 @@ PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
 
 def notebook_map():
     """The notebooks of the workbook, in reading order, and the question each answers."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     return pd.DataFrame([(x.notebook, x.question) for x in LESSONS], columns=["notebook", "what it shows"])
 
 
 def scenario_facts(sc: Scenario):
     """What this run studies: the model, the device, what is measured here (or why not), the flags."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
     d = st.device
@@ -57,8 +59,6 @@ def staircase(sc: Scenario):
     assumed model) — and, on this machine, each stage's flags measured vs predicted for the measured model.
 
     Lever "stage", value "N name"; claimed rows only when the scenario's ``claims`` is "seed"."""
-    from dataclasses import replace
-
     st = study(sc)
     claims = load_seed_claims()
     relabel = {f"{s['id']} {s['name']}": stage_label(i, s) for i, s in enumerate(claims["stages"])}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from v100lab import bench, quality, zoo
 from v100lab.header import read_spec
 from v100lab.results import Observation
@@ -21,8 +23,6 @@ def quant_ladder(sc: Scenario):
     """The quant ladder. When measuring: ``ladder_model``'s real ladder, built here by llama.cpp's quantizer
     and measured (decode, prompt, file size) beside the prediction from each file's own header; otherwise the scenario's
     model predicted on its device per quant (decode, prompt, file bytes). Lever "quant"."""
-    from dataclasses import replace
-
     st = study(sc)
     cfg = ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
     rows: list[Observation] = []

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Sequence
 
 from v100lab import memory
@@ -36,7 +37,7 @@ def kv_bytes_per_token(spec: ModelSpec, cache_type_k: str = "f16", cache_type_v:
 
 def header_facts(sc: Scenario):
     """The scenario model's header, as the memory model reads it (a two-column table)."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     s = study(sc).spec
     kv_layers = sum(1 for il in range(s.n_layer) if s.has_kv(il))
@@ -133,8 +134,6 @@ def fit_grid(sc: Scenario):
     seed's model on its V100) when the scenario predicts for a CPU: for every quant × context × cache type,
     the busiest device's total bytes and margin, whether it fits, how many layers fit, and the largest context
     per quant and cache type (memory.triangle, all predicted; model and device say which grid)."""
-    from dataclasses import replace
-
     st = study(sc)
     grids = [(st.label, st.device, quant_specs(sc))]
     gpu = beside(sc)
