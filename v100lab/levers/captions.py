@@ -312,12 +312,12 @@ def caption_ladder(sc: Scenario, ladder):
 def caption_file_sizes(sc: Scenario, ladder):
     """Under the file sizes: predicted vs written, and how much the smallest rung saves."""
     out = []
-    f = pick(ladder, metric="file_bytes")
-    meas = f[f["source"] == "measured"].set_index("value")["result"]
-    pred = f[f["source"] == "predicted"].groupby("value")["result"].mean()
-    both = [q for q in meas.index if q in pred.index]
-    if both:
-        errs = {q: abs(pred[q] / meas[q] - 1) for q in both}
+    c = compare(ladder, metric="file_bytes")
+    meas = c.dropna(subset=["measured"]).set_index("value")["measured"]
+    pred = c.dropna(subset=["predicted"]).groupby("value", sort=False)["predicted"].mean()
+    both = c.dropna(subset=["measured", "ratio"])
+    errs = {q: abs(1 / r - 1) for q, r in zip(both["value"], both["ratio"]) if r}    # predicted ÷ measured − 1
+    if errs:
         worst = max(errs, key=errs.get)
         out.append(md("Each pair of bars agrees within {w} ({q} the widest): the file size follows from the "
                        "header's shapes and llama-quantize's per-tensor types.", w=f"{100 * errs[worst]:.1f} %",
