@@ -38,7 +38,7 @@ from v100lab.skeleton import SKELETON_PREFIX, load_spec
 # stage_model: used by benchmarks/bench_notebooks.py (it builds the stage files ahead of a timed run)
 from v100lab.levers.steps import (
     HOST, GIB, MIB, COMPONENTS, STUDY_PARAMETERS, spec_at_quant, Study, study, gpu_backend, gpu_host,
-    predict_rows, measure_sweep, capture_load, stage_model, Target, beside, gpu_subject, conditions, lever_frame,
+    predict_rows, measure_sweep, capture_load, stage_model, Target, beside, gpu_subject, conditions,
 )
 from v100lab.levers.by_hand import (
     agree, value_of, kv_layers, bytes_per_element, not_multiplied, output_bytes, subject,
@@ -75,7 +75,7 @@ from v100lab.levers.captions import (
 __all__ = [
     'SKELETON_PREFIX', 'load_spec', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS',
     'spec_at_quant', 'Study', 'study', 'gpu_backend', 'gpu_host', 'predict_rows', 'measure_sweep', 'capture_load',
-    'stage_model', 'lever_frame', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
+    'stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
     'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',
     'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'kv_cache_bytes', 'ceilings',
     'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis', 'run_environment',
