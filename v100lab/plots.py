@@ -39,8 +39,9 @@ def _inline_formatter() -> None:
     """Make IPython show a bare ``Figure`` as a PNG (what ``%matplotlib inline`` registers; a kernel that
     never imported pyplot has not done it). Nothing happens outside IPython."""
     try:
-        from IPython import get_ipython  # optional dependency: IPython (only a notebook displays it)
-        from IPython.core.pylabtools import select_figure_formats  # optional dependency: IPython (only a notebook displays it)
+        # optional dependency: IPython (only a notebook displays figures)
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
     except ImportError:
         return
     shell = get_ipython()

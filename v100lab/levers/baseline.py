@@ -122,8 +122,8 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
     """Publish the notebook's headline for the batch index: the measured figure of ``metric`` on this
     machine and the prediction for the same model, device, lever value and conditions (the last pair
     :func:`v100lab.results.compare` gives), with that configuration spelt out (the lever's value and the
-    frame's ``conditions``). When the notebook measured nothing, the prediction alone and why (the index shows "ok (partial)"). Displays it;
-    returns None (so the cell shows it once)."""
+    frame's ``conditions``). When the notebook measured nothing, the prediction alone and why (the index shows
+    "ok (partial)"). Displays it; returns None (so the cell shows it once)."""
     c = compare(df, metric=metric, lever=lever, require=("measured", "predicted"))
     if value is not None:
         c = c[c["value"] == str(value)]

@@ -16,8 +16,8 @@ from v100lab.scenario import Scenario
 from v100lab.skeleton import skeleton_spec
 from v100lab.spec import ModelSpec
 from v100lab.levers.triangle import quant_specs
-from v100lab.levers.steps import (conditions, devices_for, _fitting, lever_frame, measured_rows, predict_rows, spec_at_quant,
-                                   study, parameters)
+from v100lab.levers.steps import (_fitting, conditions, devices_for, lever_frame, measured_rows, parameters,
+                                  predict_rows, spec_at_quant, study)
 
 PARAMETERS = parameters("claims", "compare_devices", "n_ctx", "n_threads", "quants", "n_gen", "repetitions")
 

@@ -8,8 +8,8 @@ from v100lab import memory, speed
 from v100lab.config import ALL_LAYERS
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
-from v100lab.levers.steps import (conditions, ctx_for, devices_for, lever_frame, gpu_backend, gpu_subject, measure_sweep,
-                                   predict_rows, study, bench_tests, parameters)
+from v100lab.levers.steps import (bench_tests, conditions, ctx_for, devices_for, gpu_backend, gpu_subject,
+                                  lever_frame, measure_sweep, parameters, predict_rows, study)
 
 PARAMETERS = parameters("compare_gpu", "n_ctx", "cache_type_k", "cache_type_v", "n_threads", "gpu_layers", "ctx_sizes", "n_prompt",
                         "n_gen", "repetitions")

@@ -15,8 +15,8 @@ from v100lab.header import read_spec
 from v100lab.scenario import Scenario
 from v100lab.skeleton import skeleton_spec
 from v100lab.levers.course import LESSONS
-from v100lab.levers.steps import (beside, ctx_for, lever_frame, GIB, gpu_backend, measured_rows, predict_rows, with_note, stage_model,
-                                   study, parameters, threads_text)
+from v100lab.levers.steps import (GIB, beside, ctx_for, gpu_backend, lever_frame, measured_rows, parameters,
+                                  predict_rows, stage_model, study, threads_text, with_note)
 
 PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
 

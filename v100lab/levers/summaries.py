@@ -167,7 +167,8 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
         pr = None if r["predicted"] != r["predicted"] else float(r["predicted"])
         ce = mean_of(roof, metric="ceiling_tg_tps", value=r["value"], model=r["model"])
         lines.append(md("Here {model} {q} decoded at {m} tok/s: {f} of this machine's bandwidth ceiling ({c}), "
-                         "predicted {p} ({e}); the host is {cal}.", model=r["model"], q=r["value"], m=fmt(r["measured"]),
+                         "predicted {p} ({e}); the host is {cal}.", model=r["model"], q=r["value"],
+                         m=fmt(r["measured"]),
                          f=f"{100 * r['measured'] / ce:.0f} %" if ce else "—", c=fmt(ce), p=fmt(pr),
                          e=pct(pr, r["measured"]), cal="calibrated" if roof.attrs.get("calibrated") else
                          "not calibrated (run v100lab calibrate)"))
@@ -284,7 +285,8 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
     if len(pred):
         big = str(max(int(v) for v in pred["value"]))
         per_ct = ", ".join(f"{ct} {r / MIB:,.0f} MiB"
-                           for ct, r in pick(pred, value=big, model=pred["model"].iloc[0])[["cache_type", "result"]].values)
+                           for ct, r in pick(pred, value=big, model=pred["model"].iloc[0])[["cache_type",
+                                                                                            "result"]].values)
         lines.append(md("KV cache of {model} at -c {ctx}: {per}.", model=pred["model"].iloc[0], ctx=big, per=per_ct))
     if (kv["source"] == "measured").any():
         lines.append(md("KV bytes predicted vs llama.cpp's log: {agree}.",
