@@ -49,9 +49,15 @@ class TidyError(V100labError, ValueError):
     """A tidy row or frame that breaks the schema (the message names the column)."""
 
 
-def _col(kind: str, default: Any = None):
-    meta = {"kind": kind}
-    return field(metadata=meta) if default is None and kind != FLAG else field(default=default, metadata=meta)
+_REQUIRED_MARK = object()
+
+
+def _col(kind: str, default: Any = _REQUIRED_MARK):
+    """A column of the table: its kind (how a value is checked) and its default. A column without a default is
+    required; a flag column's default is None (not judged)."""
+    if default is _REQUIRED_MARK:
+        default = None if kind == FLAG else MISSING
+    return field(default=default, metadata={"kind": kind})
 
 
 @dataclass(frozen=True)
