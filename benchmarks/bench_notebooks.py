@@ -54,7 +54,7 @@ def setup(params: Path) -> float:
             from v100lab.seed import load_seed_claims
 
             for stage in load_seed_claims()["stages"]:
-                model, _ = levers._stage_model(st, stage["quant"])
+                model, _ = levers.stage_model(st, stage["quant"])
                 zoo.resolve(model)
     return time.perf_counter() - t0
 

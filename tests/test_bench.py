@@ -163,6 +163,7 @@ def test_sweep_and_observations(default_model, tmp_path):
     assert list(df["metric"]) == ["tg_tps", "tg_tps"] and set(df["source"]) == {"measured"}
     assert list(df["value"]) == ["0", "16"] and (df["tok_s"] > 0).all()
     assert all("backend inprocess" in n for n in df["note"])
+    assert list(df["repetitions"]) == [2, 2] and (df["sd"] >= 0).all()     # the spread is a column, not a note
     again = bench.sweep(default_model, CFG, "n_depth", [0, 16], tests="tg8", repetitions=2, results=res,
                         progress=False, monitor=False)
     assert [r["run_id"] for r in again] == [r["run_id"] for r in rows]     # resumed: nothing re-measured

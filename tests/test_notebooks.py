@@ -155,7 +155,7 @@ def test_the_notebooks_keys_are_read_by_its_steps(path):
     levers modules it calls (a llama.cpp flag counts when that code builds ``sc.run_config()``), or it is one
     of the keys :func:`levers.study` reads. A key nobody reads would be a knob that does nothing."""
     nb = _read(path)
-    source = "\n".join(inspect.getsource(m) for m in _modules_called(nb) | {levers._study})
+    source = "\n".join(inspect.getsource(m) for m in _modules_called(nb) | {levers.steps})
     read = set(re.findall(r"\bsc\.(\w+)", source)) | set(levers.STUDY_PARAMETERS)
     if "run_config()" in source:
         read |= set(RunConfig.__dataclass_fields__)
@@ -359,7 +359,7 @@ def test_a_difference_inside_the_noise_is_no_difference():
 
     def row(v, x, sd):
         return Observation("m", "Q4_0", "host", "n_ubatch", v, "pp_tps", x, "tok/s", "measured",
-                           note=f"pp512; ±{sd:.2f} (r=3); backend x")
+                           note="pp512; backend x", sd=sd, repetitions=3)
     assert "no difference" in _effect(tidy_frame([row("512", 100.0, 6.0), row("2048", 110.0, 6.0)]), "pp_tps",
                                       "n_ubatch")
     assert "best 2048" in _effect(tidy_frame([row("512", 100.0, 1.0), row("2048", 110.0, 1.0)]), "pp_tps",
@@ -370,15 +370,15 @@ def test_sweep_draws_error_bars_ticks_at_the_values_and_the_conditions():
     from matplotlib.container import ErrorbarContainer
 
     from v100lab import plots
-    from v100lab.levers._study import _frame
+    from v100lab.levers.steps import lever_frame
     from v100lab.results import Observation
 
     rows = []
     for v, x in (("1", 30.0), ("2", 52.0), ("4", 80.0)):
         rows.append(Observation("m", "Q4_0", "host", "n_parallel", v, "tg_tps", x, "tok/s", "measured",
-                                note=f"tg64; ±{x / 10:.2f} (r=3); backend x"))
+                                note="tg64; backend x", sd=x / 10, repetitions=3))
         rows.append(Observation("m", "Q4_0", "host", "n_parallel", v, "tg_tps", x * 1.1, "tok/s", "predicted"))
-    df = _frame(rows, conditions="m · depth 0 · -fa auto · -c 2048 · -t 2", depth=0)
+    df = lever_frame(rows, conditions="m · depth 0 · -fa auto · -c 2048 · -t 2", depth=0)
     fig = plots.sweep(df, "title", lever="n_parallel", metrics=("tg_tps",))
     ax = fig.axes[0]
     bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]

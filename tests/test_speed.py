@@ -7,7 +7,6 @@ checked for the relationships they must keep whatever the calibration says.
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -16,7 +15,7 @@ from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.errors import V100labError
 from v100lab.header import read_spec
-from v100lab.results import Observation, tidy_frame
+from v100lab.results import tidy_frame
 from v100lab.skeleton import skeleton_spec
 from v100lab.work import Placed
 
@@ -201,12 +200,3 @@ def test_uncalibrated_cpu_says_so(llama7b):
 
 # ---- flags -------------------------------------------------------------------------------------
 
-def test_flag_above_ceiling_marks_only_decode_rows():
-    rows = [Observation("m", "Q4_0", "v100-16gb", "stage", "6", "tg_tps", 65.0, "tok/s", "claimed"),
-            Observation("m", "Q4_0", "v100-16gb", "stage", "4", "tg_tps", 55.0, "tok/s", "claimed"),
-            Observation("m", "Q4_0", "v100-16gb", "", "", "pp_tps", 900.0, "tok/s", "measured"),
-            Observation("m", "Q8_0", "v100-16gb", "", "", "tg_tps", 99.0, "tok/s", "measured")]
-    df = speed.flag_above_ceiling(tidy_frame(rows), {("m", "Q4_0", "v100-16gb"): 62.07})
-    assert list(df["above_ceiling"][:2]) == [True, False]
-    assert df["above_ceiling"][2] is None or math.isnan(df["above_ceiling"][2])     # pp never flagged
-    assert df["above_ceiling"][3] is None or math.isnan(df["above_ceiling"][3])     # no ceiling known

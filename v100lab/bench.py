@@ -431,7 +431,8 @@ def rows_to_observations(rows: Iterable[Mapping[str, Any]], model_label: str, de
         value = r.get("value") if r.get("lever") else str(r.get("n_depth", 0))
         out.append(Observation(model=model_label, quant=r.get("model_file_type") or "unknown", device=device,
                                lever=lever, value=str(value), metric=metric_of(r), result=float(r["avg_ts"]),
-                               unit=TPS, source="measured", note="; ".join(notes)))
+                               unit=TPS, source="measured", note="; ".join(notes),
+                               sd=float(r.get("stddev_ts") or 0.0), repetitions=max(1, int(r.get("repetitions") or 1))))
     return out
 
 

@@ -807,7 +807,7 @@ def triangle(specs_by_quant: Mapping[str, ModelSpec], device: Device | Sequence[
     """The VRAM triangle as tidy observations (source "predicted"): for each quant × context × cache type,
     with all layers requested on the device(s): ``total_bytes`` (the busiest accelerator), ``margin_bytes``,
     ``fits`` (1/0), ``max_gpu_layers`` and ``layers_spilled`` (layer slots that must stay on the CPU), and per
-    quant × cache type the largest context (``max_ctx``). Lever "n_ctx"; the note says ``cache_type=...``."""
+    quant × cache type the largest context (``max_ctx``). Lever "n_ctx"; the rows' ``cache_type`` says which."""
     from v100lab.results import Observation
 
     cfg = cfg or RunConfig()
@@ -818,7 +818,6 @@ def triangle(specs_by_quant: Mapping[str, ModelSpec], device: Device | Sequence[
         label = spec.name or quant
         for ct in cache_types:
             base = cfg.with_(cache_type_k=ct, cache_type_v=ct)
-            note = f"cache_type={ct}"
             for n_ctx in contexts:
                 c = base.with_(n_ctx=n_ctx)
                 p = _plan(spec, devs, c)
@@ -831,27 +830,10 @@ def triangle(specs_by_quant: Mapping[str, ModelSpec], device: Device | Sequence[
                                             ("layers_spilled", layer_slots(spec) - ngl, "layers")):
                     rows.append(Observation(model=label, quant=quant, device=dev_label, lever="n_ctx",
                                             value=str(n_ctx), metric=metric, result=float(value), unit=unit,
-                                            source="predicted", note=note))
+                                            source="predicted", cache_type=ct))
             rows.append(Observation(model=label, quant=quant, device=dev_label, lever="cache_type", value=ct,
                                     metric="max_ctx", result=float(max_ctx(spec, devs, base)), unit="tokens",
-                                    source="predicted", note=note))
+                                    source="predicted", cache_type=ct))
     return rows
 
 
-def triangle_frame(specs_by_quant: Mapping[str, ModelSpec], device, contexts=(2048, 4096, 8192),
-                   cache_types=("f16", "q8_0"), cfg: RunConfig | None = None):
-    """:func:`triangle` as a wide DataFrame: one row per quant × cache type × n_ctx."""
-    import pandas as pd
-
-    from v100lab.results import tidy_frame
-
-    df = tidy_frame(triangle(specs_by_quant, device, contexts, cache_types, cfg))
-    df["cache_type"] = df["note"].str.replace("cache_type=", "", regex=False)
-    grid = df[df["lever"] == "n_ctx"].pivot_table(index=["quant", "cache_type", "value"], columns="metric",
-                                                  values="result").reset_index()
-    grid = grid.rename(columns={"value": "n_ctx"})
-    grid["n_ctx"] = grid["n_ctx"].astype(int)
-    mc = df[df["metric"] == "max_ctx"][["quant", "cache_type", "result"]].rename(columns={"result": "max_ctx"})
-    grid = grid.merge(mc, on=["quant", "cache_type"], how="left")
-    grid["fits"] = grid["fits"].astype(bool)
-    return pd.DataFrame(grid).sort_values(["quant", "cache_type", "n_ctx"]).reset_index(drop=True)

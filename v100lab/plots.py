@@ -18,6 +18,7 @@ import textwrap
 from typing import Iterable, Sequence
 
 from v100lab.render import mpl_text
+from v100lab.results import compare
 
 SOURCE_COLORS = {"measured": "#d95f02", "predicted": "#1b6fb5", "claimed": "#6a6a6a"}
 SOURCE_MARKERS = {"measured": "s", "predicted": "o", "claimed": "D"}
@@ -38,6 +39,7 @@ def _inline_formatter() -> None:
     """Make IPython show a bare ``Figure`` as a PNG (what ``%matplotlib inline`` registers; a kernel that
     never imported pyplot has not done it). Nothing happens outside IPython."""
     try:
+        # optional dependency: IPython (only a notebook displays figures)
         from IPython import get_ipython
         from IPython.core.pylabtools import select_figure_formats
     except ImportError:
@@ -49,8 +51,8 @@ def _inline_formatter() -> None:
 
 
 def _figure(ncols: int = 1, nrows: int = 1, width: float = 6.4, height: float = 4.2, **kw):
-    import seaborn as sns
-    from matplotlib.figure import Figure
+    import seaborn as sns  # heavy third-party dependency (plotting)
+    from matplotlib.figure import Figure  # heavy third-party dependency (plotting)
 
     _inline_formatter()
 
@@ -126,12 +128,9 @@ def _suptitle(fig, title: str, df=None, note: str = "", fontsize: float = 12) ->
 
 
 def _with_spread(g):
-    """Rows of one series aggregated per x: the mean, and the standard deviation over the repetitions the
-    measured rows carry in their note (0 where none)."""
-    from v100lab.levers._study import spread
-
-    sd = g["note"].map(lambda n: spread(n)[0]) if "note" in g else 0.0
-    return g.assign(sd=sd).groupby("x", as_index=False).agg(result=("result", "mean"), sd=("sd", "max"))
+    """Rows of one series aggregated per x: the mean, and the largest standard deviation over the repetitions
+    of its rows (``sd``: 0 for predictions and single runs)."""
+    return g.groupby("x", as_index=False).agg(result=("result", "mean"), sd=("sd", "max"))
 
 
 def _value_ticks(ax, order: Sequence[str], numeric: bool) -> None:
@@ -144,7 +143,7 @@ def _value_ticks(ax, order: Sequence[str], numeric: bool) -> None:
         ax.set_xticks([float(v) for v in order])
         ax.set_xticklabels([mpl_text(v) for v in order], rotation=30 if len(order) > 6 else 0)
     else:
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # heavy third-party dependency (plotting)
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
@@ -314,16 +313,15 @@ def _bytes_unit(max_bytes: float) -> tuple[float, str]:
 def memory_breakdown(df):
     """Stacked bars: bytes per component on each device, predicted (and measured from llama.cpp's log),
     one panel per group (scenario model on its device; the measured model on this machine); the device's
-    capacity as a vertical line when it is an accelerator."""
-    from v100lab.levers import COMPONENTS
-
+    capacity as a vertical line when it is an accelerator. Components stack in the order the frame lists
+    them; ``group`` says which rows share a panel."""
     d = df[(df["lever"] == "component") & (df["metric"] == "bytes")]
-    groups = list(dict.fromkeys(d["note"]))
+    groups = list(dict.fromkeys(d["group"]))
     fig, axes = _figure(ncols=max(1, len(groups)), width=6.6, height=3.6)
-    comps = [c for c, _, _ in COMPONENTS]
+    comps = list(dict.fromkeys(d["value"]))
     palette = ["#1b6fb5", "#e6a01a", "#7a49a5", "#4daf4a", "#a6761d", "#999999"]
     for ax, group in zip(axes[0], groups):
-        g = d[d["note"] == group]
+        g = d[d["group"] == group]
         bars = list(dict.fromkeys(zip(g["source"], g["device"])))
         scale, unit = _bytes_unit(g.groupby(["source", "device"])["result"].sum().max())
         for i, (source, dev) in enumerate(bars):
@@ -337,7 +335,7 @@ def memory_breakdown(df):
                         label=comp)
                 left += v
             ax.text(left, i, f" {left:.2f} {unit}", va="center", fontsize=8)
-        cap = df[(df["note"] == group) & (df["metric"] == "capacity_bytes") & (df["device"] != "host")]
+        cap = df[(df["group"] == group) & (df["metric"] == "capacity_bytes") & (df["device"] != "host")]
         for dev, c in cap.groupby("device")["result"].max().items():
             ax.axvline(c / scale, color="#c0001a", linestyle="--", linewidth=1,
                        label=mpl_text(f"{dev} memory ({c / 2**30:.0f} GiB)"))
@@ -355,11 +353,11 @@ def fit_heatmap(grid):
     """The VRAM triangle: per model and device (one row of panels each: the scenario's, and the GPU beside
     this machine when there is one), one heatmap per cache type, quants × context sizes, coloured by the
     margin left on the device (GiB; red: does not fit), annotated with the margin."""
-    import numpy as np
-    import seaborn as sns
+    import numpy as np  # heavy third-party dependency
+    import seaborn as sns  # heavy third-party dependency (plotting)
 
     g = grid[(grid["lever"] == "n_ctx") & (grid["metric"] == "margin_bytes")].copy()
-    g["cache type"] = g["note"].str.replace("cache_type=", "", regex=False)
+    g["cache type"] = g["cache_type"]
     types = list(dict.fromkeys(g["cache type"]))
     groups = list(dict.fromkeys(zip(g["model"], g["device"])))
     n_q = max([3] + [g[(g["model"] == m) & (g["device"] == d)]["quant"].nunique() for m, d in groups])
@@ -441,7 +439,7 @@ def catalog(df):
     ys = list(range(len(devs)))
     ax.barh(ys, [ceil.get(dv, float("nan")) for dv in devs], color="#c6dbef", label="the seed's ceiling "
             "(bandwidth / weights)")
-    fits = [str(pred.loc[dv, "note"]).startswith("fits") for dv in devs]
+    fits = [pred.loc[dv, "fits"] in (None, True) for dv in devs]   # None: not judged, drawn as fitting
     ax.barh(ys, list(pred.loc[devs, "result"]), height=0.5, color=["#1b6fb5" if f else "#e6a01a" for f in fits],
             hatch=None, label="predicted decode (fits)")
     if not all(fits):
@@ -483,15 +481,14 @@ def roofline(df):
 def apple(df):
     """Published Apple Silicon rows (x) against the prediction for the same chip (y), tg and pp, log-log,
     with the line of perfect agreement and ±15 %."""
-    import numpy as np
+    import numpy as np  # heavy third-party dependency
 
     fig, axes = _figure(ncols=2, width=5.0, height=4.6)
     seen: set = set()
     for ax, metric in zip(axes[0], ("tg_tps", "pp_tps")):
         m = df[df["metric"] == metric]
-        pub = m[m["source"] == "claimed"].set_index(["value", "quant"])["result"]
         pre = m[m["source"] == "predicted"].set_index(["value", "quant"])["result"]
-        j = pub.to_frame("published").join(pre.to_frame("predicted"), how="inner").reset_index()
+        j = compare(m, ("value", "quant"), require=("claimed", "predicted")).rename(columns={"claimed": "published"})
         if not len(j):
             _empty(ax, "no rows")
             continue
@@ -687,7 +684,7 @@ def kv_memory(df):
     """KV cache (+ recurrent state) size against context size, one line per cache type and source, one
     panel per model."""
     d = df[df["metric"] == "kv_cache_bytes"].copy()
-    d["cache type"] = d["note"].str.replace("cache_type=", "", regex=False)
+    d["cache type"] = d["cache_type"]
     groups = list(dict.fromkeys(zip(d["model"], d["device"])))
     fig, axes = _figure(ncols=max(1, len(groups)), width=5.6, height=4.0)
     palette = ["#1b6fb5", "#e6a01a", "#4daf4a", "#7a49a5", "#a6761d"]
@@ -718,7 +715,7 @@ def load_times(df):
         _empty(axes[0][0], mpl_text(f"not measured: {why}"))
         _empty(axes[0][1], "")
         return fig
-    import seaborn as sns
+    import seaborn as sns  # heavy third-party dependency (plotting)
 
     for ax, metric, label in ((axes[0][0], "load_s", "load model + create context (s)"),
                               (axes[0][1], "first_token_s", "prompt + first token after loading (s)")):

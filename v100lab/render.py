@@ -33,11 +33,18 @@ DataFrame shown as a cell's last expression (pandas escapes by default); raw ``I
 from __future__ import annotations
 
 import html as _html
+import math
+import numbers
 import re
+import shlex
 import string
 from typing import Any, Iterable, Mapping
 
+from v100lab.errors import ConfigError
 from v100lab.safeio import shorten, term_text  # noqa: F401  (re-exported: the terminal's escaping)
+
+# the MIME type of the headline a notebook publishes (:func:`publish_headline`), which the batch reads back
+HEADLINE_MIME = "application/vnd.v100lab.headline+json"
 
 # CommonMark lets a backslash escape any ASCII punctuation character. These are the ones that can
 # start or end Markdown syntax (emphasis, links, images, code, headings, lists, tables, math,
@@ -82,7 +89,7 @@ def md(template: str, /, **values: Any):
 
     Example: ``md("Model **{name}** decodes at {tps:.1f} tok/s", name=spec.name, tps=42.0)``.
     """
-    from IPython.display import Markdown
+    from IPython.display import Markdown  # optional dependency: IPython (only a notebook displays it)
 
     return Markdown(md_text(template, **values))
 
@@ -93,14 +100,14 @@ def html_text(template: str, /, **values: Any) -> str:
 
 def html(template: str, /, **values: Any):
     """``IPython.display.HTML`` of ``template.format(**values)`` with every value HTML-escaped."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # optional dependency: IPython (only a notebook displays it)
 
     return HTML(html_text(template, **values))
 
 
 def title(text: Any, level: int = 2):
     """A heading whose text is escaped."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # optional dependency: IPython (only a notebook displays it)
 
     if level not in range(1, 7):
         raise ValueError(f"heading level must be 1..6, got {level}")
@@ -109,7 +116,7 @@ def title(text: Any, level: int = 2):
 
 def code(text: Any, max_chars: int | None = 20000):
     """A ``<pre>`` block of escaped text (chat templates, logs); long text is cut with a note."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # optional dependency: IPython (only a notebook displays it)
 
     body = "" if text is None else str(text)
     note = ""
@@ -122,7 +129,7 @@ def code(text: Any, max_chars: int | None = 20000):
 def table_html(data, *, index: bool = False, caption: Any = None, float_format: str | None = None,
                max_rows: int | None = None, max_colwidth: int | None = 200) -> str:
     """Escaped HTML for a DataFrame (or anything ``pandas.DataFrame()`` accepts); missing values show as "—"."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
     fmt = (lambda x: format(x, float_format)) if float_format else None
@@ -135,7 +142,7 @@ def table_html(data, *, index: bool = False, caption: Any = None, float_format: 
 
 def table(data, **kwargs):
     """``IPython.display.HTML`` of ``table_html(data, **kwargs)``."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # optional dependency: IPython (only a notebook displays it)
 
     return HTML(table_html(data, **kwargs))
 
@@ -176,8 +183,6 @@ _CODE = "font-family: monospace; white-space: pre;"
 
 
 def _is_number(value: Any) -> bool:
-    import numbers
-
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
 
@@ -186,10 +191,7 @@ def text_table_html(data, *, code: Iterable[str] = (), caption: Any = None, floa
     """Escaped HTML for a DataFrame whose columns are mostly prose: text left-aligned (notebook themes
     right-align every cell), numbers right-aligned, and the ``code`` columns (flags, commands) in monospace
     that never wraps mid-flag. Every header and cell is escaped; missing values show as "—"."""
-    import math
-    import numbers
-
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
     code = set(code)
@@ -218,7 +220,7 @@ def text_table_html(data, *, code: Iterable[str] = (), caption: Any = None, floa
 
 def text_table(data, **kwargs):
     """``IPython.display.HTML`` of :func:`text_table_html`."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # optional dependency: IPython (only a notebook displays it)
 
     return HTML(text_table_html(data, **kwargs))
 
@@ -247,8 +249,6 @@ def _negative_number(text: str) -> bool:
 
 def shlex_quote(text: str) -> str:
     """``shlex.quote`` (a shell word as the reader would type it)."""
-    import shlex
-
     return shlex.quote(text)
 
 
@@ -256,11 +256,59 @@ def command(argv: Iterable[Any] | str):
     """A command line as a block of monospace that never wraps: one flag and its value per line, continued with
     a backslash (a shell reads it as one command). ``argv``: a list of arguments, or a string split as a shell
     would. Escaped like every other helper here."""
-    import shlex
-
-    from IPython.display import HTML
+    from IPython.display import HTML  # optional dependency: IPython (only a notebook displays it)
 
     args = shlex.split(argv) if isinstance(argv, str) else list(argv)
     lines = command_lines(args)
     body = " \\\n    ".join(lines)
     return HTML(f"<pre style=\"{_CODE} overflow-x: auto; text-align: left;\">{escape(body)}</pre>")
+
+
+# --------------------------------------------------------------------------------------------
+# the headline a notebook publishes
+# --------------------------------------------------------------------------------------------
+
+def _number(name: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"publish_headline: {name} must be a finite number or None, got {value!r}")
+    return float(value)
+
+
+def headline_record(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
+                    model: str = "", device: str = "", note: str = "", configuration: str = "",
+                    partial: str = "") -> dict[str, Any]:
+    """The headline as a plain dict (what ``publish_headline`` displays). ``configuration``: the conditions
+    both figures are for (flags, depth, threads); ``partial``: why the notebook measured nothing, when it did
+    not (the index shows "ok (partial)" with it)."""
+    return {"metric": str(metric), "measured_tok_s": _number("measured_tok_s", measured_tok_s),
+            "predicted_tok_s": _number("predicted_tok_s", predicted_tok_s), "model": str(model),
+            "device": str(device), "note": str(note), "configuration": str(configuration), "partial": str(partial)}
+
+
+def headline_text(h: dict[str, Any]) -> str:
+    def f(x):
+        return "—" if x is None else f"{x:.1f} tok/s"
+    who = " · ".join(x for x in (h.get("model"), h.get("device")) if x)
+    return (f"headline ({h.get('metric')}): measured {f(h.get('measured_tok_s'))} vs predicted "
+            f"{f(h.get('predicted_tok_s'))}" + (f" · {who}" if who else "")
+            + (f" · {h['configuration']}" if h.get("configuration") else "")
+            + (f" · {h['note']}" if h.get("note") else "")
+            + (f" · partial: {h['partial']}" if h.get("partial") else ""))
+
+
+def publish_headline(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
+                     model: str = "", device: str = "", note: str = "", configuration: str = "",
+                     partial: str = "") -> dict[str, Any]:
+    """Display this notebook's headline figure (read back by the batch index).
+
+    ``metric`` names what the figures are ("tg" decode, "pp" prompt processing). The output is a
+    ``text/plain`` line for people plus the JSON under ``HEADLINE_MIME`` for the batch.
+    """
+    record = headline_record(measured_tok_s, predicted_tok_s, metric=metric, model=model, device=device,
+                             note=note, configuration=configuration, partial=partial)
+    from IPython.display import display  # optional dependency: IPython (only a notebook displays it)
+
+    display({HEADLINE_MIME: record, "text/plain": headline_text(record)}, raw=True)
+    return record

@@ -431,3 +431,41 @@ def write_skeleton(arch: dict | str | os.PathLike, file_type: str, path: str | o
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
+
+
+def arch_spec_of(spec: ModelSpec) -> dict | None:
+    """An architecture spec (this module's schema) for the shapes in ``spec``'s header, so the same model can
+    be described at other quants without building their files; None when there is no tensor layout here for
+    the architecture (or its shapes vary per layer in a way the schema cannot say). The recurrent (``ssm``)
+    and expert facts are written for the architectures that have them (:data:`HYBRID_ARCHS`,
+    :data:`MOE_ARCHS`)."""
+    if spec.architecture not in ARCHS or not isinstance(spec.n_ff, int) or not isinstance(spec.n_head, int):
+        return None
+    a: dict = {
+        "architecture": spec.architecture, "name": spec.name or spec.architecture,
+        "n_layer": spec.n_layer, "n_embd": spec.n_embd, "n_ff": spec.n_ff, "n_head": spec.n_head,
+        "n_head_kv": list(spec.n_head_kv_arr) if isinstance(spec.n_head_kv_arr, tuple) else spec.n_head_kv_arr,
+        "head_dim_k": spec.head_dim_k, "head_dim_v": spec.head_dim_v, "n_ctx_train": spec.n_ctx_train or 4096,
+        "n_vocab": spec.n_vocab, "tied_embeddings": spec.tensor("output.weight") is None, "source_type": "F16",
+    }
+    if spec.rope_freq_base:
+        a["rope_freq_base"] = float(spec.rope_freq_base)
+    if spec.rope_dimension_count:
+        a["rope_dimension_count"] = int(spec.rope_dimension_count)
+    if spec.sliding_window:
+        a["sliding_window"] = int(spec.sliding_window)
+    if spec.full_attention_interval:
+        a["full_attention_interval"] = int(spec.full_attention_interval)
+    if spec.nextn_layers:
+        a["nextn_layers"] = int(spec.nextn_layers)
+    if spec.architecture in HYBRID_ARCHS:
+        a["ssm"] = {"conv_kernel": spec.ssm_conv_kernel, "state_size": spec.ssm_state_size,
+                    "group_count": spec.ssm_group_count, "time_step_rank": spec.ssm_time_step_rank,
+                    "inner_size": spec.ssm_inner_size}
+    if spec.architecture in MOE_ARCHS:
+        a.update(expert_count=spec.expert_count, expert_used_count=spec.expert_used_count)
+        if spec.n_ff_exp:
+            a["expert_ff"] = spec.n_ff_exp
+        if spec.n_ff_shexp:
+            a["expert_shared_ff"] = spec.n_ff_shexp
+    return a

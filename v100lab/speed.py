@@ -29,7 +29,7 @@ import logging
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from v100lab import memory
 from v100lab.config import RunConfig
@@ -378,31 +378,6 @@ def strict_ceiling_tps(spec: ModelSpec, device, cfg: RunConfig | None = None, de
     w = single_device_work(spec, cfg or RunConfig(), depth, dev)
     return ceiling_tps(w.bytes_read, dev.bandwidth_gbs)
 
-
-def flag_above_ceiling(frame, ceilings: Mapping[tuple[str, str, str], float], tolerance: float = 0.0,
-                       metrics: Iterable[str] = ("tg_tps",)):
-    """Mark rows of a tidy table whose decode tok/s exceeds the ceiling of their (model, quant, device).
-
-    ``ceilings`` maps (model, quant, device) → ceiling tok/s. Rows with a ceiling get ``above_ceiling``
-    True or False; others keep theirs. Prompt speed (pp) is not flagged: a batch reads each weight once
-    for many tokens, so it can legitimately beat the decode ceiling. Returns a new frame."""
-    df = frame.copy()
-    metrics = set(metrics)
-    flags = []
-    for _, row in df.iterrows():
-        key = (row["model"], row["quant"], row["device"])
-        c = ceilings.get(key)
-        if c is None or row["metric"] not in metrics or row.get("unit") != "tok/s":
-            flags.append(row["above_ceiling"])
-        else:
-            flags.append(bool(row["result"] > c * (1.0 + tolerance)))
-    df["above_ceiling"] = flags
-    return df
-
-
-# ------------------------------------------------------------------------------------------------
-# the roofline against published rows
-# ------------------------------------------------------------------------------------------------
 
 def apple_rows(split: str = "leave-one-chip-out"):
     """Predicted vs published Apple rows, one row per (chip variant, quant, test).

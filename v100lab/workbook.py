@@ -56,7 +56,8 @@ from urllib.parse import quote
 
 from v100lab import __version__
 from v100lab.errors import ConfigError
-from v100lab.render import escape
+from v100lab.render import (HEADLINE_MIME, escape, headline_record, headline_text,  # noqa: F401 (re-exported)
+                            publish_headline)
 from v100lab.safeio import check_creatable
 from v100lab.scenario import Scenario, load_scenario, parameters_cell_source, read_parameters
 
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NOTEBOOKS = "notebooks/[0-9][0-9]_*.ipynb"
 KERNEL_NAME = "python3"
-HEADLINE_MIME = "application/vnd.v100lab.headline+json"
 ERROR_ANCHOR = "papermill-error-cell"        # papermill's own anchor (papermill/execute.py)
 ERROR_MARKER_TAG = "papermill-error-cell-tag"  # papermill removes cells with this tag on re-execution
 STATUSES = ("ok", "error", "timeout", "dead kernel", "failed")
@@ -82,56 +82,6 @@ _REPORT_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 """
-
-
-# --------------------------------------------------------------------------------------------
-# the headline a notebook publishes
-# --------------------------------------------------------------------------------------------
-
-def _number(name: str, value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"publish_headline: {name} must be a finite number or None, got {value!r}")
-    return float(value)
-
-
-def headline_record(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
-                    model: str = "", device: str = "", note: str = "", configuration: str = "",
-                    partial: str = "") -> dict[str, Any]:
-    """The headline as a plain dict (what ``publish_headline`` displays). ``configuration``: the conditions
-    both figures are for (flags, depth, threads); ``partial``: why the notebook measured nothing, when it did
-    not (the index shows "ok (partial)" with it)."""
-    return {"metric": str(metric), "measured_tok_s": _number("measured_tok_s", measured_tok_s),
-            "predicted_tok_s": _number("predicted_tok_s", predicted_tok_s), "model": str(model),
-            "device": str(device), "note": str(note), "configuration": str(configuration), "partial": str(partial)}
-
-
-def headline_text(h: dict[str, Any]) -> str:
-    def f(x):
-        return "—" if x is None else f"{x:.1f} tok/s"
-    who = " · ".join(x for x in (h.get("model"), h.get("device")) if x)
-    return (f"headline ({h.get('metric')}): measured {f(h.get('measured_tok_s'))} vs predicted "
-            f"{f(h.get('predicted_tok_s'))}" + (f" · {who}" if who else "")
-            + (f" · {h['configuration']}" if h.get("configuration") else "")
-            + (f" · {h['note']}" if h.get("note") else "")
-            + (f" · partial: {h['partial']}" if h.get("partial") else ""))
-
-
-def publish_headline(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
-                     model: str = "", device: str = "", note: str = "", configuration: str = "",
-                     partial: str = "") -> dict[str, Any]:
-    """Display this notebook's headline figure (read back by the batch index).
-
-    ``metric`` names what the figures are ("tg" decode, "pp" prompt processing). The output is a
-    ``text/plain`` line for people plus the JSON under ``HEADLINE_MIME`` for the batch.
-    """
-    record = headline_record(measured_tok_s, predicted_tok_s, metric=metric, model=model, device=device,
-                             note=note, configuration=configuration, partial=partial)
-    from IPython.display import display
-
-    display({HEADLINE_MIME: record, "text/plain": headline_text(record)}, raw=True)
-    return record
 
 
 def read_headline(nb) -> dict[str, Any] | None:

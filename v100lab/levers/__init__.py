@@ -21,22 +21,24 @@ parameter file (:mod:`v100lab.render`).
 Measured rows are always for this machine (device ``host``) and carry the measured model's label, with
 "(stand-in)" when the scenario measures a stand-in for its model.
 
-Layout: :mod:`~v100lab.levers._study` resolves the scenario and holds the row helpers every step shares;
+Layout: :mod:`~v100lab.levers.steps` resolves the scenario and holds the row helpers every step shares;
 one module per notebook holds that notebook's steps and its ``PARAMETERS`` (the scenario keys its
 parameters cell holds): ``overview`` 00, ``triangle`` 01, ``ceiling`` 02, ``baseline`` 03, ``quantization``
 04, ``gpu_layers`` 05, ``context`` 06, ``flash_attn`` 07, ``batch`` 08, ``threads`` 09, ``parallel`` 10,
 ``loading`` 11, ``final`` 12; :mod:`~v100lab.levers.course` lists them in reading order;
 :mod:`~v100lab.levers.by_hand` holds what the by-hand cells use (:func:`agree`), :mod:`~v100lab.levers.exercises`
-the "try it" answers (:func:`what_if`); ``summaries`` holds the
-``summary_*`` paragraphs, ``captions`` the ``caption_*`` sentences under each plot (what to look at). The notebooks call everything through this package (``levers.baseline(sc)``), so
-the names below are the workbook's API.
+the "try it" answers (:func:`what_if`); ``summaries`` holds the ``summary_*`` paragraphs, ``captions`` the
+``caption_*`` sentences under each plot (what to look at), ``text`` the words both share (picking rows, numbers,
+a difference judged against the noise); every measured-vs-predicted figure in them comes from
+:func:`v100lab.results.compare`. The notebooks call everything through this package (``levers.baseline(sc)``),
+so the names below are the workbook's API.
 """
 
 from v100lab.skeleton import SKELETON_PREFIX
-# _stage_model: used by benchmarks/bench_notebooks.py (it builds the stage files ahead of a timed run)
-from v100lab.levers._study import (
-    HOST, GIB, MIB, COMPONENTS, STUDY_PARAMETERS, arch_of, spec_at_quant, Study, study, gpu_backend, gpu_host,
-    predict_rows, measure_sweep, capture_load, _stage_model, Target, beside, gpu_subject, conditions, spread,
+# stage_model: used by benchmarks/bench_notebooks.py (it builds the stage files ahead of a timed run)
+from v100lab.levers.steps import (
+    HOST, GIB, MIB, COMPONENTS, STUDY_PARAMETERS, spec_at_quant, Study, study, gpu_backend, gpu_host,
+    predict_rows, measure_sweep, capture_load, stage_model, Target, beside, gpu_subject, conditions,
 )
 from v100lab.levers.by_hand import (
     agree, value_of, kv_layers, bytes_per_element, not_multiplied, output_bytes, subject,
@@ -71,9 +73,9 @@ from v100lab.levers.captions import (
 )
 
 __all__ = [
-    'SKELETON_PREFIX', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS', 'arch_of',
+    'SKELETON_PREFIX', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS',
     'spec_at_quant', 'Study', 'study', 'gpu_backend', 'gpu_host', 'predict_rows', 'measure_sweep', 'capture_load',
-    '_stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
+    'stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
     'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',
     'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'kv_cache_bytes', 'ceilings',
     'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis', 'run_environment',
@@ -85,7 +87,7 @@ __all__ = [
     'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
     'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
     'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson', 'what_if',
-    'Target', 'beside', 'gpu_subject', 'conditions', 'spread', 'caption_staircase', 'caption_memory', 'caption_fit',
+    'Target', 'beside', 'gpu_subject', 'conditions', 'caption_staircase', 'caption_memory', 'caption_fit',
     'caption_ceilings', 'caption_catalog', 'caption_roofline', 'caption_apple', 'caption_baseline', 'caption_ladder',
     'caption_file_sizes', 'caption_quality', 'caption_gpu_layers', 'caption_spill', 'caption_kv', 'caption_depth',
     'caption_flash_attn', 'caption_batch', 'caption_threads', 'caption_parallel', 'caption_load',

@@ -3,8 +3,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from v100lab import memory
+from v100lab.bench import environment
+from v100lab.errors import RunFailed
+from v100lab.render import publish_headline
+from v100lab.results import compare
 from v100lab.scenario import Scenario
-from v100lab.levers._study import capture_load, COMPONENTS, conditions, _ctx_for, _devices_for, _frame, gpu_backend, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
+from v100lab.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
+                                  gpu_backend, lever_frame, measure_sweep, parameters, predict_rows, study)
 
 PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_threads", "n_prompt", "n_gen", "repetitions")
@@ -15,7 +23,7 @@ def baseline(sc: Scenario):
     processing and decode measured on this machine vs predicted, and predicted for the scenario's model on
     its device (lever "config", value "baseline")."""
     st = study(sc)
-    cfg = _ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
+    cfg = ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
     rows = []
     if not st.same_model_here:
         rows += predict_rows(st.spec, st.label, st.device, cfg, lever="config", value="baseline",
@@ -26,11 +34,10 @@ def baseline(sc: Scenario):
         rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="config", value="baseline",
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
                              metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
-        obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, _tests(sc))
-        from dataclasses import replace
+        obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, bench_tests(sc))
 
         rows += [replace(o, lever="config", value="baseline") for o in obs]
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
                   conditions=conditions(cfg, st.measured_label or st.label,
                                         depth=f"0 (pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions})"))
 
@@ -39,9 +46,7 @@ def run_environment():
     """Where the measurements of this notebook ran: the CPU and the flags llama.cpp's kernels use, the llama.cpp
     build (commit, its system-info line), the build flags scripts/setup.sh chose and why, the OS — the same
     facts every measured row carries (``env``), so that rows from two builds or CPUs can be told apart."""
-    import pandas as pd
-
-    from v100lab.bench import environment
+    import pandas as pd  # heavy third-party dependency
 
     env = environment()
     rows = [("CPU", env.get("cpu_model"), f"{env.get('cpu_count')} cores"),
@@ -61,16 +66,13 @@ def load_diagnosis(sc: Scenario):
     """What llama.cpp's load log says for the measured model with the scenario's flags — offloaded layers,
     flash attention, context, and each buffer with its device — beside the memory plan's figure for it.
     Without a measurement: the plan for the scenario's model on its device."""
-    import pandas as pd
-
-    from v100lab import memory
-    from v100lab.errors import RunFailed
+    import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
     cfg = sc.run_config()
     rows: list[tuple[str, str, str]] = []
     if not st.measuring:
-        p = memory.plan(st.spec, _devices_for(st.device), cfg, with_max_ctx=False)
+        p = memory.plan(st.spec, devices_for(st.device), cfg, with_max_ctx=False)
         rows.append(("source", "memory plan (predicted; nothing loaded)", st.why_not_measured))
         rows.append(("layers on the GPU", f"{p.offloaded_layers}/{p.n_layer_total}", "predicted"))
         for dev_name, m in p.devices.items():
@@ -118,28 +120,21 @@ _VALUE_FLAG = {"stage": "stage", "n_threads": "-t", "n_ubatch": "-ub", "flash_at
 
 def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None):
     """Publish the notebook's headline for the batch index: the measured figure of ``metric`` on this
-    machine and the prediction for the same model, device, lever value and conditions (the last matching
-    pair), with that configuration spelt out (the lever's value and the frame's ``conditions``). When the
-    notebook measured nothing, the prediction alone and why (the index shows "ok (partial)"). Displays it;
-    returns None (so the cell shows it once)."""
-    from v100lab.workbook import publish_headline
-
-    m = df[(df["metric"] == metric) & (df["source"] == "measured")]
-    if lever is not None:
-        m = m[m["lever"] == lever]
+    machine and the prediction for the same model, device, lever value and conditions (the last pair
+    :func:`v100lab.results.compare` gives), with that configuration spelt out (the lever's value and the
+    frame's ``conditions``). When the notebook measured nothing, the prediction alone and why (the index shows
+    "ok (partial)"). Displays it; returns None (so the cell shows it once)."""
+    c = compare(df, metric=metric, lever=lever, require=("measured", "predicted"))
     if value is not None:
-        m = m[m["value"] == str(value)]
+        c = c[c["value"] == str(value)]
     measured = predicted = None
     model = device = chosen = ""
-    for _, r in m.iloc[::-1].iterrows():
-        p = df[(df["metric"] == metric) & (df["source"] == "predicted") & (df["model"] == r["model"])
-               & (df["device"] == r["device"]) & (df["lever"] == r["lever"]) & (df["value"] == r["value"])]
-        if len(p):
-            measured, predicted = float(r["result"]), float(p["result"].iloc[0])
-            model, device = r["model"], r["device"]
-            chosen = _value_text(r["lever"], r["value"])
-            break
-    if measured is None:
+    if len(c):
+        r = c.iloc[-1]
+        measured, predicted = float(r["measured"]), float(r["predicted"])
+        model, device = r["model"], r["device"]
+        chosen = _value_text(r["lever"], r["value"])
+    else:
         p = df[(df["metric"] == metric) & (df["source"] == "predicted")]
         if lever is not None:
             p = p[p["lever"] == lever]

@@ -4,8 +4,11 @@ measured vs predicted over the micro-batch sizes, with a prompt longer than the 
 
 from __future__ import annotations
 
+import math
+
 from v100lab.scenario import Scenario
-from v100lab.levers._study import conditions, _ctx_for, _frame, lever_rows, parameters, study
+from v100lab.work import layer_matrices
+from v100lab.levers.steps import conditions, ctx_for, lever_frame, lever_rows, parameters, study
 
 PARAMETERS = parameters("n_ctx", "n_batch", "flash_attn", "n_threads", "batch_sizes", "n_prompt",
                         "repetitions")
@@ -24,14 +27,14 @@ def batch_sweep(sc: Scenario):
     it is not measured here (the frame's ``n_prompt`` attribute says the prompt length)."""
     st = study(sc)
     n_prompt = batch_prompt(sc)
-    base = _ctx_for(sc.run_config(), n_prompt + 1)
+    base = ctx_for(sc.run_config(), n_prompt + 1)
     vals = list(sc.batch_sizes)
 
     def cfg_of(v):
         return base.with_(n_batch=max(v, base.n_batch), n_ubatch=v)
 
     rows, failures = lever_rows(sc, "n_ubatch", vals, cfg_of, [f"pp{n_prompt}"], n_prompt=n_prompt)
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, n_prompt=n_prompt,
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured, n_prompt=n_prompt,
                   conditions=conditions(base, st.measured_label or st.label,
                                         depth=f"0 (pp{n_prompt} × {sc.repetitions})",
                                         extra=[f"-b max(-ub, {base.n_batch})"]))
@@ -40,10 +43,6 @@ def batch_sweep(sc: Scenario):
 def prompt_weight_bytes(sc: Scenario, n_ubatch: int, n_prompt: int | None = None) -> float:
     """Weight bytes read to process a prompt (default :func:`batch_prompt` tokens) in steps of ``n_ubatch``
     tokens — every layer's matrices once per step (the speed model's memory term of prompt processing)."""
-    import math
-
-    from v100lab.work import layer_matrices
-
     spec = study(sc).spec
     n_prompt = batch_prompt(sc) if n_prompt is None else n_prompt
     steps = math.ceil(n_prompt / n_ubatch)       # batch_sweep raises -b to at least -ub

@@ -11,9 +11,12 @@ stops the notebook: either the lesson's formula or the package is wrong.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from v100lab.llama_context import has_kv_cache, type_sizef
 from v100lab.spec import ModelSpec, TensorInfo
+from v100lab.rates import rates_for
+from v100lab.levers.steps import study
 
 TOLERANCE = 0.01
 
@@ -82,8 +85,6 @@ def subject(sc):
 
     The device's ``bandwidth_gbs`` is the peak the speed model divides by (:func:`peak_bandwidth_gbs`), so a
     by-hand ceiling and the package's agree on a calibrated host too."""
-    from v100lab.levers._study import study
-
     st = study(sc)
     if st.measuring:
         return st.measured_spec, with_peak_bandwidth(st.host, sc), st.measured_label
@@ -94,12 +95,8 @@ def peak_bandwidth_gbs(device, sc) -> float:
     """GB/s no decode on ``device`` can beat, as the speed model takes it (``rates.DeviceRates.peak_bandwidth``):
     the catalog figure for a GPU; for a calibrated host the larger of its STREAM-like figure and the best
     bandwidth llama.cpp itself reached while calibrating."""
-    from v100lab.rates import rates_for
-
     return rates_for(device, sc.run_config()).peak_bandwidth / 1e9
 
 
 def with_peak_bandwidth(device, sc):
-    from dataclasses import replace
-
     return replace(device, bandwidth_gbs=peak_bandwidth_gbs(device, sc))

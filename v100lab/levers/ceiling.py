@@ -5,15 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from v100lab import memory, speed
+from v100lab.speed import apple_rows
+from v100lab.bench import run_tests
+from v100lab.rates import stored_calibration
+from v100lab.seed import load_seed_claims
 from v100lab.config import RunConfig
+from v100lab.devices import catalog, get_device
 from v100lab.errors import ConfigError
 from v100lab.memory import fit_gpu_layers
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
+from v100lab.skeleton import skeleton_spec
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import (conditions, _devices_for, _frame, _measured, predict_rows, spec_at_quant,
-                                   study, parameters)
 from v100lab.levers.triangle import quant_specs
+from v100lab.levers.steps import (conditions, devices_for, lever_frame, measured_rows, parameters,
+                                  predict_rows, spec_at_quant, study)
 
 PARAMETERS = parameters("claims", "compare_devices", "n_ctx", "n_threads", "quants", "n_gen", "repetitions")
 
@@ -22,9 +29,6 @@ def ceilings(sc: Scenario):
     """Per quant, on the scenario's device: the seed's ceiling (bandwidth / weight bytes), the strict ceiling
     and the predicted decode speed (layers that do not fit run on the CPU); plus, when the claims are the
     seed's, its own ceiling table beside the same figures for its assumed model and device (lever "quant")."""
-    from v100lab.seed import load_seed_claims
-    from v100lab.skeleton import skeleton_spec
-
     st = study(sc)
     cfg = sc.run_config()
     rows: list[Observation] = []
@@ -33,8 +37,6 @@ def ceilings(sc: Scenario):
                              n_prompt=sc.n_prompt, metrics=("tg_tps",))
         rows += device_ceilings(spec, st.label, st.device, cfg, lever="quant", value=q, depth=sc.n_gen // 2)
     if sc.claims == "seed":
-        from v100lab.devices import get_device
-
         claims = load_seed_claims()
         dev = get_device(claims["device"])
         seed_label = claims["model"]["label"]
@@ -45,7 +47,7 @@ def ceilings(sc: Scenario):
             rows.append(Observation(seed_label, q, dev.id, "quant", q, "ceiling_tg_tps",
                                     float(row["claimed_ceiling_tps"]), TPS, "claimed",
                                     note=f"the seed's table: {row['file_gb']} GB file"))
-    return _frame(rows, conditions=conditions(cfg, depth=sc.n_gen // 2, threads=False)
+    return lever_frame(rows, conditions=conditions(cfg, depth=sc.n_gen // 2, threads=False)
                   + (" (the seed's table: its own figures)" if sc.claims == "seed" else ""))
 
 
@@ -53,8 +55,6 @@ def device_ceilings(spec: ModelSpec, label: str, device, cfg: RunConfig, *, leve
                     depth: int = 0) -> list[Observation]:
     """The two ceilings with *every* weight on ``device``, fit or not: the seed's (bandwidth / weight bytes)
     and the strict one (bytes a token must read — weights used, KV at ``depth``, state — at peak bandwidth)."""
-    from v100lab import speed
-
     plain = speed.ceiling_tps(spec.weight_bytes, device.bandwidth_gbs)
     strict = speed.strict_ceiling_tps(spec, device, cfg, depth)
     return [Observation(label, spec.file_type, device.id, lever, str(value), "ceiling_tg_tps", plain, TPS,
@@ -69,9 +69,6 @@ def catalog_ceilings(sc: Scenario):
     the seed's ceiling, the predicted decode speed, whether it fits, and the per-token overhead limit
     (``overhead_floor_tg_tps``: 1 / the time a token costs whatever its bytes — launching the graph, each
     layer's kernels, synchronising — which a small model hits long before any bandwidth; lever "device")."""
-    from v100lab import memory, speed
-    from v100lab.devices import catalog, get_device
-
     st = study(sc)
     ids = list(sc.compare_devices) or list(catalog())
     if st.device.id not in ids and st.device.kind != "cpu":
@@ -80,10 +77,10 @@ def catalog_ceilings(sc: Scenario):
     rows: list[Observation] = []
     for dev_id in ids:
         dev = get_device(dev_id)
-        devs = _devices_for(dev)
+        devs = devices_for(dev)
         fits = memory.plan(st.spec, devs, cfg, with_max_ctx=False).fits
         rows += predict_rows(st.spec, st.label, dev, cfg, lever="device", value=dev.id, n_gen=sc.n_gen,
-                             n_prompt=sc.n_prompt, metrics=("tg_tps",), note="fits" if fits else "does not fit")
+                             n_prompt=sc.n_prompt, metrics=("tg_tps",), fits=fits)
         rows += device_ceilings(st.spec, st.label, dev, cfg, lever="device", value=dev.id, depth=sc.n_gen // 2)
         p = speed.predict(st.spec, devs, fit_gpu_layers(st.spec, devs, cfg)[0], depth=sc.n_gen // 2,
                           n_prompt=max(1, sc.n_prompt))
@@ -92,7 +89,7 @@ def catalog_ceilings(sc: Scenario):
             rows.append(Observation(st.label, st.spec.file_type, dev.id, "device", dev.id, "overhead_floor_tg_tps",
                                     1.0 / overhead, TPS, "predicted",
                                     note=f"{overhead * 1e3:.3f} ms of fixed cost per token"))
-    return _frame(rows, conditions=conditions(cfg, st.label + " " + st.spec.file_type, depth=sc.n_gen // 2,
+    return lever_frame(rows, conditions=conditions(cfg, st.label + " " + st.spec.file_type, depth=sc.n_gen // 2,
                                               threads=False),
                   weights_mb=st.spec.weight_bytes / 1e6)
 
@@ -101,8 +98,6 @@ def roofline(sc: Scenario):
     """This machine's roofline for the measured model (else the scenario's model): per quant, the plain
     bandwidth ceiling and the calibrated prediction with the bound that limits it; and the measured decode
     speed of the measured model itself (lever "quant")."""
-    from v100lab.bench import run_tests
-
     st = study(sc)
     model = st.measured if st.measuring else sc.model
     spec = st.measured_spec if st.measuring else st.spec
@@ -122,11 +117,10 @@ def roofline(sc: Scenario):
     if st.measuring and sc.n_gen:
         got = run_tests(str(st.measured_path), cfg, [f"tg{sc.n_gen}"], [0], sc.repetitions, monitor=False,
                         lever="quant", value=spec.file_type)
-        obs, failures = _measured(got, label)
+        obs, failures = measured_rows(got, label)
         rows += obs
-    from v100lab.rates import stored_calibration
 
-    return _frame(rows, failures, calibrated=bool(stored_calibration()), host_bandwidth_gbs=st.host.bandwidth_gbs,
+    return lever_frame(rows, failures, calibrated=bool(stored_calibration()), host_bandwidth_gbs=st.host.bandwidth_gbs,
                   why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
                   conditions=conditions(cfg, label, depth=f"0 (tg{sc.n_gen} × {sc.repetitions})"))
 
@@ -134,8 +128,6 @@ def roofline(sc: Scenario):
 def apple(sc: Scenario):
     """Published llama.cpp rows on Apple Silicon (Llama 2 7B; source "claimed": published by others) against
     the speed model's prediction for the same chip (fitted on the *other* chips: leave-one-chip-out)."""
-    from v100lab.speed import apple_rows
-
     df = apple_rows()
     rows = []
     for _, r in df[df["comparable"]].iterrows():
@@ -146,14 +138,12 @@ def apple(sc: Scenario):
                                 "claimed", above_ceiling=bool(r["above_ceiling"]), note=f"published: {r['source']}"))
         rows.append(Observation("Llama 2 7B", r["quant"], dev, "chip", value, metric, float(r["predicted"]), TPS,
                                 "predicted", note=f"fit on {r['fit_on']}"))
-    return _frame(rows, conditions="Llama 2 7B · tg128 and pp512 at depth 0 · llama-bench as published (Metal)")
+    return lever_frame(rows, conditions="Llama 2 7B · tg128 and pp512 at depth 0 · llama-bench as published (Metal)")
 
 
 def flops_per_token(sc: Scenario, spec: ModelSpec | None = None) -> float:
     """FLOPs of one decoded token at depth 0 with every layer on the scenario's device (the speed model's
     count: 2 per weight multiplied, 2 per attention multiply-add)."""
-    from v100lab import speed
-
     st = study(sc)
     spec = spec or st.spec
     placed = {st.device.id: speed.Placed(st.device, tuple(range(spec.n_layer)), True)}

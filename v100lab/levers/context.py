@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from v100lab import llama_context
+from v100lab import llama_context, memory, speed
+from v100lab.errors import RunFailed
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import capture_load, conditions, _ctx_for, _devices_for, _frame, HOST, measure_sweep, MIB, predict_rows, study, _tests, parameters
+from v100lab.levers.steps import (HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
+                                  lever_frame, measure_sweep, parameters, predict_rows, study)
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "flash_attn", "swa_full", "n_threads", "ctx_sizes",
                         "cache_types", "depths", "n_gen", "repetitions")
@@ -14,10 +16,8 @@ PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "flash_attn", "
 
 def kv_memory(sc: Scenario):
     """KV cache (and recurrent state) bytes for every context × cache type: predicted for the scenario's
-    model, and for the measured model both predicted and read from llama.cpp's load log (lever "n_ctx",
-    note "cache_type=...")."""
-    from v100lab.errors import RunFailed
-
+    model, and for the measured model both predicted and read from llama.cpp's load log (lever "n_ctx", the
+    cache type in ``cache_type``)."""
     st = study(sc)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []
@@ -32,7 +32,7 @@ def kv_memory(sc: Scenario):
                                             sc.flash_attn)
                 kv = llama_context.kv_cache_bytes(spec, cfg) + llama_context.recurrent_bytes(spec, cfg)
                 rows.append(Observation(label, spec.file_type, dev, "n_ctx", str(n_ctx), "kv_cache_bytes", float(kv),
-                                        "bytes", "predicted", note=f"cache_type={ct}"))
+                                        "bytes", "predicted", cache_type=ct))
                 if measure:
                     try:
                         facts = capture_load(st, cfg)
@@ -42,8 +42,8 @@ def kv_memory(sc: Scenario):
                         continue
                     mib = facts.kv_size_mib + facts.recurrent_size_mib
                     rows.append(Observation(label, spec.file_type, dev, "n_ctx", str(n_ctx), "kv_cache_bytes",
-                                            float(mib * MIB), "bytes", "measured", note=f"cache_type={ct}"))
-    return _frame(rows, failures, why_not_measured=st.why_not_measured,
+                                            float(mib * MIB), "bytes", "measured", cache_type=ct))
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured,
                   conditions=f"-fa {sc.flash_attn} (on for a quantized cache) · -np {sc.n_parallel}"
                              + (" · --swa-full" if sc.swa_full else ""))
 
@@ -53,7 +53,7 @@ def depth_sweep(sc: Scenario):
     machine, and predicted for the scenario's model on its device (lever "n_depth")."""
     st = study(sc)
     depths = list(sc.depths)
-    cfg = _ctx_for(sc.run_config(), max(depths) + sc.n_gen + 1)
+    cfg = ctx_for(sc.run_config(), max(depths) + sc.n_gen + 1)
     rows: list[Observation] = []
     for d in depths:
         if not st.same_model_here:
@@ -62,9 +62,9 @@ def depth_sweep(sc: Scenario):
         if st.measuring:
             rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="n_depth", value=d,
                                  depth=d, n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
-    obs, failures = measure_sweep(st, "n_depth", depths, cfg, _tests(sc, pp=False))
+    obs, failures = measure_sweep(st, "n_depth", depths, cfg, bench_tests(sc, pp=False))
     rows += obs
-    return _frame(rows, failures, why_not_measured=st.why_not_measured,
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured,
                   conditions=conditions(cfg, st.measured_label or st.label, depth=None,
                                         extra=[f"tg{sc.n_gen} × {sc.repetitions}"]))
 
@@ -72,10 +72,7 @@ def depth_sweep(sc: Scenario):
 def quantized_v(sc: Scenario):
     """Quantized V needs flash attention: for V = f16 and V = q8_0 with flash attention off and on, what the
     memory plan predicts (KV bytes, llama.cpp's refusal) and what llama.cpp does here when it loads."""
-    import pandas as pd
-
-    from v100lab import memory
-    from v100lab.errors import RunFailed
+    import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
     spec = st.measured_spec if st.measuring else st.spec
@@ -83,7 +80,7 @@ def quantized_v(sc: Scenario):
     for fa, ctv in (("off", "f16"), ("off", "q8_0"), ("on", "q8_0")):
         cfg = sc.run_config().with_(flash_attn=fa, cache_type_k="q8_0" if ctv == "q8_0" else "f16",
                                     cache_type_v=ctv)
-        p = memory.plan(spec, [st.host] if st.measuring else _devices_for(st.device), cfg, with_max_ctx=False)
+        p = memory.plan(spec, [st.host] if st.measuring else devices_for(st.device), cfg, with_max_ctx=False)
         refused = [w for w in p.warnings if "refuses" in w]
         predicted = ("refused: " + refused[0].split(":")[0]) if refused else \
             f"loads; KV {llama_context.kv_cache_bytes(spec, cfg) / MIB:.1f} MiB"
@@ -102,10 +99,8 @@ def quantized_v(sc: Scenario):
 def kv_read_per_token(sc: Scenario, depth: int, flash_attn: str | None = None) -> float:
     """KV cache bytes one decoded token reads at ``depth`` tokens of context, every layer on the scenario's
     device, with the scenario's cache types (the speed model's count; ``flash_attn`` overrides the flag)."""
-    from v100lab import speed
-
     st = study(sc)
-    cfg = _ctx_for(sc.run_config(), depth + 1)
+    cfg = ctx_for(sc.run_config(), depth + 1)
     if flash_attn is not None:
         cfg = cfg.with_(flash_attn=flash_attn)
     placed = {st.device.id: speed.Placed(st.device, tuple(range(st.spec.n_layer)), True)}

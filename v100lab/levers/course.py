@@ -2,7 +2,7 @@
 each reads (its parameters cell holds exactly those).
 
 Each notebook has one module in :mod:`v100lab.levers` whose ``PARAMETERS`` lists the keys its steps read
-(:func:`v100lab.levers._study.parameters`: the study's own keys and the notebook's); a notebook's parameters
+(:func:`v100lab.levers.steps.parameters`: the study's own keys and the notebook's); a notebook's parameters
 cell is ``v100lab.scenario.parameters_cell_source(keys_of(notebook))`` and ``tests/test_notebooks.py``
 checks it is. A notebook not in the course (a test notebook) gets every key.
 """
@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from v100lab.scenario import keys
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,5 @@ def lesson(notebook: str | os.PathLike) -> Lesson | None:
 def keys_of(notebook: str | os.PathLike) -> tuple[str, ...]:
     """The scenario keys a notebook's parameters cell holds: its lesson's ``PARAMETERS``, every key for a
     notebook outside the course."""
-    from v100lab.scenario import keys
-
     found = lesson(notebook)
     return found.parameters if found else keys()

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from v100lab import memory, speed
+from v100lab.devices import get_device
 from v100lab.errors import ConfigError
 from v100lab.scenario import Scenario
-from v100lab.levers._study import _devices_for, GIB, MIB, spec_at_quant, study
+from v100lab.levers.steps import GIB, MIB, devices_for, spec_at_quant, study
 
 
 def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
-    from v100lab import memory, speed
-    from v100lab.devices import get_device
-
     st = study(sc)
     spec = spec_at_quant(sc.model, quant) if quant else st.spec
     device = get_device(sc.device)
-    devs = _devices_for(device)
+    devs = devices_for(device)
     cfg = sc.run_config()
     plan = memory.plan(spec, devs, cfg, with_max_ctx=False)
     fitted = cfg
@@ -52,7 +51,7 @@ def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str |
     keys set to new values (``n_threads=1``), numeric keys scaled (``scale={"n_ctx": 0.5}``), or the model
     at another quant (``quant="Q8_0"``). A table of what changes: context, KV cache, memory, whether it fits,
     decode at depth 0 and halfway through the context, prompt processing, the strict ceiling."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     new = dict(changes)
     for key, factor in (scale or {}).items():

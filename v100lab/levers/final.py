@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 
+from v100lab import advisor, bench
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
+from v100lab.resolve import resolve
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
+from v100lab.seed import load_seed_claims
 from v100lab.skeleton import parse_skeleton_name
-from v100lab.levers._study import threads_text, _ctx_for, _frame, gpu_host, _measured, MIB, predict_rows, _renote, spec_at_quant, _stage_model, study, parameters
+from v100lab.zoo import cache_dir
+from v100lab.levers.steps import (MIB, ctx_for, gpu_host, lever_frame, measured_rows, parameters, predict_rows,
+                                  spec_at_quant, stage_model, study, threads_text, with_note)
 
 PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
 
@@ -22,8 +29,6 @@ def final_config(sc: Scenario):
     device with a margin at ``target_ctx`` and ``n_parallel``, over ``quants`` when the model is a skeleton
     family or a synthetic ladder; measured and chosen by measurement when the device is this machine and the
     scenario measures. Cached per scenario (the notebook's cells share it)."""
-    from v100lab import advisor
-
     st = study(sc)
     model = sc.model
     quants = None
@@ -43,7 +48,7 @@ def final_config(sc: Scenario):
 
 def command_reasons(sc: Scenario):
     """The tuned llama-server command, one row per flag with why it is there and what it buys."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     t = final_config(sc)
     rows = [{"flag": _display_flag(r.flag), "why": r.why,
@@ -67,16 +72,11 @@ def tuned_command(sc: Scenario) -> list[str]:
 def display_path(path: str) -> str:
     """A model path as the command shows it: inside the virtual environment or the v100lab cache, the file's
     name (``v100lab models`` says where it is); below the current folder, relative to it; else as it is."""
-    import os
-    import sys
-
     p = Path(path)
     if not p.is_absolute():
         return path
     hidden = [Path(sys.prefix)]
     try:
-        from v100lab.zoo import cache_dir
-
         hidden.append(Path(cache_dir()))
     except (ImportError, OSError, V100labError):
         pass
@@ -145,8 +145,6 @@ def own_staircase(sc: Scenario):
     stage's flags (lever "stage"). Predicted and measured decode are both taken halfway through the
     context the tuned configuration must hold (depth ``target_ctx // 2``, as ``advisor.tune`` ranks), so the
     two are comparable."""
-    from v100lab import bench
-
     st = study(sc)
     tuned = final_config(sc)
     rows: list[Observation] = []
@@ -160,11 +158,9 @@ def own_staircase(sc: Scenario):
         rows += predict_rows(spec, st.label, st.device, cfg, lever="stage", value=label, depth=depth,
                              n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
         if st.measuring and sc.n_gen:
-            model, note = _stage_model(st, quant)
-            mcfg = _ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), depth + sc.n_gen + 1)
+            model, note = stage_model(st, quant)
+            mcfg = ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), depth + sc.n_gen + 1)
             try:
-                from v100lab.resolve import resolve
-
                 mspec = resolve(model, build=True).spec
             except V100labError as exc:
                 failures.append({"lever": "stage", "value": label, "test": "", "reason": str(exc)})
@@ -175,10 +171,10 @@ def own_staircase(sc: Scenario):
                                      note=note)
             got = bench.run_tests(model, mcfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
                                   lever="stage", value=label)
-            obs, fails = _measured(got, st.measured_label)
-            rows += [_renote(o, note) for o in obs]
+            obs, fails = measured_rows(got, st.measured_label)
+            rows += [with_note(o, note) for o in obs]
             failures += fails
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, command=tuned.command, depth=depth,
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured, command=tuned.command, depth=depth,
                   conditions=f"each stage's own flags · decode at depth {depth} (halfway through -c {sc.target_ctx})"
                              + (f" · here: {st.measured_label}, {threads_text(sc.n_threads)}, "
                                 f"tg{sc.n_gen} × {sc.repetitions}" if st.measuring else ""))
@@ -187,10 +183,7 @@ def own_staircase(sc: Scenario):
 def seed_verdict_table(sc: Scenario):
     """The seed's final command against the tuned one for the seed's device and assumed model, flag by flag
     (:func:`v100lab.advisor.seed_verdict`); empty when the scenario's claims are not the seed's."""
-    import pandas as pd
-
-    from v100lab import advisor
-    from v100lab.seed import load_seed_claims
+    import pandas as pd  # heavy third-party dependency
 
     if sc.claims != "seed":
         return pd.DataFrame(columns=["flag", "seed", "tuned", "verdict"])

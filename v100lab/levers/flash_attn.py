@@ -5,7 +5,7 @@ attention has cells to read, measured vs predicted.
 from __future__ import annotations
 
 from v100lab.scenario import Scenario
-from v100lab.levers._study import conditions, _ctx_for, _frame, lever_rows, parameters, study, _tests
+from v100lab.levers.steps import bench_tests, conditions, ctx_for, lever_frame, lever_rows, parameters, study
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "n_threads", "depths", "n_prompt", "n_gen",
                         "repetitions")
@@ -22,12 +22,12 @@ def flash_attn_sweep(sc: Scenario):
     "flash_attn"; the frame's ``depth`` attribute says where)."""
     st = study(sc)
     depth = flash_attn_depth(sc)
-    base = _ctx_for(sc.run_config(), depth + sc.n_prompt + sc.n_gen + 1)
+    base = ctx_for(sc.run_config(), depth + sc.n_prompt + sc.n_gen + 1)
 
     def cfg_of(v):
         return base.with_(flash_attn=v)
 
-    rows, failures = lever_rows(sc, "flash_attn", ["off", "on"], cfg_of, _tests(sc), depth=depth)
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, depth=depth,
+    rows, failures = lever_rows(sc, "flash_attn", ["off", "on"], cfg_of, bench_tests(sc), depth=depth)
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured, depth=depth,
                   conditions=conditions(base, st.measured_label or st.label, depth=depth, fa=False,
                                         extra=[f"pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions}"]))

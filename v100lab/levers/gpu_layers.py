@@ -4,11 +4,12 @@ the effect of spilled layers.
 
 from __future__ import annotations
 
+from v100lab import memory, speed
 from v100lab.config import ALL_LAYERS
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import (conditions, _ctx_for, _devices_for, _frame, gpu_backend, gpu_subject, measure_sweep,
-                                   predict_rows, study, _tests, parameters)
+from v100lab.levers.steps import (bench_tests, conditions, ctx_for, devices_for, gpu_backend, gpu_subject,
+                                  lever_frame, measure_sweep, parameters, predict_rows, study)
 
 PARAMETERS = parameters("compare_gpu", "n_ctx", "cache_type_k", "cache_type_v", "n_threads", "gpu_layers", "ctx_sizes", "n_prompt",
                         "n_gen", "repetitions")
@@ -19,14 +20,12 @@ def gpu_layers_sweep(sc: Scenario):
     value's fit — the scenario's model on its device, or, when the scenario predicts for a CPU (where -ngl
     changes nothing), the seed's model on the GPU beside it (:func:`gpu_subject`); measured where llama.cpp
     here has a GPU backend."""
-    from v100lab import memory
-
     st = study(sc)
     gpu = gpu_subject(sc)
-    cfg = _ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
+    cfg = ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
     slots = memory.layer_slots(gpu.spec)
     values = list(sc.gpu_layers) or list(range(0, slots + 1))
-    devs = _devices_for(gpu.device)
+    devs = devices_for(gpu.device)
     rows: list[Observation] = []
     for ngl in values:
         c = cfg.with_(n_gpu_layers=ngl)
@@ -34,9 +33,9 @@ def gpu_layers_sweep(sc: Scenario):
         rows += predict_rows(gpu.spec, gpu.label, gpu.device, c, lever="n_gpu_layers", value=ngl,
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen, fit=False,
                              metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"),
-                             note="fits" if fits else "does not fit")
+                             fits=fits)
         rows.append(Observation(gpu.label, gpu.spec.file_type, gpu.device.id, "n_gpu_layers", str(ngl), "fits",
-                                float(fits), "bool", "predicted"))
+                                float(fits), "bool", "predicted", fits=fits))
     backend = gpu_backend()
     failures: list[dict[str, str]] = []
     measured_note = ""
@@ -44,14 +43,14 @@ def gpu_layers_sweep(sc: Scenario):
         own = values if gpu.spec == st.spec else list(range(0, memory.layer_slots(st.measured_spec) + 1))
         step = max(1, len(own) // 6)
         obs, failures = measure_sweep(st, "n_gpu_layers", own[::step] + ([own[-1]] if own[-1] not in
-                                      own[::step] else []), cfg, _tests(sc))
+                                      own[::step] else []), cfg, bench_tests(sc))
         rows += obs
     elif not backend:
         measured_note = ("this llama.cpp build has no GPU backend (CPU only): -ngl changes nothing here, "
                          "so only predictions are shown")
     else:
         measured_note = st.why_not_measured
-    return _frame(rows, failures, why_not_measured=measured_note, max_gpu_layers=memory.max_gpu_layers(
+    return lever_frame(rows, failures, why_not_measured=measured_note, max_gpu_layers=memory.max_gpu_layers(
         gpu.spec, devs, cfg), layer_slots=slots, device_kind=gpu.device.kind, depth=sc.n_gen // 2,
         conditions=conditions(cfg, f"{gpu.label} {gpu.spec.file_type} on {gpu.device.id}", depth=sc.n_gen // 2,
                               threads=False, extra=[f"prompt {sc.n_prompt} tokens"]))
@@ -62,10 +61,8 @@ def spill_effect(sc: Scenario):
     the GPU beside this machine), how many layer slots fit, the decode speed predicted with those (llama.cpp's
     --fit), the speed if every layer were on the GPU, and the KV cache bytes a token reads at a short chat's
     depth (lever "n_ctx")."""
-    from v100lab import memory, speed
-
     gpu = gpu_subject(sc)
-    devs = _devices_for(gpu.device)
+    devs = devices_for(gpu.device)
     rows: list[Observation] = []
     depth = 128
     for n_ctx in sc.ctx_sizes:
@@ -88,7 +85,7 @@ def spill_effect(sc: Scenario):
                  Observation(metric="kv_bytes_read_per_token", result=float(kv_read), unit="bytes",
                              note=f"at depth {depth}", **common)]
     cfg = sc.run_config()
-    return _frame(rows, depth=depth, conditions=conditions(
+    return lever_frame(rows, depth=depth, conditions=conditions(
         cfg, f"{gpu.label} {gpu.spec.file_type} on {gpu.device.id}", depth=depth, threads=False, ctx=False,
         extra=["-ngl 999"]))
 
@@ -98,10 +95,8 @@ def offload_split(sc: Scenario, n_gpu_layers: int) -> dict[str, float]:
     at depth 0, as the speed model accounts it: seconds reading the weights each side holds at its peak
     bandwidth, and seconds on the host link (activations across, logits back). Keys: "device_s", "host_s",
     "link_s", "total_s" — the time per token the by-hand cell rebuilds from the header."""
-    from v100lab import speed
-
     gpu = gpu_subject(sc)
-    devs = _devices_for(gpu.device)
+    devs = devices_for(gpu.device)
     cfg = sc.run_config().with_(n_gpu_layers=n_gpu_layers)
     placement = speed.placement_for(gpu.spec, devs, cfg)
     work = speed.decode_work(gpu.spec, placement, cfg, 0)

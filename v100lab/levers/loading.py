@@ -5,9 +5,13 @@ model and create the context and the time to the first token after it, measured 
 
 from __future__ import annotations
 
+from v100lab.backends import BenchTest, MeasureFailed
+from v100lab.backends.isolated import IsolatedBackend
+from v100lab.config import RunConfig
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import conditions, _ctx_for, _frame, HOST, parameters, study
+from v100lab.worker import WorkerCrashed
+from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, parameters, study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "n_prompt", "repetitions")
 
@@ -23,10 +27,8 @@ def load_modes():
     ``enum llama_load_mode``), each with the build's own name for it, whether it is the build's default, and
     the flags (``--no-mmap``/``--mlock``, RunConfig's ``use_mmap``/``use_mlock``) that select it — modes no
     flag selects are listed as such. Also whether the build supports mmap and mlock on this machine."""
-    import llama_cpp
-    import pandas as pd
-
-    from v100lab.config import RunConfig
+    import llama_cpp  # heavy dependency: llama-cpp-python (loads llama.cpp)
+    import pandas as pd  # heavy third-party dependency
 
     by_value: dict[int, list[str]] = {}
     for name, flags in MODES:
@@ -54,16 +56,12 @@ def mmap_mlock(sc: Scenario):
     """Loading with each of :data:`MODES` (mmap, --no-mmap, --mlock, both) — the time to load the model and create the context,
     and the time to the first token after it (pp + one decoded token), measured here (lever "load_mode").
     The speed model does not model loading, so these rows have no prediction."""
-    from v100lab.backends import BenchTest, MeasureFailed
-    from v100lab.backends.isolated import IsolatedBackend
-    from v100lab.worker import WorkerCrashed
-
     st = study(sc)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []
     if not st.measuring:
-        return _frame(rows, why_not_measured=st.why_not_measured)
-    base = _ctx_for(sc.run_config(), sc.n_prompt + 2)
+        return lever_frame(rows, why_not_measured=st.why_not_measured)
+    base = ctx_for(sc.run_config(), sc.n_prompt + 2)
     n_prompt = max(1, sc.n_prompt)
     for _ in range(max(1, min(sc.repetitions, 3))):
         for name, flags in MODES:
@@ -89,7 +87,7 @@ def mmap_mlock(sc: Scenario):
             for metric, val in (("load_s", load_s), ("first_token_s", first)):
                 rows.append(Observation(st.measured_label, st.measured_spec.file_type, HOST, "load_mode", name,
                                         metric, float(val), "s", "measured", note=note))
-    return _frame(rows, failures, why_not_measured="",
+    return lever_frame(rows, failures, why_not_measured="",
                   conditions=conditions(base, st.measured_label, depth=None, fa=False,
                                         extra=[f"prompt {n_prompt} tokens + 1", f"{max(1, min(sc.repetitions, 3))} run(s)",
                                                "the file in the page cache after the first load"]))

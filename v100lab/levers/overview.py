@@ -3,27 +3,33 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from v100lab.bench import run_tests
 from v100lab.config import RunConfig
+from v100lab.devices import get_device
 from v100lab.errors import V100labError
+from v100lab.resolve import resolve
 from v100lab.scenario import Scenario
-from v100lab.levers._study import (beside, _ctx_for, _frame, GIB, gpu_backend, _measured, predict_rows, _renote, _stage_model,
-                                   study, parameters, threads_text)
+from v100lab.seed import load_seed_claims, seed_staircase
+from v100lab.skeleton import skeleton_spec
+from v100lab.levers.course import LESSONS
+from v100lab.levers.steps import (GIB, beside, ctx_for, gpu_backend, lever_frame, measured_rows, parameters,
+                                  predict_rows, stage_model, study, threads_text, with_note)
 
 PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
 
 
 def notebook_map():
     """The notebooks of the workbook, in reading order, and the question each answers."""
-    import pandas as pd
-
-    from v100lab.levers.course import LESSONS
+    import pandas as pd  # heavy third-party dependency
 
     return pd.DataFrame([(x.notebook, x.question) for x in LESSONS], columns=["notebook", "what it shows"])
 
 
 def scenario_facts(sc: Scenario):
     """What this run studies: the model, the device, what is measured here (or why not), the flags."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
     d = st.device
@@ -52,12 +58,6 @@ def staircase(sc: Scenario):
     assumed model) — and, on this machine, each stage's flags measured vs predicted for the measured model.
 
     Lever "stage", value "N name"; claimed rows only when the scenario's ``claims`` is "seed"."""
-    from v100lab.bench import run_tests
-    from v100lab.resolve import resolve
-    from v100lab.seed import load_seed_claims, seed_staircase
-
-    from dataclasses import replace
-
     st = study(sc)
     claims = load_seed_claims()
     relabel = {f"{s['id']} {s['name']}": stage_label(i, s) for i, s in enumerate(claims["stages"])}
@@ -70,10 +70,10 @@ def staircase(sc: Scenario):
         cfg_map = dict(stage.get("config") or {})
         depth = int(stage.get("depth", 0))
         depths.add(depth)
-        cfg = _ctx_for(RunConfig.from_mapping({**cfg_map, "n_threads": sc.n_threads}), depth + sc.n_gen + 1)
+        cfg = ctx_for(RunConfig.from_mapping({**cfg_map, "n_threads": sc.n_threads}), depth + sc.n_gen + 1)
         if not st.measuring:
             continue
-        model, note = _stage_model(st, stage["quant"])
+        model, note = stage_model(st, stage["quant"])
         try:
             mspec = resolve(model, build=True).spec
         except V100labError as exc:
@@ -85,13 +85,13 @@ def staircase(sc: Scenario):
         if sc.n_gen:
             got = run_tests(model, cfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
                             lever="stage", value=label)
-            obs, fails = _measured(got, mlabel)
-            rows += [_renote(o, note) for o in obs]
+            obs, fails = measured_rows(got, mlabel)
+            rows += [with_note(o, note) for o in obs]
             failures += fails
     here = (f"right: {st.measured_label}, each stage's own flags (-c, -fa, KV cache), depth "
             f"{'/'.join(map(str, sorted(depths)))}, {threads_text(sc.n_threads)}, tg{sc.n_gen} × {sc.repetitions}"
             if st.measuring else "")
-    return _frame(rows, failures, why_not_measured=st.why_not_measured, conditions=here,
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured, conditions=here,
                   depth=next(iter(depths)) if len(depths) == 1 else None)
 
 
@@ -105,10 +105,6 @@ def seed_stage(index: int = -1):
     """One stage of the seed's staircase (default: the last) as the by-hand cell needs it: (the seed's
     assumed model at the stage's quant, the seed's device, the stage's label in :func:`staircase`'s frame,
     the stage's claimed tok/s range)."""
-    from v100lab.seed import load_seed_claims
-    from v100lab.devices import get_device
-    from v100lab.skeleton import skeleton_spec
-
     claims = load_seed_claims()
     stage = claims["stages"][index]
     spec = skeleton_spec(claims["model"]["arch"], stage["quant"])

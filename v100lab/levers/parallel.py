@@ -4,9 +4,11 @@ measured through llama-server when its binary is here, beside the single-stream 
 
 from __future__ import annotations
 
+from v100lab import bench, speed
+from v100lab.backends.server import find_llama_server
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
-from v100lab.levers._study import conditions, _ctx_for, _frame, HOST, _measured, parameters, predict_rows, study
+from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, measured_rows, parameters, predict_rows, study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repetitions")
 
@@ -14,7 +16,7 @@ PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repeti
 def _slot_config(sc: Scenario, slots: int):
     """The scenario's flags with ``slots`` slots and room for each; without --mlock (how the model is loaded is
     not this lever, and some llama-server builds refuse the flag)."""
-    base = _ctx_for(sc.run_config(), sc.n_gen + 1)
+    base = ctx_for(sc.run_config(), sc.n_gen + 1)
     return base.with_(n_parallel=slots, n_ctx=max(base.n_ctx, (sc.n_gen + 64) * slots), use_mlock=False)
 
 
@@ -24,9 +26,6 @@ def parallel_sweep(sc: Scenario):
     model predicts one stream) and, for every slot count, the bandwidth ceiling of all slots together and of
     each stream (:func:`aggregate_ceiling`: one step reads the weights once for every slot; lever
     "n_parallel", metrics "tg_tps" total and "tg_tps_per_stream")."""
-    from v100lab import bench
-    from v100lab.backends.server import find_llama_server
-
     st = study(sc)
     vals = list(sc.parallel_slots)
     rows: list[Observation] = []
@@ -53,7 +52,7 @@ def parallel_sweep(sc: Scenario):
             got += bench.run_tests(str(st.measured_path), _slot_config(sc, v), [f"tg{sc.n_gen}"], [0],
                                    sc.repetitions, backend=f"server-bin:{server}", monitor=False,
                                    lever="n_parallel", value=v)
-        obs, failures = _measured(got, st.measured_label)
+        obs, failures = measured_rows(got, st.measured_label)
         rows += obs
         for r in got:
             if r.get("status") != "ok":
@@ -65,13 +64,11 @@ def parallel_sweep(sc: Scenario):
                                     str(r.get("value")), "tg_tps_per_stream", sum(per) / len(per), TPS, "measured",
                                     note=f"mean of {len(per)} slot(s); llama-server"))
     base = _slot_config(sc, 1)
-    return _frame(rows, failures, why_not_measured=why, depth=depth,
+    return lever_frame(rows, failures, why_not_measured=why, depth=depth,
                   conditions=conditions(base, label, ctx=False, depth=f"0 (tg{sc.n_gen} × {sc.repetitions} per slot)"))
 
 
 def _aggregate_ceiling(spec, device, cfg, slots: int, depth: int) -> float:
-    from v100lab import speed
-
     placed = {device.id: speed.Placed(device, tuple(range(spec.n_layer)), True)}
     w = speed.decode_work(spec, placed, cfg, depth)[device.id]
     step_bytes = w.weight_bytes_read + slots * (w.kv_bytes + w.state_bytes)
@@ -83,4 +80,4 @@ def aggregate_ceiling(sc: Scenario, slots: int, depth: int) -> float:
     the scenario's device: one step reads the weights once for all of them and each sequence's own KV cache
     and state (the speed model's per-token bytes), so tok/s of all slots ≤ slots × bandwidth / bytes."""
     st = study(sc)
-    return _aggregate_ceiling(st.spec, st.device, _ctx_for(sc.run_config(), depth + 1), slots, depth)
+    return _aggregate_ceiling(st.spec, st.device, ctx_for(sc.run_config(), depth + 1), slots, depth)

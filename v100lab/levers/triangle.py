@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Sequence
 
+from v100lab import memory
 from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
+from v100lab.errors import ConfigError, RunFailed
 from v100lab.llama_context import kv_bytes_per_token, kv_cache_bytes as _kv_cache_bytes
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
-from v100lab.levers._study import (beside, capture_load, COMPONENTS, conditions, _devices_for, _frame, GIB, HOST,
+from v100lab.levers.steps import (beside, capture_load, COMPONENTS, conditions, devices_for, lever_frame, GIB, HOST,
                                    spec_at_quant, study, parameters)
 
 PARAMETERS = parameters("compare_gpu", "n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def header_facts(sc: Scenario):
     """The scenario model's header, as the memory model reads it (a two-column table)."""
-    import pandas as pd
+    import pandas as pd  # heavy third-party dependency
 
     s = study(sc).spec
     kv_layers = sum(1 for il in range(s.n_layer) if s.has_kv(il))
@@ -45,8 +47,6 @@ def header_facts(sc: Scenario):
 
 
 def _plan_rows(spec: ModelSpec, label: str, devices: Sequence, cfg: RunConfig, group: str) -> list[Observation]:
-    from v100lab import memory
-
     p = memory.plan(spec, list(devices), cfg, with_max_ctx=False)
     # the plan calls its CPU "host" whichever CPU it is: beside a catalog GPU that is the GPU's server, not
     # this machine, so it keeps its own id
@@ -57,10 +57,10 @@ def _plan_rows(spec: ModelSpec, label: str, devices: Sequence, cfg: RunConfig, g
         dev_name = server if dev_name == HOST else dev_name
         for comp, attr, _ in COMPONENTS:
             rows.append(Observation(label, spec.file_type, dev_name, "component", comp, "bytes",
-                                    float(getattr(m, attr)), "bytes", "predicted", note=group))
+                                    float(getattr(m, attr)), "bytes", "predicted", group=group))
         if dev_name != server or server == HOST:   # a GPU's server RAM is not what the lesson is about
             rows.append(Observation(label, spec.file_type, dev_name, "component", "capacity", "capacity_bytes",
-                                    float(m.capacity_bytes), "bytes", "predicted", note=group))
+                                    float(m.capacity_bytes), "bytes", "predicted", group=group))
     return rows
 
 
@@ -68,17 +68,15 @@ def memory_breakdown(sc: Scenario):
     """Where the bytes go: predicted per device and component for the scenario's model on its device, and —
     when measuring — llama.cpp's own buffer sizes for the measured model here beside their prediction.
 
-    Lever "component"; metric "bytes" (and "capacity_bytes"); ``note`` names the group shown together."""
-    from v100lab.errors import RunFailed
-
+    Lever "component"; metric "bytes" (and "capacity_bytes"); ``group`` names the rows shown together."""
     st = study(sc)
     cfg = sc.run_config()
     rows: list[Observation] = []
     if not st.same_model_here:
-        rows += _plan_rows(st.spec, st.label, _devices_for(st.device), cfg, f"{st.label} on {st.device.id}")
+        rows += _plan_rows(st.spec, st.label, devices_for(st.device), cfg, f"{st.label} on {st.device.id}")
     gpu = beside(sc)
     if gpu is not None:
-        rows += _plan_rows(gpu.spec, gpu.label, _devices_for(gpu.device), cfg, f"{gpu.label} on {gpu.device.id}")
+        rows += _plan_rows(gpu.spec, gpu.label, devices_for(gpu.device), cfg, f"{gpu.label} on {gpu.device.id}")
     failures = []
     if st.measuring:
         mgroup = f"{st.measured_label} on this machine"
@@ -94,8 +92,8 @@ def memory_breakdown(sc: Scenario):
                     continue
                 rows.append(Observation(st.measured_label, st.measured_spec.file_type, HOST, "component", comp,
                                         "bytes", float(facts.buffer_bytes(kind)), "bytes", "measured",
-                                        note=mgroup))
-    return _frame(rows, failures, why_not_measured=st.why_not_measured,
+                                        group=mgroup))
+    return lever_frame(rows, failures, why_not_measured=st.why_not_measured,
                   conditions=conditions(cfg, depth=None, threads=False))
 
 
@@ -124,10 +122,6 @@ def fit_grid(sc: Scenario):
     seed's model on its V100) when the scenario predicts for a CPU: for every quant × context × cache type,
     the busiest device's total bytes and margin, whether it fits, how many layers fit, and the largest context
     per quant and cache type (memory.triangle, all predicted; model and device say which grid)."""
-    from dataclasses import replace
-
-    from v100lab import memory
-
     st = study(sc)
     grids = [(st.label, st.device, quant_specs(sc))]
     gpu = beside(sc)
@@ -136,8 +130,8 @@ def fit_grid(sc: Scenario):
     rows = []
     for label, device, specs in grids:
         rows += [replace(o, model=label, device=device.id) for o in
-                 memory.triangle(specs, _devices_for(device), sc.ctx_sizes, sc.cache_types, sc.run_config())]
-    return _frame(rows, device_name=st.device.name, capacity_gib=st.device.memory_gib,
+                 memory.triangle(specs, devices_for(device), sc.ctx_sizes, sc.cache_types, sc.run_config())]
+    return lever_frame(rows, device_name=st.device.name, capacity_gib=st.device.memory_gib,
                   device_names={d.id: d.name for _, d, _ in grids},
                   conditions=conditions(sc.run_config(), depth=None, threads=False,
                                         extra=[f"-ngl {sc.n_gpu_layers}"]))
@@ -147,7 +141,7 @@ def largest_context(grid):
     """The largest context that fits, per model and device, quant (rows) and cache type (columns), from
     :func:`fit_grid`."""
     m = grid[grid["metric"] == "max_ctx"].copy()
-    m["cache type"] = m["note"].str.replace("cache_type=", "", regex=False)
+    m["cache type"] = m["cache_type"]
     m["model on device"] = m["model"] + " on " + m["device"]
     wide = m.pivot_table(index=["model on device", "quant"], columns="cache type", values="result", aggfunc="max",
                          sort=False)

@@ -1,31 +1,36 @@
 """The core every notebook step shares: a scenario resolved once (:func:`study` → :class:`Study`: the model
 studied, the device predicted for, the model measured on this machine or why none is), and the helpers that
 turn predictions and measurements into tidy rows (:func:`predict_rows`, :func:`measure_sweep`,
-:func:`capture_load`) and rows into a frame whose measured decode figures are flagged against their strict
-ceiling (``_frame``).
-
-Names with a leading underscore here are internal to :mod:`v100lab.levers` (its step modules import them);
-they are not part of the workbook's API.
+:func:`capture_load`, :func:`measured_rows`) and rows into a frame whose measured decode figures are flagged
+against their strict ceiling (:func:`lever_frame`, with :func:`v100lab.results.flag_above_ceiling`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from v100lab import bench, speed, zoo
+from v100lab.backends.inprocess import cpu_gpu_info
+from v100lab.calibration import measured_host
 from v100lab.config import RunConfig
+from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
 from v100lab.llama_context import CTX_PAD, pad
+from v100lab.loadlog import load_and_capture
 from v100lab.memory import fit_gpu_layers
-from v100lab.results import TPS, Observation, tidy_frame
-from v100lab.scenario import Scenario
 from v100lab.resolve import resolve
-from v100lab.skeleton import SKELETON_PREFIX, is_skeleton_name, parse_skeleton_name
+from v100lab.results import TPS, Observation, flag_above_ceiling, tidy_frame
+from v100lab.scenario import NO_GPU, Scenario, keys
+from v100lab.seed import load_seed_claims, seed_host_device
+from v100lab.skeleton import SKELETON_PREFIX, arch_spec_of, is_skeleton_name, parse_skeleton_name, skeleton_spec
 from v100lab.spec import ModelSpec
+from v100lab.worker import call_isolated
 
 
 HOST = "host"
@@ -41,8 +46,6 @@ def parameters(*names: str) -> tuple[str, ...]:
     """A notebook's parameters: :data:`STUDY_PARAMETERS` and ``names``, in the schema's order — what the
     notebook's parameters cell holds (``v100lab.scenario.parameters_cell_source(keys)`` writes it).
     An unknown name is a ConfigError (so a renamed key cannot leave a notebook behind)."""
-    from v100lab.scenario import keys
-
     known = keys()
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -57,51 +60,15 @@ COMPONENTS = (("weights", "weights_bytes", "model"), ("KV cache", "kv_cache_byte
               ("output", "output_bytes", "output"), ("runtime overhead", "overhead_bytes", None))
 
 
-def arch_of(spec: ModelSpec) -> dict[str, Any] | None:
-    """An architecture spec (:mod:`v100lab.skeleton`'s schema) for the shapes in ``spec``'s header, so the
-    same model can be described at other quants without building their files; None when the skeleton
-    writer has no tensor layout for the architecture (or the shapes vary per layer in a way it cannot say)."""
-    from v100lab.skeleton import ARCHS
-
-    if spec.architecture not in ARCHS or not isinstance(spec.n_ff, int) or not isinstance(spec.n_head, int):
-        return None
-    a: dict[str, Any] = {
-        "architecture": spec.architecture, "name": spec.name or spec.architecture,
-        "n_layer": spec.n_layer, "n_embd": spec.n_embd, "n_ff": spec.n_ff, "n_head": spec.n_head,
-        "n_head_kv": list(spec.n_head_kv_arr) if isinstance(spec.n_head_kv_arr, tuple) else spec.n_head_kv_arr,
-        "head_dim_k": spec.head_dim_k, "head_dim_v": spec.head_dim_v, "n_ctx_train": spec.n_ctx_train or 4096,
-        "n_vocab": spec.n_vocab, "tied_embeddings": spec.tensor("output.weight") is None, "source_type": "F16",
-    }
-    if spec.rope_freq_base:
-        a["rope_freq_base"] = float(spec.rope_freq_base)
-    if spec.rope_dimension_count:
-        a["rope_dimension_count"] = int(spec.rope_dimension_count)
-    if spec.sliding_window:
-        a["sliding_window"] = int(spec.sliding_window)
-    if spec.full_attention_interval:
-        a["full_attention_interval"] = int(spec.full_attention_interval)
-    if spec.nextn_layers:
-        a["nextn_layers"] = int(spec.nextn_layers)
-    if spec.architecture == "qwen35":
-        a["ssm"] = {"conv_kernel": spec.ssm_conv_kernel, "state_size": spec.ssm_state_size,
-                    "group_count": spec.ssm_group_count, "time_step_rank": spec.ssm_time_step_rank,
-                    "inner_size": spec.ssm_inner_size}
-    return a
-
-
 @lru_cache(maxsize=256)
 def _spec_at_quant_cached(model: str, quant: str) -> ModelSpec:
-    import json
-
-    from v100lab.skeleton import skeleton_spec
-
     parsed = parse_skeleton_name(model)
     if parsed is not None:
         return skeleton_spec(parsed[0], quant)
     spec = resolve(model, build=True).spec
     if spec.file_type.upper() == quant:
         return spec
-    a = arch_of(spec)
+    a = arch_spec_of(spec)
     if a is None:
         raise ConfigError(f"model '{model}': architecture '{spec.architecture}' cannot be described at other "
                           "quants here; use its own quant only")
@@ -151,9 +118,6 @@ def _label(spec: ModelSpec, model: str) -> str:
 @lru_cache(maxsize=16)
 def study(sc: Scenario) -> Study:
     """Resolve ``sc`` once per kernel (cached; a Scenario is immutable)."""
-    from v100lab.calibration import measured_host
-    from v100lab.devices import get_device
-
     spec = resolve(sc.model, build=True).spec
     label = _label(spec, sc.model)
     host = measured_host()          # the workbook shows this machine measured: measure it once if never
@@ -195,8 +159,6 @@ class Target:
 
 def seed_target_model() -> tuple[str, str]:
     """The seed's assumed model as a skeleton name at its first stage's quant, and its label."""
-    from v100lab.seed import load_seed_claims
-
     claims = load_seed_claims()
     return f"{SKELETON_PREFIX}{claims['model']['arch']}:{claims['stages'][0]['quant']}", claims["model"]["label"]
 
@@ -207,9 +169,6 @@ def beside(sc: Scenario) -> Target | None:
     every scenario that measures on a CPU), the seed's model on ``compare_gpu`` (the V100 by default) — what
     the lessons about fitting on a card need, which a small model on a CPU never shows. None when the
     scenario's device is not a CPU (it is the target itself) or ``compare_gpu`` is none."""
-    from v100lab.devices import get_device
-    from v100lab.scenario import NO_GPU
-
     st = study(sc)
     if st.device.kind != "cpu" or sc.compare_gpu == NO_GPU:
         return None
@@ -252,23 +211,14 @@ def conditions(cfg: RunConfig, model: str = "", *, depth: int | str | None = 0, 
     return " · ".join(parts)
 
 
-def spread(note: str) -> tuple[float, int]:
-    """The standard deviation and repetitions a measured row's note carries ("±1.23 (r=3)"); (0, 1) without."""
-    import re
-
-    m = re.search(r"±([0-9.]+) \(r=(\d+)\)", str(note or ""))
-    return (float(m.group(1)), int(m.group(2))) if m else (0.0, 1)
-
-
 def gpu_backend() -> str | None:
     """The GPU(s) llama-cpp-python's build can use here, or None for a CPU-only build."""
-    from v100lab.backends.inprocess import cpu_gpu_info
-
     gpu = cpu_gpu_info()[1]
     return gpu or None
 
 
-def _tests(sc: Scenario, pp: bool = True, tg: bool = True) -> list[str]:
+def bench_tests(sc: Scenario, pp: bool = True, tg: bool = True) -> list[str]:
+    """The bench tests a step runs: pp``n_prompt`` and tg``n_gen`` (a zero count leaves its test out)."""
     out = []
     if pp and sc.n_prompt:
         out.append(f"pp{sc.n_prompt}")
@@ -277,7 +227,7 @@ def _tests(sc: Scenario, pp: bool = True, tg: bool = True) -> list[str]:
     return out
 
 
-def _ctx_for(cfg: RunConfig, need: int) -> RunConfig:
+def ctx_for(cfg: RunConfig, need: int) -> RunConfig:
     """``cfg`` with a context large enough for ``need`` tokens per sequence (0 = the model's own is kept)."""
     if cfg.n_ctx and cfg.n_ctx < need * max(1, cfg.n_parallel):
         return cfg.with_(n_ctx=pad(need * max(1, cfg.n_parallel), CTX_PAD))
@@ -289,26 +239,25 @@ def gpu_host():
     """The CPU beside a catalog GPU, for layers that do not fit: the seed's assumed server CPU
     (``seed_claims.yaml`` host: 6 channels of DDR4-2666, uncalibrated) — not this machine, whose CPU
     says nothing about a V100 server's."""
-    from v100lab.seed import load_seed_claims, seed_host_device
-
     return seed_host_device(load_seed_claims())
 
 
-def _devices_for(device) -> list:
+def devices_for(device) -> list:
     """A GPU is predicted together with a host CPU (layers that do not fit run there): :func:`gpu_host`."""
     return [device] if device.kind == "cpu" else [device, gpu_host()]
 
 
 def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: str, value: Any,
                  depth: int = 0, n_prompt: int = 512, n_gen: int = 0, metrics: Iterable[str] = ("tg_tps", "pp_tps"),
-                 fit: bool = True, note: str = "") -> list[Observation]:
+                 fit: bool = True, note: str = "", fits: bool | None = None, cache_type: str = "",
+                 group: str = "") -> list[Observation]:
     """Predicted rows for one configuration: decode (at the middle of ``n_gen`` tokens after ``depth``),
     prompt processing (``n_prompt`` tokens after ``depth``), the seed's plain ceiling and the strict one.
 
-    ``fit``: on a GPU, a configuration that does not fit is predicted with the layers that do (and says so)."""
-    from v100lab import speed
-
-    devs = _devices_for(device)
+    ``fit``: on a GPU, a configuration that does not fit is predicted with the layers that do (and says so).
+    ``fits``/``cache_type``/``group``: the rows' columns of those names (whether the configuration fits, the KV
+    cache type, the group drawn together); the ``bound`` column says what limits each predicted speed."""
+    devs = devices_for(device)
     why = ""
     if fit:
         cfg, why = fit_gpu_layers(spec, devs, cfg)
@@ -318,10 +267,12 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
     rows = []
     dev_id = device.id
     for metric in metrics:
+        bound = ""
         if metric == "tg_tps":
-            val, n = pred_tg.tg_tps, base_note
+            val, n, bound = pred_tg.tg_tps, base_note, pred_tg.bound
         elif metric == "pp_tps":
             val, n = pred_pp.pp_tps, "; ".join(x for x in (note, why, f"bound: {pred_pp.pp_bound}") if x)
+            bound = pred_pp.pp_bound
         elif metric == "ceiling_tg_tps":
             val, n = pred_tg.ceiling_tg_tps, "the seed's ceiling: bandwidth / weight bytes placed"
         elif metric == "strict_ceiling_tg_tps":
@@ -333,7 +284,8 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
         rows.append(Observation(model=label, quant=spec.file_type, device=dev_id, lever=lever, value=str(value),
                                 metric=metric, result=float(val), unit=TPS, source="predicted",
                                 above_ceiling=(bool(val > pred_tg.strict_ceiling_tg_tps * 1.0001)
-                                               if metric == "tg_tps" else None), note=n))
+                                               if metric == "tg_tps" else None), note=n, bound=str(bound or ""),
+                                fits=fits, cache_type=cache_type, group=group))
     return rows
 
 
@@ -361,13 +313,11 @@ def lever_rows(sc: Scenario, lever: str, values: Sequence[Any], cfg_of, tests: S
                                      metrics=metrics + ("strict_ceiling_tg_tps",))
     obs, failures = [], []
     if st.measuring and tests:
-        from v100lab import bench
-
         got = []
         for v in values:
             got += bench.run_tests(str(st.measured_path), cfg_of(v), list(tests), [depth], sc.repetitions,
                                    backend=backend, monitor=False, lever=lever, value=v)
-        obs, failures = _measured(got, st.measured_label)
+        obs, failures = measured_rows(got, st.measured_label)
     return rows + obs, failures
 
 
@@ -376,10 +326,9 @@ def _failure(row: Mapping[str, Any]) -> dict[str, str]:
             "test": str(row.get("test") or ""), "reason": str(row.get("reason") or "failed")}
 
 
-def _measured(rows: Sequence[Mapping[str, Any]], label: str) -> tuple[list[Observation], list[dict[str, str]]]:
-    from v100lab.bench import rows_to_observations
-
-    return rows_to_observations(rows, label, HOST), [_failure(r) for r in rows if r.get("status") != "ok"]
+def measured_rows(rows: Sequence[Mapping[str, Any]], label: str) -> tuple[list[Observation], list[dict[str, str]]]:
+    """Bench rows → (measured observations on this machine labelled ``label``, the failed rows' reasons)."""
+    return bench.rows_to_observations(rows, label, HOST), [_failure(r) for r in rows if r.get("status") != "ok"]
 
 
 def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, tests: Sequence[str],
@@ -387,77 +336,40 @@ def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, 
     """Measured rows of a bench sweep of the measured model on this machine (one model load per value).
 
     Returns (observations, failures)."""
-    from v100lab import bench
-
     if not st.measuring or not tests:
         return [], []
     rows = bench.sweep(str(model or st.measured_path), cfg, lever, list(values), tests=list(tests),
                        depths=list(depths), repetitions=st.sc.repetitions, backend=backend, results=None,
                        progress=False, monitor=False)
-    return _measured(rows, st.measured_label)
+    return measured_rows(rows, st.measured_label)
 
 
-def _flag(df, ceilings: Mapping[tuple, float]):
-    """Mark measured and claimed decode rows (tok/s) above the strict ceiling of their model, quant and device
-    — the ceiling of the same lever value when there is one, else the loosest of that model's."""
-    if not len(df) or not ceilings:
-        return df
-    df = df.copy()
-    flags = []
-    for _, r in df.iterrows():
-        flag = r["above_ceiling"]
-        if r["source"] in ("measured", "claimed") and r["unit"] == TPS and str(r["metric"]).startswith("tg_tps"):
-            c = ceilings.get((r["model"], r["quant"], r["device"], r["lever"], r["value"]),
-                             ceilings.get((r["model"], r["quant"], r["device"])))
-            if c is not None:
-                flag = bool(r["result"] > c)
-        flags.append(flag)
-    df["above_ceiling"] = flags
-    return df
-
-
-def _ceilings_of(rows: Iterable[Observation]) -> dict[tuple, float]:
-    """Strict ceilings of the predicted rows: by (model, quant, device, lever, value), and by (model, quant,
-    device) the largest of them (the loosest bound, for rows measured at a value nothing predicted)."""
-    out: dict[tuple, float] = {}
-    for o in rows:
-        if o.source == "predicted" and o.metric == "strict_ceiling_tg_tps":
-            out[(o.model, o.quant, o.device, o.lever, o.value)] = o.result
-            k = (o.model, o.quant, o.device)
-            out[k] = max(out.get(k, 0.0), o.result)
-    return out
-
-
-def _frame(rows: list[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
-    df = _flag(tidy_frame(rows), _ceilings_of(rows))
+def lever_frame(rows: Iterable[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
+    """A step's tidy frame: measured and claimed decode rows flagged against the strict ceilings the rows
+    predict (:func:`v100lab.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``."""
+    df = flag_above_ceiling(tidy_frame(rows))
     df.attrs["failures"] = list(failures)
     df.attrs.update(attrs)
     return df
 
 
-def _stage_model(st: Study, quant: str) -> tuple[str, str]:
+def stage_model(st: Study, quant: str) -> tuple[str, str]:
     """The file measured for a stage at ``quant``: the measured model's ladder rung when it has one
     (``default:Q4_0``, ``synth-1b:Q4_0``), else the measured model itself (note says so)."""
-    from v100lab import zoo
-
     base = (st.measured or "").partition(":")[0]
     if base in zoo.aliases() and base != zoo.GEMMA_ALIAS:
         return f"{base}:{quant}", ""
     return str(st.measured_path), f"measured at the stand-in's own quant {st.measured_spec.file_type}"
 
 
-def _renote(o: Observation, note: str) -> Observation:
-    from dataclasses import replace
-
+def with_note(o: Observation, note: str) -> Observation:
+    """``o`` with ``note`` added to its note."""
     return replace(o, note="; ".join(x for x in (o.note, note) if x)) if note else o
 
 
 def capture_load(st: Study, cfg: RunConfig):
     """Load the measured model with ``cfg`` and return llama.cpp's load facts (None when not measuring).
     The load runs in a worker process (a crash raises WorkerCrashed, a RunFailed)."""
-    from v100lab.loadlog import load_and_capture
-    from v100lab.worker import call_isolated
-
     if not st.measuring:
         return None
     facts, _ = call_isolated(load_and_capture, st.measured_path, cfg, what=f"loading {st.measured_path.name}")
