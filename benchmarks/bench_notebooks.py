@@ -30,7 +30,7 @@ BUSY_LOAD = 1.5
 
 def where() -> str:
     """The CPU and the llama.cpp build the figures were taken with (what every measured row records)."""
-    from v100lab.bench import environment
+    from v100lab.harness import environment
 
     env = environment()
     return (f"{env.get('cpu_model')} ({env.get('cpu_count')} logical cores); llama.cpp {env.get('llama_cpp_build')} "
@@ -63,7 +63,7 @@ def run(params: Path, notebooks: list[Path], keep: Path | None = None) -> list[t
     import papermill as pm
 
     from v100lab.scenario import read_parameters
-    from v100lab.workbook import KERNEL_NAME, _quiet_about_keys_not_shown
+    from v100lab.batch_runner import KERNEL_NAME, _quiet_about_keys_not_shown
 
     parameters = read_parameters(params)
     out = []
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--notebooks", default=str(ROOT / "notebooks" / "[0-9][0-9]_*.ipynb"))
     ap.add_argument("--keep", metavar="DIR", help="keep the executed notebooks in DIR (default: a temporary folder)")
     args = ap.parse_args(argv)
-    from v100lab.workbook import find_notebooks
+    from v100lab.batch_runner import find_notebooks
 
     params = Path(args.params)
     notebooks = find_notebooks(args.notebooks)

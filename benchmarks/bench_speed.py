@@ -13,7 +13,7 @@ the generated tokens).
 
 (b) each chip predicted by a fit on the *other* chips (leave-one-chip-out); in-sample figures are printed
 only to show how optimistic they would be. (c) predicted tok/s on v100-16gb per stage beside the claims;
-claims above the strict ceiling are marked impossible.
+claims above the physical ceiling are marked impossible.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def host_part(quick: bool, repetitions: int) -> dict:
                          "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
                          "cv": round(meas.cv, 4), "predicted_tps": round(pred, 2), "error": pred / mt - 1,
                          "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
-                         "ceiling_tg_tps": round(p_tg.ceiling_tg_tps, 1) if test == "tg" else None,
-                         "above_ceiling": bool(test == "tg" and mt > p_tg.strict_ceiling_tg_tps)})
+                         "weights_ceiling_tg_tps": round(p_tg.weights_ceiling_tg_tps, 1) if test == "tg" else None,
+                         "above_ceiling": bool(test == "tg" and mt > p_tg.physical_ceiling_tg_tps)})
         print(f"  {alias:<20} t{threads} d{depth:<5} tg {rows[-1 - (1 if with_pp else 0)]['measured_tps']:>7} "
               f"pred {p_tg.tg_tps:7.2f}  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     out = {"rows": rows, "calibration_points": [p["config"] for p in cal.get("points", [])][:20],
@@ -172,13 +172,13 @@ def print_seed(res: dict) -> None:
             s["predicted"], s["note"] = r["result"], r["note"]
         else:
             s[r["metric"]] = r["result"]
-    print("| stage | quant | claimed t/s | predicted t/s | seed's ceiling | strict ceiling | verdict | prediction note |")
+    print("| stage | quant | claimed t/s | predicted t/s | seed's ceiling | physical ceiling | verdict | prediction note |")
     print("|---|---|--:|--:|--:|--:|---|---|")
     for stage, s in by_stage.items():
         cl = "–".join(f"{v:g}" for v in sorted(set(s["claimed"])))
-        verdict = "**impossible** (above the strict ceiling)" if s["impossible"] else "possible"
-        print(f"| {stage} | {s['quant']} | {cl} | {s['predicted']:.1f} | {s['ceiling_tg_tps']:.1f} | "
-              f"{s['strict_ceiling_tg_tps']:.1f} | {verdict} | {s['note']} |")
+        verdict = "**impossible** (above the physical ceiling)" if s["impossible"] else "possible"
+        print(f"| {stage} | {s['quant']} | {cl} | {s['predicted']:.1f} | {s['weights_ceiling_tg_tps']:.1f} | "
+              f"{s['physical_ceiling_tg_tps']:.1f} | {verdict} | {s['note']} |")
     print("\nIndependent published V100 rows:\n")
     print("| row | role | published | predicted | error |")
     print("|---|---|--:|--:|--:|")

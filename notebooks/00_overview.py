@@ -90,7 +90,7 @@ ceiling = v100.bandwidth_gbs / weights_gb          # GB/s ÷ GB read per token =
 print(f"{v100.name}: {v100.bandwidth_gbs:g} GB/s ÷ {weights_gb:.2f} GB = {ceiling:.1f} tok/s at most; "
       f"the seed claims up to {claimed[1]:g} tok/s")
 levers.agree(f"the seed's ceiling, stage {stage}", ceiling,
-             levers.value_of(stairs, metric="ceiling_tg_tps", value=stage, device=v100.id), "tok/s")
+             levers.value_of(stairs, metric="weights_ceiling_tg_tps", value=stage, device=v100.id), "tok/s")
 
 # %% [markdown]
 # ## What this run showed

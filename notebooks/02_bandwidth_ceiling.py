@@ -76,7 +76,7 @@ spec, dev = st.spec, st.device
 ceiling = dev.bandwidth_gbs * 1e9 / spec.weight_bytes     # bytes/s ÷ bytes per token
 print(f"{dev.name}: {dev.bandwidth_gbs:g} GB/s ÷ {spec.weight_bytes / 1e9:.3f} GB = {ceiling:,.1f} tok/s")
 levers.agree(f"the ceiling of {spec.file_type} on {dev.id}", ceiling,
-             levers.value_of(ceil, metric="ceiling_tg_tps", source="predicted", model=st.label, device=dev.id,
+             levers.value_of(ceil, metric="weights_ceiling_tg_tps", source="predicted", model=st.label, device=dev.id,
                              value=spec.file_type), "tok/s")
 
 # %% tags=["by-hand"]

@@ -77,7 +77,7 @@ spec, machine, label = levers.subject(sc)   # the model measured here and this m
 ceiling = machine.bandwidth_gbs * 1e9 / spec.weight_bytes
 measured = levers.value_of(base, metric="tg_tps", source="measured")
 levers.agree(f"the ceiling of {label} on {machine.id}", ceiling,
-             levers.value_of(base, metric="ceiling_tg_tps", model=label, device=machine.id), "tok/s")
+             levers.value_of(base, metric="weights_ceiling_tg_tps", model=label, device=machine.id), "tok/s")
 if measured:
     print(f"efficiency: measured {measured:,.1f} tok/s ÷ ceiling {ceiling:,.1f} tok/s = {measured / ceiling:.0%}")
 

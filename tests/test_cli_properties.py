@@ -211,19 +211,19 @@ def _gguf(name: str, marker: bool) -> tuple[bytes, int]:
 
 
 @FAST
-@given(name=control_text, cut=st.floats(0, 1), marker=st.booleans(), as_json=st.booleans())
-def test_inspect_model_files(tmp_path_factory, name, cut, marker, as_json):
+@given(name=control_text, cut=st.floats(0, 1), marker=st.booleans(), as_dict=st.booleans())
+def test_inspect_model_files(tmp_path_factory, name, cut, marker, as_dict):
     head, data_bytes = _gguf(name, marker)
     k = int(cut * 4096)                   # bytes of "tensor data" after the header (a cut download)
     path = tmp_path_factory.mktemp("m") / "m.gguf"
     with open(path, "wb") as f:
         f.write(head)
         f.truncate(len(head) + k)
-    argv = ["inspect", str(path)] + (["--json"] if as_json else [])
-    status, out = check_outcome(argv, json_out=as_json)
+    argv = ["inspect", str(path)] + (["--json"] if as_dict else [])
+    status, out = check_outcome(argv, json_out=as_dict)
     if k == 0 or marker:
         assert status == 0                               # a description: accepted
-        if as_json:
+        if as_dict:
             assert json.loads(out)["name"] == name
     else:
         assert status == 2                               # 0 < data < what the header says: refused
@@ -263,8 +263,8 @@ _LOG_LINES = [line for p in sorted(LOGS.glob("*.log")) for line in p.read_text()
                       max_size=40),
        free=st.one_of(st.none(), numbers_as_text),
        device=st.one_of(st.none(), st.sampled_from(["v100-16gb", "host-nope", "t4"])),
-       as_json=st.booleans())
-def test_doctor_logs(tmp_path_factory, lines, free, device, as_json):
+       as_dict=st.booleans())
+def test_doctor_logs(tmp_path_factory, lines, free, device, as_dict):
     log = tmp_path_factory.mktemp("log") / "x.log"
     log.write_text("\n".join(lines) + "\n", errors="surrogatepass")
     argv = ["doctor", str(log)]
@@ -272,10 +272,10 @@ def test_doctor_logs(tmp_path_factory, lines, free, device, as_json):
         argv.append(f"--free-ram-gib={free}")
     if device:
         argv += ["--device", device]
-    if as_json:
+    if as_dict:
         argv.append("--json")
-    status, out = check_outcome(argv, json_out=as_json)
-    if status == 0 and not as_json:
+    status, out = check_outcome(argv, json_out=as_dict)
+    if status == 0 and not as_dict:
         assert max(len(x) for x in out.splitlines()) < 2000        # evidence shortened
 
 

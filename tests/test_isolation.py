@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from v100lab import bench, calibration, worker
+from v100lab import calibration, harness, worker
 from v100lab.backends.isolated import IsolatedBackend
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, RunFailed
@@ -31,7 +31,7 @@ def test_worker_returns_results_and_reraises_errors():
         assert w.call(os.getpid) == w.pid != os.getpid()          # it really is another process
         assert w.call(sorted, [3, 1, 2]) == [1, 2, 3]
         with pytest.raises(ConfigError, match="bad test"):
-            w.call(bench.parse_test, "xx12")                       # the package's own errors come back whole
+            w.call(harness.parse_test, "xx12")                       # the package's own errors come back whole
         assert w.call(max, 4, 9) == 9                              # and the worker lives on
 
 
@@ -86,7 +86,7 @@ def crashing_copy(tmp_path, default_model):
 def test_sweep_records_crashed_and_timeout_rows_and_completes(tmp_path, monkeypatch, default_model, crashing_copy):
     res = tmp_path / "r.jsonl"
     monkeypatch.setenv(worker.FAULT_ENV, "segv@2:crashme")
-    rows = bench.sweep(default_model, CFG, "model", [str(crashing_copy), str(default_model)], tests="pp32,tg4",
+    rows = harness.sweep(default_model, CFG, "model", [str(crashing_copy), str(default_model)], tests="pp32,tg4",
                        repetitions=1, results=res, progress=False, monitor=False)
     by_model = [(os.path.basename(r["model_filename"]), r["test"], r["status"]) for r in rows]
     assert ("crashme.gguf", "pp32", "crashed") in by_model
@@ -98,7 +98,7 @@ def test_sweep_records_crashed_and_timeout_rows_and_completes(tmp_path, monkeypa
     assert [r["status"] for r in stored] == [r["status"] for r in rows]        # and stored, not lost
 
     monkeypatch.setenv(worker.FAULT_ENV, "hang@1:crashme")
-    rows = bench.run_tests(crashing_copy, CFG, "tg4", (0,), 1, backend=IsolatedBackend(timeout=3), monitor=False)
+    rows = harness.run_tests(crashing_copy, CFG, "tg4", (0,), 1, backend=IsolatedBackend(timeout=3), monitor=False)
     assert [r["status"] for r in rows] == ["timeout"]
     assert "timed out after 3 s" in rows[0]["reason"]
 
@@ -106,7 +106,7 @@ def test_sweep_records_crashed_and_timeout_rows_and_completes(tmp_path, monkeypa
 @pytest.mark.slow
 def test_a_crash_after_load_costs_one_test_the_next_runs_in_a_new_worker(monkeypatch, default_model):
     monkeypatch.setenv(worker.FAULT_ENV, "abort@1")   # every worker aborts at its first decode...
-    rows = bench.run_tests(default_model, CFG, "pp16,tg2", (0,), 1, monitor=False, warmup=False)
+    rows = harness.run_tests(default_model, CFG, "pp16,tg2", (0,), 1, monitor=False, warmup=False)
     assert [r["status"] for r in rows] == ["crashed", "crashed"]               # ...each test, in its own worker
     assert len({r["run_id"] for r in rows}) == 2
 
@@ -153,9 +153,9 @@ def test_notebook_whose_measurement_crashes_shows_the_failed_row(tmp_path):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
-        "from v100lab import bench\n"
+        "from v100lab import harness\n"
         "from v100lab.config import RunConfig\n"
-        "rows = bench.run_tests('default', RunConfig(n_ctx=256, n_threads=1), 'pp32', (0,), 1, monitor=False)\n"
+        "rows = harness.run_tests('default', RunConfig(n_ctx=256, n_threads=1), 'pp32', (0,), 1, monitor=False)\n"
         "print('STATUS', rows[0]['status'], rows[0]['reason'])")]
     src, out = tmp_path / "crash.ipynb", tmp_path / "out.ipynb"
     nbformat.write(nb, src)

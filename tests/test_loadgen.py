@@ -272,7 +272,7 @@ def _all_failed(run, *words):
             assert w in r.reason, r.reason
     assert sum(lv["failed"] for lv in run.levels) == len(run.requests) == 4
     assert all(lv["completed"] == 0 and lv["output_throughput"] is None for lv in run.levels)
-    json.dumps(run.as_json(), allow_nan=False)
+    json.dumps(run.as_dict(), allow_nan=False)
 
 
 def test_fake_ok_stream_counts_tokens_and_gaps(fake):

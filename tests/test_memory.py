@@ -121,7 +121,7 @@ def test_weights_follow_the_layers_and_tied_embeddings_are_copied():
 def test_plan_json_keys_and_host_device():
     s = toy_spec()
     p = memory.plan(s, get_device(V100), RunConfig(n_ctx=4096, n_gpu_layers=3))
-    doc = p.as_json()
+    doc = p.as_dict()
     assert set(doc) == {"devices", "fits", "offloaded_layers", "n_layer_total", "max_ctx", "warnings"}
     assert set(doc["devices"]) == {V100, "host"}
     for d in doc["devices"].values():

@@ -22,7 +22,7 @@ from v100lab import levers
 from v100lab.config import RunConfig
 from v100lab.levers.course import LESSONS, keys_of
 from v100lab.scenario import keys, parameters_cell_source, read_parameters
-from v100lab.workbook import KERNEL_NAME, find_notebooks, parameters_cell, read_headline, sync_parameters_cell
+from v100lab.batch_runner import KERNEL_NAME, find_notebooks, parameters_cell, read_headline, sync_parameters_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
@@ -134,7 +134,7 @@ def test_parameters_cell_holds_the_keys_the_notebook_reads(path):
     assert nb.cells.index(cell) == 1, f"{path.name}: the parameters cell must follow the title"
     assert cell.source == parameters_cell_source(keys_of(path)), (
         f"{path.name}: parameters cell differs from the schema's keys for it; "
-        "run `python -m v100lab.workbook` (rewrites every parameters cell, both files of each pair)")
+        "run `python -m v100lab.batch_runner` (rewrites every parameters cell, both files of each pair)")
     assert len(keys_of(path)) < len(keys()), f"{path.name} shows every key"
     validate = nb.cells[2]
     assert validate.cell_type == "code" and "from_notebook(globals())" in validate.source
@@ -268,7 +268,7 @@ def test_closes_with_an_exercise_and_its_collapsed_answer(path):
 
 def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
     glossary = (NB_DIR / "GLOSSARY.md").read_text(encoding="utf-8")
-    for word in ("tok/s", "pp / tg", "depth", "ubatch", "-ngl", "SWA", "GQA", "KV cache", "roofline", "strict ceiling",
+    for word in ("tok/s", "pp / tg", "depth", "ubatch", "-ngl", "SWA", "GQA", "KV cache", "roofline", "physical ceiling",
                  "calibrated", "memory-bound", "margin", "nats", "recurrent state"):
         assert word in glossary, f"GLOSSARY.md does not define {word!r}"
     assert "(GLOSSARY.md)" in _read(NB_DIR / "00_overview.ipynb").cells[0].source
@@ -418,7 +418,7 @@ def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
     cat = levers.catalog_ceilings(sc.with_(compare_devices=("t4", "h200")))
     floor = cat[cat["metric"] == "overhead_floor_tg_tps"].set_index("value")["result"]
     pred = cat[(cat["metric"] == "tg_tps") & (cat["source"] == "predicted")].set_index("value")["result"]
-    ceil = cat[cat["metric"] == "ceiling_tg_tps"].set_index("value")["result"]
+    ceil = cat[cat["metric"] == "weights_ceiling_tg_tps"].set_index("value")["result"]
     assert ceil["h200"] > 5 * ceil["t4"] and pred["h200"] < 1.5 * pred["t4"], "bandwidth is not what limits it"
     assert all(pred[d] >= 0.8 * floor[d] for d in ("t4", "h200")), "both sit on their overhead limit"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from v100lab import render, workbook
+from v100lab import batch_runner, render
 
 NB = Path(__file__).parent / "data" / "notebooks"
 
@@ -155,7 +155,7 @@ def hostile_batch(tmp_path_factory):
     params.write_text(yaml.safe_dump({"scenario": "scn " + P_IMG + P_CLOSE, "model": str(model),
                                       "device": "dev " + P_SCRIPT + P_ATTR, "n_gen": 3, "n_prompt": 9}))
     out = d / "out"
-    result = workbook.run_batch([params], [NB / "render_model.ipynb"], out, timeout=120, no_input=True)
+    result = batch_runner.run_batch([params], [NB / "render_model.ipynb"], out, timeout=120, no_input=True)
     return {"dir": d, "out": out, "result": result, "model": model}
 
 
@@ -200,7 +200,8 @@ def test_render_helpers_escape_every_payload():
 
 
 def test_index_escapes_the_headline_configuration_and_partial_reason():
-    from v100lab.workbook import RunResult, headline_record, index_html
+    from v100lab.batch_runner import RunResult, index_html
+    from v100lab.render import headline_record
 
     for p in PAYLOADS:
         h = headline_record(None, 1.0, model=p, configuration=p, partial=p)

@@ -127,9 +127,9 @@ def test_compare_joins_on_its_keys_and_never_on_the_note():
 
 
 def test_compare_sets_claimed_beside_the_prediction():
-    df = tidy_frame([obs(lever="quant", value="Q4_0", metric="ceiling_tg_tps", source="claimed", result=66.0),
-                     obs(lever="quant", value="Q4_0", metric="ceiling_tg_tps", source="predicted", result=60.0),
-                     obs(lever="quant", value="Q8_0", metric="ceiling_tg_tps", source="predicted", result=0.0)])
+    df = tidy_frame([obs(lever="quant", value="Q4_0", metric="weights_ceiling_tg_tps", source="claimed", result=66.0),
+                     obs(lever="quant", value="Q4_0", metric="weights_ceiling_tg_tps", source="predicted", result=60.0),
+                     obs(lever="quant", value="Q8_0", metric="weights_ceiling_tg_tps", source="predicted", result=0.0)])
     c = compare(df, ("model", "value"))
     assert c["claimed_ratio"].iloc[0] == pytest.approx(1.1)
     assert math.isnan(c["ratio"].iloc[1])         # nothing measured, and a zero prediction gives no ratio
@@ -153,9 +153,9 @@ def test_flag_above_ceiling_marks_only_decode_rows():
     assert df["above_ceiling"][3] is None           # no ceiling known for Q8_0
 
 
-def test_flag_above_ceiling_uses_the_frames_own_strict_ceilings_by_value():
-    rows = [obs(value="512", metric="strict_ceiling_tg_tps", source="predicted", result=20.0),
-            obs(value="1024", metric="strict_ceiling_tg_tps", source="predicted", result=50.0),
+def test_flag_above_ceiling_uses_the_frames_own_physical_ceilings_by_value():
+    rows = [obs(value="512", metric="physical_ceiling_tg_tps", source="predicted", result=20.0),
+            obs(value="1024", metric="physical_ceiling_tg_tps", source="predicted", result=50.0),
             obs(value="512", result=30.0),          # above its own value's ceiling
             obs(value="1024", result=30.0),         # under its own value's ceiling
             obs(value="4096", result=45.0),         # no ceiling at 4096: the loosest of the model's (50)

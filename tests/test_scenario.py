@@ -236,16 +236,16 @@ def test_from_notebook_inside_a_real_ipython_shell():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[Path(p).name for p in NOTEBOOKS])
 def test_notebook_parameters_cell_matches_the_schema(path):
     """Notebooks and schema never drift: each parameters cell is the schema's for the keys its notebook
-    reads (every key for a test notebook); fix with ``python -m v100lab.workbook``."""
+    reads (every key for a test notebook); fix with ``python -m v100lab.batch_runner``."""
     import nbformat
 
-    from v100lab.workbook import notebook_keys, parameters_cell
+    from v100lab.batch_runner import notebook_keys, parameters_cell
 
     nb = nbformat.read(path, as_version=4)
     cell = parameters_cell(nb)
     assert cell is not None, f"{path} has no cell tagged 'parameters'"
     assert cell.source == parameters_cell_source(notebook_keys(path)), \
-        f"{path}: parameters cell differs from the schema; run python -m v100lab.workbook"
+        f"{path}: parameters cell differs from the schema; run python -m v100lab.batch_runner"
 
 
 def test_parameters_cell_for_some_keys():
@@ -261,7 +261,7 @@ def test_parameters_cell_for_some_keys():
 def test_sync_parameters_cell(tmp_path):
     import nbformat
 
-    from v100lab.workbook import parameters_cell, sync_parameters_cell
+    from v100lab.batch_runner import parameters_cell, sync_parameters_cell
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# title")]

@@ -13,7 +13,7 @@ def test_seed_staircase_rows_are_consistent():
     for st in stages:
         srcs = {r.source for r in rows if r.value == st}
         assert srcs == {"claimed", "predicted"}
-        strict = next(r.result for r in rows if r.value == st and r.metric == "strict_ceiling_tg_tps")
+        strict = next(r.result for r in rows if r.value == st and r.metric == "physical_ceiling_tg_tps")
         for r in rows:
             if r.value == st and r.metric == "tg_tps":
                 assert r.above_ceiling == (r.result > strict)

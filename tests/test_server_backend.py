@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from v100lab import bench
+from v100lab import harness
 from v100lab.backends import BenchTest
 from v100lab.llamabench import (export_llama_bench_json, find_llama_bench, import_llama_bench,
                                          parse_llama_bench, run_llama_bench)
@@ -69,7 +69,7 @@ def test_llama_server_started_measured_and_stopped(llama_server, default_model):
 
 
 def test_llama_server_rows_and_parallel_slots(llama_server, default_model):
-    rows = bench.run_tests(default_model, CFG.with_(n_parallel=2), "tg8", (0,), 2,
+    rows = harness.run_tests(default_model, CFG.with_(n_parallel=2), "tg8", (0,), 2,
                            backend=ServerBackend(binary=llama_server))
     r = rows[0]
     assert r["status"] == "ok", r["reason"]
@@ -83,7 +83,7 @@ def test_llama_server_rows_and_parallel_slots(llama_server, default_model):
 
 def test_llama_cpp_python_server_is_timed_client_side(default_model):
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] not installed")
-    rows = bench.run_tests(default_model, CFG, "pp32,tg8", (0,), 2, backend="llama-cpp-python-server")
+    rows = harness.run_tests(default_model, CFG, "pp32,tg8", (0,), 2, backend="llama-cpp-python-server")
     assert [r["status"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
     for r in rows:
         assert r["timing"] == "client" and "client-side" in r["extra"]["timing_note"]
@@ -91,7 +91,7 @@ def test_llama_cpp_python_server_is_timed_client_side(default_model):
         assert any("flash_attn=auto" in x for x in r["server"]["config_not_applied"])
         assert r["load"]["n_ctx"] == 256
     assert rows[1]["extra"]["tokens_counted"] == [8, 8]
-    obs = bench.rows_to_observations(rows, "smollm2")
+    obs = harness.rows_to_observations(rows, "smollm2")
     assert all("timed client-side" in o.note for o in obs)
 
 
@@ -102,7 +102,7 @@ def test_export_import_round_trip(tmp_path):
              "n_threads": 2, "type_k": "q8_0", "type_v": "f16", "n_gpu_layers": 999, "flash_attn": "on",
              "model_filename": "/nowhere/m.gguf", "model_type": "llama 256M Q4_1", "model_size": 1, "model_n_params": 2,
              "config": RunConfig(cache_type_k="q8_0", flash_attn="on").as_dict(), "test_time": "2026-01-01T00:00:00Z",
-             **bench.summarize([100_000_000, 110_000_000], 8)},
+             **harness.summarize([100_000_000, 110_000_000], 8)},
             {"status": "failed", "n_prompt": 32, "n_gen": 0}]
     text = export_llama_bench_json(rows)
     recs = json.loads(text)

@@ -46,7 +46,7 @@ def test_weights_once_kv_per_sequence(llama7b):
     short = serving.predict_batch(llama7b, "v100-16gb", cfg, 64, depth=0)
     assert short.bound == "compute"
     assert preds[-1].t_weights_s > preds[0].t_weights_s
-    json.dumps(preds[-1].as_json(), allow_nan=False)
+    json.dumps(preds[-1].as_dict(), allow_nan=False)
 
 
 def test_serving_closed_loop_and_queueing(qwen27):
@@ -62,7 +62,7 @@ def test_serving_closed_loop_and_queueing(qwen27):
     assert p1.e2el_ms == pytest.approx(p1.ttft_ms + 127 * p1.tpot_ms)
     # one stream: output tok/s is G over the request's whole life (TTFT included)
     assert p1.output_throughput == pytest.approx(128 / (p1.e2el_ms / 1e3), rel=1e-6)
-    json.dumps(p8.as_json(), allow_nan=False)
+    json.dumps(p8.as_dict(), allow_nan=False)
 
 
 def test_lockstep_closed_loop(llama7b):

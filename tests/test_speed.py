@@ -54,7 +54,7 @@ def test_ceiling_rejects_nonsense(b, bw):
 
 def test_fewer_bytes_higher_ceiling(qwen):
     ordered = sorted(qwen.values(), key=lambda s: s.weight_bytes)
-    ceilings = [speed.predict(s, ["v100-32gb"], RunConfig(n_ctx=2048)).ceiling_tg_tps for s in ordered]
+    ceilings = [speed.predict(s, ["v100-32gb"], RunConfig(n_ctx=2048)).weights_ceiling_tg_tps for s in ordered]
     assert ceilings == sorted(ceilings, reverse=True)
     preds = [speed.predict(s, ["v100-32gb"], RunConfig(n_ctx=2048)).tg_tps for s in ordered]
     assert preds == sorted(preds, reverse=True)
@@ -132,8 +132,8 @@ def test_more_depth_slower_decode(llama7b):
     assert tgs[0] > tgs[1] > tgs[2]
     assert kv[0] < kv[1] < kv[2]
     # the ceiling of the seed does not move with depth; the strict one does
-    assert preds[0].ceiling_tg_tps == preds[2].ceiling_tg_tps
-    assert preds[0].strict_ceiling_tg_tps > preds[2].strict_ceiling_tg_tps
+    assert preds[0].weights_ceiling_tg_tps == preds[2].weights_ceiling_tg_tps
+    assert preds[0].physical_ceiling_tg_tps > preds[2].physical_ceiling_tg_tps
 
 
 def test_quantized_kv_reads_fewer_bytes(llama7b):
@@ -147,12 +147,12 @@ def test_quantized_kv_reads_fewer_bytes(llama7b):
 
 def test_prediction_structure_and_json(llama7b):
     p = speed.predict(llama7b, "v100-16gb", RunConfig(n_ctx=4096), depth=0, n_prompt=512)
-    doc = json.loads(json.dumps(p.as_json()))
-    for key in ("tg_tps", "pp_tps", "ceiling_tg_tps", "bound", "by_device"):
+    doc = json.loads(json.dumps(p.as_dict()))
+    for key in ("tg_tps", "pp_tps", "weights_ceiling_tg_tps", "bound", "by_device"):
         assert key in doc
     assert doc["bound"] in speed.BOUNDS
     assert set(doc["by_device"]) >= {"v100-16gb"}
-    assert 0 < p.tg_tps <= p.strict_ceiling_tg_tps
+    assert 0 < p.tg_tps <= p.physical_ceiling_tg_tps
     assert p.pp_tps > p.tg_tps                   # a batch amortises the weight reads
     with pytest.raises(Exception):
         p.tg_tps = 1.0                           # frozen

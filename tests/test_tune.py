@@ -116,7 +116,7 @@ def test_seed_verdict_reproduces_or_corrects_the_command():
     assert list(df.columns) == ["flag", "seed", "tuned", "verdict"] and len(df) == len(v.rows)
     obs = v.observations()
     claimed = [o for o in obs if o.source == "claimed"]
-    ceiling = v.seed_candidate.ceiling_tg_tps
+    ceiling = v.seed_candidate.weights_ceiling_tg_tps
     assert [o.above_ceiling for o in claimed] == [x > ceiling for x in v.claimed_tps]
     assert "seed:" in v.format_text() and "tuned:" in v.format_text()
 
@@ -124,7 +124,7 @@ def test_seed_verdict_reproduces_or_corrects_the_command():
 def test_tidy_table_of_candidates(seed_tune):
     df = seed_tune.frame()
     assert set(df["source"]) == {"predicted"}
-    assert set(df["metric"]) >= {"tg_tps", "pp_tps", "fits", "margin_bytes", "ceiling_tg_tps"}
+    assert set(df["metric"]) >= {"tg_tps", "pp_tps", "fits", "margin_bytes", "weights_ceiling_tg_tps"}
     assert df["value"].nunique() == len(seed_tune.candidates)
 
 

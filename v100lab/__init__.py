@@ -23,14 +23,14 @@ third-party dependency (llama_cpp, httpx, pandas, matplotlib, ...).
    rates: GPU class fits, host rates from the stored profile) < ``speed`` (work per token, placement, the
    roofline) < ``serving`` (batched decode under load)
 5. measurement — ``backends`` (``backends.types`` < in-process in a worker, llama-server) < ``monitor``
-   (telemetry while measuring) < ``bench`` (the harness) < ``llamabench`` (llama-bench's output in and out)
+   (telemetry while measuring) < ``harness`` (llama-bench-grade measurements of llama.cpp) < ``llamabench`` (llama-bench's output in and out)
    < ``quality`` (perplexity, KL divergence), ``selftest`` (does this llama.cpp build run here?), ``loadgen``
    (serve-bench: load on an OpenAI-compatible server), ``memcheck`` (predicted memory against llama.cpp's)
    < ``calibration`` (measure this host, fit, store the profile)
 6. the seed — ``seed`` (the blog's claims, the staircase, the verdict)
 7. the workbook — ``render`` (escaped display) < ``scenario`` (the params schema) < ``plots`` <
    ``advisor`` (tune), ``doctor`` (log diagnosis) < ``levers`` (one sweep per lever → tidy rows) <
-   ``workbook`` (the batch runner)
+   ``batch_runner`` (papermill per scenario × notebook, HTML reports, the index)
 8. the ``v100lab`` command — ``commands`` (one module per subcommand) < ``cli`` (the dispatcher) < ``__main__``
 """
 

@@ -3,7 +3,7 @@
 Anchors: llama.cpp's ``--fit`` fits memory only, by loading; fituna measures and never predicts; llmfit prints a
 command from a catalogue. ``tune`` predicts (memory :mod:`v100lab.memory`, speed :mod:`v100lab.speed`) over a
 grid of run configurations — and quants, when MODEL names a family — keeps those that fit with a margin,
-ranks them by predicted decode speed, optionally measures the best few for real (:mod:`v100lab.bench`) and
+ranks them by predicted decode speed, optionally measures the best few for real (:mod:`v100lab.harness`) and
 chooses by measurement, then explains every flag of the resulting command with what it buys in predicted
 tok/s or bytes.
 
@@ -37,7 +37,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import bench, llama_context, memory, skeleton, speed, zoo
+from v100lab import harness, llama_context, memory, skeleton, speed, zoo
 from v100lab.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
 from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
@@ -74,7 +74,7 @@ class Candidate:
     n_layer_total: int
     tg_tps: float                    # predicted decode at depth
     pp_tps: float                    # predicted prompt processing (512 tokens)
-    ceiling_tg_tps: float
+    weights_ceiling_tg_tps: float
     bound: str
     kv_bytes: int
     compute_bytes: int
@@ -86,7 +86,7 @@ class Candidate:
     note: str = ""
     full_offload_deficit_bytes: int | None = None   # partial offloads: what all layers would need on top
     blockers: tuple = ()                             # memory.Blocker: why it does not fit (empty when it fits)
-    strict_ceiling_tg_tps: float = math.inf          # the bytes a token reads at peak bandwidth: tg never exceeds it
+    physical_ceiling_tg_tps: float = math.inf          # the bytes a token reads at peak bandwidth: tg never exceeds it
     tight_device: str = ""                           # the device margin_bytes and used_bytes are of
 
     @property
@@ -101,17 +101,17 @@ class Candidate:
         return (f"{self.quant} ngl={self.offloaded_layers}/{self.n_layer_total} ctx={c.n_ctx} kv={kv} "
                 f"fa={c.flash_attn} ub={c.n_ubatch} np={c.n_parallel}")
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"quant": self.quant, "label": self.label, "config": self.config.as_dict(), "fits": self.fits,
                 "margin_bytes": self.margin_bytes, "used_bytes": self.used_bytes,
                 "offloaded_layers": self.offloaded_layers, "n_layer_total": self.n_layer_total,
-                "tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "ceiling_tg_tps": _r(self.ceiling_tg_tps),
-                "strict_ceiling_tg_tps": _r(self.strict_ceiling_tg_tps), "bound": self.bound, "kv_bytes": self.kv_bytes, "compute_bytes": self.compute_bytes,
+                "tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps),
+                "physical_ceiling_tg_tps": _r(self.physical_ceiling_tg_tps), "bound": self.bound, "kv_bytes": self.kv_bytes, "compute_bytes": self.compute_bytes,
                 "depth": self.depth, "weight_bytes": self.weight_bytes,
                 "measured_tg_tps": _r(self.measured_tg_tps), "measured_cv": _r(self.measured_cv, 4),
                 "measured_best_tg_tps": _r(self.measured_best_tg_tps),
                 "note": self.note, "tight_device": self.tight_device,
-                "blockers": [b.as_json() for b in self.blockers]}
+                "blockers": [b.as_dict() for b in self.blockers]}
 
 
 @dataclass(frozen=True)
@@ -163,10 +163,10 @@ class TuneResult:
             base = dict(model=self.model, quant=c.quant, device=self.device, lever="config", value=c.label)
             note = f"bound: {c.bound}" + ("" if c.fits else "; does not fit with the margin")
             for metric, val, unit in (("tg_tps", c.tg_tps, TPS), ("pp_tps", c.pp_tps, TPS),
-                                      ("ceiling_tg_tps", c.ceiling_tg_tps, TPS), ("used_bytes", c.used_bytes, "bytes"),
+                                      ("weights_ceiling_tg_tps", c.weights_ceiling_tg_tps, TPS), ("used_bytes", c.used_bytes, "bytes"),
                                       ("margin_bytes", c.margin_bytes, "bytes"), ("fits", float(c.fits), "bool")):
                 rows.append(Observation(**base, metric=metric, result=float(val), unit=unit, source="predicted",
-                                        above_ceiling=(val > c.strict_ceiling_tg_tps) if metric == "tg_tps" else None,
+                                        above_ceiling=(val > c.physical_ceiling_tg_tps) if metric == "tg_tps" else None,
                                         note=note))
             if c.measured_tg_tps is not None:
                 rows.append(Observation(**base, metric="tg_tps", result=float(c.measured_tg_tps), unit=TPS,
@@ -186,19 +186,19 @@ class TuneResult:
                               "offloaded": f"{c.offloaded_layers}/{c.n_layer_total}",
                               "measured_tg_tps": c.measured_tg_tps} for c in self.candidates])
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "device": self.device, "fits": True, "quant": self.quant, "min_ctx": self.min_ctx,
                 "margin_bytes": self.margin_bytes, "measured": self.measured,
                 "predicted_tg_tps": _r(self.best.tg_tps), "predicted_pp_tps": _r(self.best.pp_tps),
-                "ceiling_tg_tps": _r(self.best.ceiling_tg_tps), "measured_tg_tps": _r(self.best.measured_tg_tps),
+                "weights_ceiling_tg_tps": _r(self.best.weights_ceiling_tg_tps), "measured_tg_tps": _r(self.best.measured_tg_tps),
                 "config": self.best.config.as_dict(), "argv": list(self.argv), "command": self.command,
-                "reasons": [asdict(r) for r in self.reasons], "best": self.best.as_json(),
-                "candidates": [c.as_json() for c in self.candidates], "notes": list(self.notes)}
+                "reasons": [asdict(r) for r in self.reasons], "best": self.best.as_dict(),
+                "candidates": [c.as_dict() for c in self.candidates], "notes": list(self.notes)}
 
     def format_text(self) -> str:
         b = self.best
         head = (f"{self.model} on {self.device}: {b.quant}, predicted {b.tg_tps:.1f} tok/s decode "
-                f"(ceiling {b.strict_ceiling_tg_tps:.1f}, {b.bound}-bound), {b.pp_tps:.0f} tok/s prompt; "
+                f"(ceiling {b.physical_ceiling_tg_tps:.1f}, {b.bound}-bound), {b.pp_tps:.0f} tok/s prompt; "
                 f"{b.margin_bytes / 2**20:.0f} MiB left (margin {self.margin_bytes / 2**20:.0f} MiB)")
         if b.measured_tg_tps is not None:
             head += f"; measured {b.measured_tg_tps:.1f} tok/s (cv {100 * (b.measured_cv or 0):.1f}%)"
@@ -242,11 +242,11 @@ class NoFit:
         return (f"nothing fits {self.device} ({len(self.candidates)} candidates, the closest {self.closest.label}): "
                 f"{self.blocker.line()}{more}")
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "device": self.device, "fits": False, "min_ctx": self.min_ctx,
                 "margin_bytes": self.margin_bytes, "argv": [], "command": None, "message": self.message(),
-                "blocker": self.blocker.as_json(), "blockers": [b.as_json() for b in self.blockers],
-                "closest": self.closest.as_json(), "candidates": [c.as_json() for c in self.candidates],
+                "blocker": self.blocker.as_dict(), "blockers": [b.as_dict() for b in self.blockers],
+                "closest": self.closest.as_dict(), "candidates": [c.as_dict() for c in self.candidates],
                 "notes": list(self.notes)}
 
 
@@ -319,9 +319,9 @@ def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate
     comp = max((d.compute_bytes for d in mplan.devices.values()), default=0)
     return Candidate(quant=m.quant, config=cfg, fits=feas.fits, margin_bytes=dm.margin_bytes, used_bytes=dm.total_bytes,
                      offloaded_layers=mplan.offloaded_layers, n_layer_total=mplan.n_layer_total, tg_tps=pred.tg_tps,
-                     pp_tps=pred.pp_tps, ceiling_tg_tps=pred.ceiling_tg_tps, bound=pred.bound, kv_bytes=kv,
+                     pp_tps=pred.pp_tps, weights_ceiling_tg_tps=pred.weights_ceiling_tg_tps, bound=pred.bound, kv_bytes=kv,
                      compute_bytes=comp, depth=depth, weight_bytes=m.spec.weight_bytes, blockers=feas.blockers,
-                     tight_device=tight, strict_ceiling_tg_tps=pred.strict_ceiling_tg_tps)
+                     tight_device=tight, physical_ceiling_tg_tps=pred.physical_ceiling_tg_tps)
 
 
 def _gpu_deficit(c: Candidate) -> int:
@@ -403,7 +403,7 @@ def _measure(c: Candidate, m: _Model, n_gen: int, repetitions: int) -> Candidate
     need = c.depth + n_gen + 1
     if cfg.n_ctx and cfg.n_ctx < need:
         cfg = cfg.with_(n_ctx=need)
-    rows = bench.run_tests(m.path, cfg, tests=[f"tg{n_gen}"], depths=[c.depth], repetitions=repetitions,
+    rows = harness.run_tests(m.path, cfg, tests=[f"tg{n_gen}"], depths=[c.depth], repetitions=repetitions,
                            monitor=False)
     ok = [r for r in rows if r.get("status") == "ok" and r.get("avg_ts")]
     if not ok:
@@ -531,7 +531,7 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
         if c.quant != best.quant and c.quant not in others:
             others[c.quant] = c
     better = sorted((q for q in others if bpw.get(q, 0) > bpw.get(best.quant, 0)), key=lambda q: bpw[q])
-    why = (f"{best.quant}: {best.weight_bytes / 1e9:.2f} GB of weights → ceiling {best.ceiling_tg_tps:.1f} tok/s on "
+    why = (f"{best.quant}: {best.weight_bytes / 1e9:.2f} GB of weights → ceiling {best.weights_ceiling_tg_tps:.1f} tok/s on "
            f"{dev.id}, predicted {best.tg_tps:.1f}")
     delta = None
     if better:
@@ -680,7 +680,7 @@ class SeedVerdict:
         c = self.seed_candidate
         base = dict(model=self.arch, device=self.device, lever="command", metric="tg_tps", unit=TPS)
         rows = [Observation(**base, quant=SEED_QUANT, value="seed", result=v, source="claimed",
-                            above_ceiling=v > c.ceiling_tg_tps, note="DIGEST.md §8 stage 6")
+                            above_ceiling=v > c.weights_ceiling_tg_tps, note="DIGEST.md §8 stage 6")
                 for v in self.claimed_tps]
         rows.append(Observation(**base, quant=SEED_QUANT, value="seed", result=c.tg_tps, source="predicted",
                                 above_ceiling=False, note=self.seed_problem or "runs"))
@@ -688,7 +688,7 @@ class SeedVerdict:
         rows.append(Observation(**base, quant=t.quant, value="tuned", result=t.tg_tps, source="predicted",
                                 above_ceiling=False, note=t.label))
         rows.append(Observation(model=self.arch, quant=SEED_QUANT, device=self.device, lever="command", value="seed",
-                                metric="ceiling_tg_tps", result=c.ceiling_tg_tps, unit=TPS, source="predicted",
+                                metric="weights_ceiling_tg_tps", result=c.weights_ceiling_tg_tps, unit=TPS, source="predicted",
                                 note="bandwidth / weight bytes"))
         return rows
 
@@ -696,7 +696,7 @@ class SeedVerdict:
         c, t = self.seed_candidate, self.tuned.best
         lines = [f"seed:  {' '.join(self.seed_argv)}",
                  f"       predicted {c.tg_tps:.1f} tok/s (claimed {self.claimed_tps[0]:g}–{self.claimed_tps[1]:g}, "
-                 f"ceiling {c.ceiling_tg_tps:.1f})" + (f"; {self.seed_problem}" if self.seed_problem else ""),
+                 f"ceiling {c.weights_ceiling_tg_tps:.1f})" + (f"; {self.seed_problem}" if self.seed_problem else ""),
                  f"tuned: {self.tuned.command}",
                  f"       predicted {t.tg_tps:.1f} tok/s", ""]
         w = max(len(r[0]) for r in self.rows)

@@ -2,7 +2,7 @@
 
 ``v100lab calibrate`` (about a minute). On a small CPU, decoding below 8 bits is bound by dequantisation,
 not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real llama.cpp (the
-isolated in-process backend of :mod:`v100lab.bench`):
+isolated in-process backend of :mod:`v100lab.harness`):
 
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
   the host profile stores (:func:`measure_host`);
@@ -75,7 +75,7 @@ CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # A calibration test whose repetitions vary by more than this (coefficient of variation of tok/s) is run
 # once more and the quieter run kept: a retry threshold for the fit's inputs, looser than the harness's
-# display flag (bench.NOISY_CV, the ±5 % band within which two measurements are called the same).
+# display flag (harness.NOISY_CV, the ±5 % band within which two measurements are called the same).
 RERUN_ABOVE_CV = 0.10
 
 

@@ -169,7 +169,7 @@ class Finding:
         if not isinstance(self.numbers, MappingProxyType):
             object.__setattr__(self, "numbers", MappingProxyType(dict(self.numbers)))
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "severity": self.severity, "title": self.title, "evidence": self.evidence,
                 "line": self.line_no, "fix": self.fix, "numbers": dict(self.numbers)}
 
@@ -214,7 +214,7 @@ class Diagnosis:
     model_bytes: int | None = None
     device: str | None = None                  # catalog id used for capacity and ceiling
     device_guessed: bool = False
-    ceiling_tg_tps: float | None = None
+    weights_ceiling_tg_tps: float | None = None
     host_free_bytes: int | None = None
     n_loads: int = 0
     notes: tuple[str, ...] = ()
@@ -226,13 +226,13 @@ class Diagnosis:
     def finding(self, code: str) -> Finding | None:
         return next((f for f in self.findings if f.code == code), None)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """The JSON form (a contract); a NaN or infinity a log may hold becomes null."""
         return json_safe({
             "source": self.source, "kind": self.kind, "device": self.device, "device_guessed": self.device_guessed,
-            "model_bytes": self.model_bytes, "ceiling_tg_tps": _r(self.ceiling_tg_tps),
+            "model_bytes": self.model_bytes, "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps),
             "host_free_bytes": self.host_free_bytes, "n_loads": self.n_loads,
-            "findings": [f.as_json() for f in self.findings],
+            "findings": [f.as_dict() for f in self.findings],
             "speeds": [{"phase": s.phase, "tok_s": s.tps, "n_tokens": s.n_tokens, "origin": s.origin,
                         "line": s.line_no, "test": s.test, "model_bytes": s.model_bytes} for s in self.speeds],
             "gpus": [{"name": g.name, "description": g.description, "compute_capability": g.compute_capability,
@@ -253,8 +253,8 @@ class Diagnosis:
             head += f", device {t(self.device)}" + (" (from the log)" if self.device_guessed else "")
         if self.model_bytes:
             head += f", model {self.model_bytes / 1e9:.2f} GB"
-        if self.ceiling_tg_tps:
-            head += f", decode ceiling {self.ceiling_tg_tps:.1f} tok/s"
+        if self.weights_ceiling_tg_tps:
+            head += f", decode ceiling {self.weights_ceiling_tg_tps:.1f} tok/s"
         lines = [head]
         if not self.findings:
             lines.append("  no problems found")
@@ -903,7 +903,7 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
     return Diagnosis(source=source, kind=kind, findings=tuple(unique), facts=facts,
                      speeds=tuple(speeds), gpus=tuple(gpus), model_bytes=model_bytes or next(
                          (s.model_bytes for s in speeds if s.model_bytes), None),
-                     device=dev.id if dev is not None else None, device_guessed=guessed, ceiling_tg_tps=ceiling,
+                     device=dev.id if dev is not None else None, device_guessed=guessed, weights_ceiling_tg_tps=ceiling,
                      host_free_bytes=free_ram, n_loads=sum(1 for _, t in lines if _RE_LOAD_START.match(t)),
                      notes=tuple(notes))
 

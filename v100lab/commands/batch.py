@@ -1,7 +1,7 @@
 """``v100lab batch PARAMS... [--notebooks GLOB] [--out DIR] [--no-input] [--timeout S] [--force]``.
 
 Every notebook once per parameter file (papermill), an HTML report per run and ``DIR/index.html``;
-see :mod:`v100lab.workbook`. A progress bar over the runs with one status line per run goes to
+see :mod:`v100lab.batch_runner`. A progress bar over the runs with one status line per run goes to
 stderr, the summary table to stdout (or one JSON document with ``--json``). Exit status 1 when any
 run failed, 2 for bad input (a missing or invalid parameter file, no notebook matching).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from v100lab import workbook
+from v100lab import batch_runner
 from v100lab.errors import ConfigError
 from v100lab.safeio import check_creatable, term_text
 
@@ -29,7 +29,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week per cell: beyond that, 0 (no limit) s
 def add_arguments(p):
     p.add_argument("params", nargs="+", metavar="PARAMS", help="parameter files (params/*.yaml)")
     p.add_argument("--notebooks", action="append", metavar="GLOB",
-                   help=f"notebooks to run, a glob or path; repeatable (default {workbook.DEFAULT_NOTEBOOKS})")
+                   help=f"notebooks to run, a glob or path; repeatable (default {batch_runner.DEFAULT_NOTEBOOKS})")
     p.add_argument("--out", default="reports", metavar="DIR", help="output folder (default reports/)")
     p.add_argument("--no-input", action="store_true",
                    help="also export a reader's report without code cells (NAME.reader.html)")
@@ -40,30 +40,30 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
 
 
-def _status_line(r: workbook.RunResult) -> str:
+def _status_line(r: batch_runner.RunResult) -> str:
     h = r.headline or {}
     head = ""
     if h.get("measured_tok_s") is not None or h.get("predicted_tok_s") is not None:
-        head = (f"  {h.get('metric', '')} measured {workbook.format_tps(h.get('measured_tok_s'))} / "
-                f"predicted {workbook.format_tps(h.get('predicted_tok_s'))} tok/s")
+        head = (f"  {h.get('metric', '')} measured {batch_runner.format_tps(h.get('measured_tok_s'))} / "
+                f"predicted {batch_runner.format_tps(h.get('predicted_tok_s'))} tok/s")
     cached = " (unchanged, not re-run)" if r.cached else ""
     reason = f"  — {r.reason}" if r.reason else ""
     return term_text(f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
-                     f"{workbook.format_duration(r.duration_s)}{head}{reason}")
+                     f"{batch_runner.format_duration(r.duration_s)}{head}{reason}")
 
 
 def _stem(path: str) -> str:
     return Path(path).stem
 
 
-def _summary_table(result: workbook.BatchResult) -> str:
-    rows = workbook.summary_rows(result.runs)
+def _summary_table(result: batch_runner.BatchResult) -> str:
+    rows = batch_runner.summary_rows(result.runs)
     header = ("scenario", "notebook", "status", "time", "measured", "predicted", "report")
     table = [header]
     for row in rows:
         status = row["status"] + (" (cached)" if row["cached"] else "")
-        table.append((row["scenario"], row["notebook"], status, workbook.format_duration(row["duration_s"]),
-                      workbook.format_tps(row["measured_tok_s"]), workbook.format_tps(row["predicted_tok_s"]),
+        table.append((row["scenario"], row["notebook"], status, batch_runner.format_duration(row["duration_s"]),
+                      batch_runner.format_tps(row["measured_tok_s"]), batch_runner.format_tps(row["predicted_tok_s"]),
                       row["report"] or "-"))
     widths = [min(max(len(str(r[i])) for r in table), 40) for i in range(len(header))]
     lines = ["  ".join(term_text(c, limit=40).ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
@@ -71,7 +71,7 @@ def _summary_table(result: workbook.BatchResult) -> str:
     n_fail = len(result.failed)
     lines.append("")
     lines.append(f"{len(rows)} run{'s' if len(rows) != 1 else ''}, {len(rows) - n_fail} ok, {n_fail} failed; wall time "
-                 f"{workbook.format_duration(result.wall_s)}; index: {result.index}")
+                 f"{batch_runner.format_duration(result.wall_s)}; index: {result.index}")
     return "\n".join(lines)
 
 
@@ -82,13 +82,13 @@ def run(args) -> int:
         for name in ("papermill", "traitlets", "nbclient"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
-    patterns = args.notebooks or [workbook.DEFAULT_NOTEBOOKS]
-    notebooks = workbook.find_notebooks(patterns)
+    patterns = args.notebooks or [batch_runner.DEFAULT_NOTEBOOKS]
+    notebooks = batch_runner.find_notebooks(patterns)
     if not math.isfinite(args.timeout) or not 0 <= args.timeout <= MAX_TIMEOUT_S:
         raise ConfigError(f"--timeout must be a number of seconds in [0, {MAX_TIMEOUT_S:g}] (0 = none), "
                           f"got {args.timeout:g}")
     timeout = args.timeout or None
-    total = len(workbook.plan_runs(args.params, notebooks))  # validates every parameter file first
+    total = len(batch_runner.plan_runs(args.params, notebooks))  # validates every parameter file first
     # the output folder, before anything runs: not a file, creatable, writable
     check_creatable(Path(args.out), what="--out", error=ConfigError, folder=True)
     bar = tqdm(total=total, unit="run", desc="batch", file=sys.stderr, dynamic_ncols=True)
@@ -101,14 +101,14 @@ def run(args) -> int:
         bar.update(1)
 
     try:
-        result = workbook.run_batch(args.params, notebooks, args.out, timeout=timeout,
+        result = batch_runner.run_batch(args.params, notebooks, args.out, timeout=timeout,
                                     no_input=args.no_input, force=args.force, on_start=on_start,
                                     on_result=on_result)
     finally:
         bar.close()
     if args.json:
         json.dump({"index": str(result.index), "wall_s": round(result.wall_s, 3), "ok": result.ok,
-                   "runs": workbook.summary_rows(result.runs)}, sys.stdout, indent=2)
+                   "runs": batch_runner.summary_rows(result.runs)}, sys.stdout, indent=2)
         print()
     else:
         print(_summary_table(result))

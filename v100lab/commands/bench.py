@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from v100lab import bench, zoo
+from v100lab import harness, zoo
 from v100lab.config import add_flag_arguments, from_flag_args
 
 NAME = "bench"
@@ -24,11 +24,11 @@ _BULKY = ("raw_log", "monitor_series")
 def add_arguments(p):
     p.add_argument("model", metavar="MODEL", help="GGUF path or zoo alias (e.g. default)")
     add_flag_arguments(p)
-    p.add_argument("--tests", default=",".join(bench.DEFAULT_TESTS),
+    p.add_argument("--tests", default=",".join(harness.DEFAULT_TESTS),
                    help="comma-separated tests: ppN, tgN, ppN+tgN (default pp512,tg128)")
     p.add_argument("--depth", default="0", help="comma-separated context depths (default 0)")
-    p.add_argument("-r", "--repetitions", type=int, default=bench.DEFAULT_REPETITIONS,
-                   help=f"repetitions per test (default {bench.DEFAULT_REPETITIONS})")
+    p.add_argument("-r", "--repetitions", type=int, default=harness.DEFAULT_REPETITIONS,
+                   help=f"repetitions per test (default {harness.DEFAULT_REPETITIONS})")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warmup run")
     p.add_argument("--backend", default="inprocess",
                    help="inprocess (default), server:URL, server-bin:PATH (PATH optional), "
@@ -40,15 +40,15 @@ def add_arguments(p):
 def run(args) -> int:
     cfg = from_flag_args(args)
     path = zoo.resolve(args.model)                       # bad model → ModelNotFoundError (exit 2)
-    tests = bench.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)
-    rows = bench.run_tests(path, cfg, tests, (0,), args.repetitions, warmup=args.warmup, backend=args.backend,
+    tests = harness.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)
+    rows = harness.run_tests(path, cfg, tests, (0,), args.repetitions, warmup=args.warmup, backend=args.backend,
                            results=args.results)
     shown = [{k: v for k, v in r.items() if k not in _BULKY} for r in rows]
     if args.json:
         json.dump(shown, sys.stdout, indent=1, default=str)
         print()
     else:
-        print(bench.format_markdown(shown))
+        print(harness.format_markdown(shown))
     crashed = [r for r in rows if r.get("status") in ("crashed", "timeout")]
     if crashed:   # one line: what happened to llama.cpp, and what to run next
         signals = sorted({(r.get("crash") or {}).get("signal") or r["status"] for r in crashed})

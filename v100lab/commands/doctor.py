@@ -5,7 +5,7 @@ LOGFILE is what llama-server, llama-cli or llama-bench printed (stderr and stdou
 the line that shows them and a one-line fix (see :mod:`v100lab.doctor`). Exit status 0 when the log was read
 (findings or not), 2 when the file is missing, unreadable or not a llama.cpp log.
 
-JSON keys (a contract): source, kind, device, device_guessed, model_bytes, ceiling_tg_tps, host_free_bytes,
+JSON keys (a contract): source, kind, device, device_guessed, model_bytes, weights_ceiling_tg_tps, host_free_bytes,
 n_loads, findings (code, severity, title, evidence, line, fix, numbers), speeds, gpus, offloaded_layers,
 offloadable_layers, flash_attn, buffers_mib, notes.
 """
@@ -48,7 +48,7 @@ def run(args) -> int:
     free = _free_ram_bytes(args.free_ram_gib)
     d = diagnose_file(args.logfile, args.device, free_ram_bytes=free)
     if args.json:
-        json.dump(d.as_json(), sys.stdout, indent=2, allow_nan=False)
+        json.dump(d.as_dict(), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
         print(d.format_text())

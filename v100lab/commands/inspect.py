@@ -1,7 +1,7 @@
 """``v100lab inspect MODEL [--json]``: what a GGUF header says, and what llama.cpp derives from it.
 
 MODEL is a path, an http(s) URL (only the header is fetched, with Range requests) or a zoo alias.
-The JSON keys are a contract (scripts rely on them); see :func:`spec_to_json`. A file whose tensor data
+The JSON keys are a contract (scripts rely on them); see :func:`spec_as_dict`. A file whose tensor data
 runs past its end is refused (exit 2). Every string from the file is printed through
 :func:`v100lab.render.term_text` (control characters escaped), and a URL without its secrets.
 """
@@ -34,7 +34,7 @@ def add_arguments(p):
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
 
 
-def spec_to_json(spec: ModelSpec, tensors: bool = False) -> dict:
+def spec_as_dict(spec: ModelSpec, tensors: bool = False) -> dict:
     """The stable JSON form of a ModelSpec (snake_case keys; the field names are a stable interface for scripts)."""
     def per_layer(v):
         return list(v) if isinstance(v, tuple) else v
@@ -132,7 +132,7 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 def _summary(spec: ModelSpec, source: str) -> str:
-    d = spec_to_json(spec)
+    d = spec_as_dict(spec)
     lines = [
         f"{term_text(source)}",
         f"  {term_text(spec.architecture)} '{term_text(spec.name, limit=200)}', {spec.file_type}, "
@@ -175,7 +175,7 @@ def run(args) -> int:
     spec = resolve(args.model, build=True, max_header_bytes=max(1, int(args.max_header_mib * 2**20)),
                    timeout=args.timeout).spec
     if args.json:
-        json.dump(spec_to_json(spec, tensors=args.tensors), sys.stdout, indent=2, allow_nan=False)
+        json.dump(spec_as_dict(spec, tensors=args.tensors), sys.stdout, indent=2, allow_nan=False)
         print()
         return 0
     print(_summary(spec, redact_url(args.model) if "://" in args.model else args.model))

@@ -45,7 +45,7 @@ def add_arguments(p):
 
 def build_document(spec, devices, cfg, mplan, args) -> dict:
     """The JSON document. Other predictions (speed) are added to it as extra keys by their own code."""
-    doc = mplan.as_json()
+    doc = mplan.as_dict()
     doc.update({"model": spec.name, "quant": spec.file_type, "device": [d.id for d in devices],
                 "n_ctx": mplan.n_ctx, "n_ctx_seq": mplan.n_ctx_seq, "n_ubatch": mplan.n_ubatch,
                 "flash_attn": mplan.flash_attn, "config": cfg.as_dict()})
@@ -56,7 +56,7 @@ def _predicted(spec, devices, cfg, mplan, args) -> dict:
     """The speed model's prediction for the same placement (v100lab.speed): "predicted"."""
     pred = speed.predict(spec, devices, cfg, depth=args.depth, n_prompt=max(1, args.n_prompt),
                          placement=speed.placement_from_plan(mplan, devices))
-    return pred.as_json()
+    return pred.as_dict()
 
 
 def _human(doc: dict) -> str:
@@ -79,11 +79,11 @@ def _human(doc: dict) -> str:
     lines += [f"warning: {w}" for w in doc["warnings"]]
     p = doc.get("predicted")
     if p:
-        # the ceiling a prediction cannot exceed is the strict one (the bytes each token reads); the seed's
+        # the ceiling a prediction cannot exceed is the physical one (the bytes each token reads); the seed's
         # (bandwidth / the weights placed) can be beaten when a token reads less (one row of an untied
         # token_embd, the active experts of a MoE)
         lines.append(f"speed at depth {p['depth']}: tg {p['tg_tps']} tok/s ({p['bound']}-bound; ceiling "
-                     f"{p['strict_ceiling_tg_tps']} for the bytes a token reads, the seed's {p['ceiling_tg_tps']} for "
+                     f"{p['physical_ceiling_tg_tps']} for the bytes a token reads, the seed's {p['weights_ceiling_tg_tps']} for "
                      f"the weights), pp{p['n_prompt']} {p['pp_tps']} tok/s")
         lines += [f"note: {n}" for n in p.get("notes", [])]
     return "\n".join(lines)
@@ -105,7 +105,7 @@ def run(args) -> int:
     feas = feasibility(spec, devices, cfg, mplan, detail=True)
     doc = build_document(spec, devices, cfg, mplan, args)
     doc.update({"fits": feas.fits, "within_capacity": mplan.fits, "max_ctx": largest_context(spec, devices, cfg, feas),
-                "feasibility": feas.as_json()})
+                "feasibility": feas.as_dict()})
     if args.depth < 0 or args.n_prompt < 0:
         raise ConfigError("--depth and --n-prompt must be >= 0")
     if args.depth + args.n_prompt > mplan.n_ctx_seq:

@@ -97,7 +97,7 @@ def run(args) -> int:
                                    server_args=tuple(args.server_arg), results=args.results,
                                    progress=args.progress, startup_timeout=args.startup_timeout)
     if args.json:
-        json.dump(run_.as_json(), sys.stdout, indent=1, allow_nan=False)
+        json.dump(run_.as_dict(), sys.stdout, indent=1, allow_nan=False)
         print()
     else:
         srv = run_.server

@@ -7,7 +7,7 @@ per flag saying why it is there and what it buys (see :mod:`v100lab.advisor`). M
 real and chooses by measurement (real files, on the device this llama.cpp runs on).
 
 JSON keys (a contract): model, device, fits, quant, min_ctx, margin_bytes, measured, predicted_tg_tps,
-predicted_pp_tps, ceiling_tg_tps, measured_tg_tps, config, argv, command, reasons (flag, why, delta_tps,
+predicted_pp_tps, weights_ceiling_tg_tps, measured_tg_tps, config, argv, command, reasons (flag, why, delta_tps,
 delta_bytes), best, candidates, notes.
 
 When no configuration fits (:func:`v100lab.memory.feasibility`, the rule ``plan`` prints), no command is
@@ -62,11 +62,11 @@ def run(args) -> int:
     except NothingFits as exc:
         # no command: the JSON document says so (fits false, argv empty, the blockers); one line on stderr
         if args.json:
-            json.dump(json_safe(exc.result.as_json()), sys.stdout, indent=2, allow_nan=False)
+            json.dump(json_safe(exc.result.as_dict()), sys.stdout, indent=2, allow_nan=False)
             print()
         raise
     if args.json:
-        json.dump(json_safe(r.as_json()), sys.stdout, indent=2, allow_nan=False)
+        json.dump(json_safe(r.as_dict()), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
         print(term_lines(r.format_text()))   # model names and notes come from files: escape them

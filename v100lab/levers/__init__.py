@@ -7,7 +7,7 @@ The notebooks hold no formulas and no loops: every cell calls one function here 
   skeleton ``skeleton:ARCH:QUANT`` of a model nobody downloaded), the device the predictions are for, and
   the model that can be *measured on this machine* (``stand_in_model`` when set; none when the scenario
   says ``measure: false`` or the model has no weights here) — with the reason when nothing is measured;
-* predicts with :mod:`v100lab.memory` and :mod:`v100lab.speed`, measures with :mod:`v100lab.bench`,
+* predicts with :mod:`v100lab.memory` and :mod:`v100lab.speed`, measures with :mod:`v100lab.harness`,
   :mod:`v100lab.loadlog` and :mod:`v100lab.quality`, and returns one tidy frame
   (:func:`v100lab.results.tidy_frame`) in which every plotted number lives, measured rows flagged when they
   exceed the ceiling of their model and device;

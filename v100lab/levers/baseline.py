@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from v100lab import memory
-from v100lab.bench import environment
+from v100lab.harness import environment
 from v100lab.errors import RunFailed
 from v100lab.render import publish_headline
 from v100lab.results import compare
@@ -28,12 +28,12 @@ def baseline(sc: Scenario):
     if not st.same_model_here:
         rows += predict_rows(st.spec, st.label, st.device, cfg, lever="config", value="baseline",
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
-                             metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
+                             metrics=("tg_tps", "pp_tps", "weights_ceiling_tg_tps", "physical_ceiling_tg_tps"))
     failures = []
     if st.measuring:
         rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="config", value="baseline",
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
-                             metrics=("tg_tps", "pp_tps", "ceiling_tg_tps", "strict_ceiling_tg_tps"))
+                             metrics=("tg_tps", "pp_tps", "weights_ceiling_tg_tps", "physical_ceiling_tg_tps"))
         obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, bench_tests(sc))
 
         rows += [replace(o, lever="config", value="baseline") for o in obs]

@@ -79,11 +79,11 @@ def caption_staircase(sc: Scenario, stairs):
     seed = stairs[stairs["device"] != HOST]
     out = []
     cl = pick(seed, source="claimed", metric="tg_tps")
-    ceil = pick(seed, metric="strict_ceiling_tg_tps")
+    ceil = pick(seed, metric="physical_ceiling_tg_tps")
     if len(cl) and len(ceil):
         above = list(dict.fromkeys(cl[cl["above_ceiling"].fillna(False).astype(bool)]["value"]))
         out.append(md("Left: follow the grey bars against the dotted line — the claims climb to {hi} tok/s while "
-                       "the strict ceiling of the assumed model on {dev} tops out at {c} tok/s{tail}.",
+                       "the physical ceiling of the assumed model on {dev} tops out at {c} tok/s{tail}.",
                        hi=f"{cl['result'].max():g}", dev=cl["device"].iloc[0], c=fmt(ceil["result"].max()),
                        tail=(f"; stage(s) {', '.join(above)} claim more than any card can read" if above else
                              "; every claim stays under it")))
@@ -165,7 +165,7 @@ def caption_ceilings(sc: Scenario, ceil):
     """Under the ceilings per quant: the gap between ceiling and prediction, and the seed's table against it."""
     out = []
     for (model, dev), g in pick(ceil, source="predicted").groupby(["model", "device"], sort=False):
-        c = pick(g, metric="ceiling_tg_tps").set_index("value")["result"]
+        c = pick(g, metric="weights_ceiling_tg_tps").set_index("value")["result"]
         p = pick(g, metric="tg_tps").set_index("value")["result"]
         both = [q for q in c.index if q in p.index]
         if both:
@@ -173,7 +173,7 @@ def caption_ceilings(sc: Scenario, ceil):
             out.append(md("{model} on {dev}: the dark bar (predicted) reaches {a}–{b} % of the light one "
                            "(bandwidth / weights) — the rest is compute, overhead and KV reads.", model=model,
                            dev=_where(dev), a=f"{100 * min(r):.0f}", b=f"{100 * max(r):.0f}"))
-    cl = compare(ceil, ("model", "value"), metric="ceiling_tg_tps", require=("claimed", "predicted"))
+    cl = compare(ceil, ("model", "value"), metric="weights_ceiling_tg_tps", require=("claimed", "predicted"))
     if len(cl):
         gaps = [(abs(r - 1), v, c, p) for v, c, p, r in zip(cl["value"], cl["claimed"], cl["predicted"],
                                                             cl["claimed_ratio"]) if r == r]
@@ -189,7 +189,7 @@ def caption_catalog(sc: Scenario, cat):
     """Under the catalog: which devices sit on their overhead tick (bandwidth no longer matters there)."""
     p = pick(cat, metric="tg_tps", source="predicted").set_index("value")
     floor = pick(cat, metric="overhead_floor_tg_tps").set_index("value")
-    ceil = pick(cat, metric="ceiling_tg_tps").groupby("value")["result"].max()
+    ceil = pick(cat, metric="weights_ceiling_tg_tps").groupby("value")["result"].max()
     if not len(p):
         return _caption()
     on_floor = [d for d in p.index if d in floor.index and p.loc[d, "result"] >= 0.8 * floor.loc[d, "result"]]
@@ -229,7 +229,7 @@ def caption_roofline(sc: Scenario, roof):
     m = compare(roof, ("model", "value"), metric="tg_tps", require=("measured",))
     if len(m):
         r = m.iloc[0]
-        c = mean_of(roof, metric="ceiling_tg_tps", value=r["value"], model=r["model"])
+        c = mean_of(roof, metric="weights_ceiling_tg_tps", value=r["value"], model=r["model"])
         p = None if r["predicted"] != r["predicted"] else float(r["predicted"])
         n = int(r["repetitions"])
         out.append(md("The orange square ({q}: {v} tok/s{sd}) sits at {f} of the light-blue bandwidth line; the "
@@ -277,11 +277,11 @@ def caption_baseline(sc: Scenario, base):
             continue
         r = m.iloc[0]
         p = None if r["predicted"] != r["predicted"] or not r["predicted"] else float(r["predicted"])
-        c = mean_of(base, metric="strict_ceiling_tg_tps", model=r["model"], device=HOST) if metric == "tg_tps" \
+        c = mean_of(base, metric="physical_ceiling_tg_tps", model=r["model"], device=HOST) if metric == "tg_tps" \
             else None
         out.append(md("{name}: the orange bar is {v} tok/s{runs}, {e}{ceil}.", name=name.capitalize(),
                        v=fmt(r["measured"]), runs=_runs(r["sd"], int(r["repetitions"])), e=_against(r["measured"], p),
-                       ceil=f" and {100 * r['measured'] / c:.0f} % of the strict ceiling ({fmt(c)})" if c else ""))
+                       ceil=f" and {100 * r['measured'] / c:.0f} % of the physical ceiling ({fmt(c)})" if c else ""))
     st = study(sc)
     if st.device.id != HOST:
         p = mean_of(base, metric="tg_tps", source="predicted", device=st.device.id)
@@ -491,8 +491,8 @@ def caption_threads(sc: Scenario, threads):
 def caption_parallel(sc: Scenario, par):
     """Under --parallel: the ceilings' shape, and the measured totals where llama-server ran."""
     out = []
-    c = points(par, "strict_ceiling_tg_tps", "n_parallel", source="predicted")
-    per = points(par, "strict_ceiling_tg_tps_per_stream", "n_parallel", source="predicted")
+    c = points(par, "physical_ceiling_tg_tps", "n_parallel", source="predicted")
+    per = points(par, "physical_ceiling_tg_tps_per_stream", "n_parallel", source="predicted")
     if len(c) >= 2:
         out.append(md("The dotted lines are the bandwidth ceilings: all slots together {a} → {b} tok/s from "
                        "-np {va} to -np {vb} (the weights are read once per step for every slot), each stream "

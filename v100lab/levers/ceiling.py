@@ -7,7 +7,7 @@ from typing import Any
 
 from v100lab import memory, speed
 from v100lab.speed import apple_rows
-from v100lab.bench import run_tests
+from v100lab.harness import run_tests
 from v100lab.rates import stored_calibration
 from v100lab.seed import load_seed_claims
 from v100lab.config import RunConfig
@@ -26,7 +26,7 @@ PARAMETERS = parameters("claims", "compare_devices", "n_ctx", "n_threads", "quan
 
 
 def ceilings(sc: Scenario):
-    """Per quant, on the scenario's device: the seed's ceiling (bandwidth / weight bytes), the strict ceiling
+    """Per quant, on the scenario's device: the seed's ceiling (bandwidth / weight bytes), the physical ceiling
     and the predicted decode speed (layers that do not fit run on the CPU); plus, when the claims are the
     seed's, its own ceiling table beside the same figures for its assumed model and device (lever "quant")."""
     st = study(sc)
@@ -44,7 +44,7 @@ def ceilings(sc: Scenario):
             q = row["quant"]
             spec = skeleton_spec(claims["model"]["arch"], q)
             rows += device_ceilings(spec, seed_label, dev, RunConfig(n_ctx=2048), lever="quant", value=q)
-            rows.append(Observation(seed_label, q, dev.id, "quant", q, "ceiling_tg_tps",
+            rows.append(Observation(seed_label, q, dev.id, "quant", q, "weights_ceiling_tg_tps",
                                     float(row["claimed_ceiling_tps"]), TPS, "claimed",
                                     note=f"the seed's table: {row['file_gb']} GB file"))
     return lever_frame(rows, conditions=conditions(cfg, depth=sc.n_gen // 2, threads=False)
@@ -54,13 +54,13 @@ def ceilings(sc: Scenario):
 def device_ceilings(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: str, value: Any,
                     depth: int = 0) -> list[Observation]:
     """The two ceilings with *every* weight on ``device``, fit or not: the seed's (bandwidth / weight bytes)
-    and the strict one (bytes a token must read — weights used, KV at ``depth``, state — at peak bandwidth)."""
+    and the physical one (bytes a token must read — weights used, KV at ``depth``, state — at peak bandwidth)."""
     plain = speed.ceiling_tps(spec.weight_bytes, device.bandwidth_gbs)
-    strict = speed.strict_ceiling_tps(spec, device, cfg, depth)
-    return [Observation(label, spec.file_type, device.id, lever, str(value), "ceiling_tg_tps", plain, TPS,
+    strict = speed.physical_ceiling_tps(spec, device, cfg, depth)
+    return [Observation(label, spec.file_type, device.id, lever, str(value), "weights_ceiling_tg_tps", plain, TPS,
                         "predicted", note=f"the seed's ceiling: {device.bandwidth_gbs:g} GB/s / "
                                           f"{spec.weight_bytes / 1e9:.2f} GB of weights"),
-            Observation(label, spec.file_type, device.id, lever, str(value), "strict_ceiling_tg_tps", strict, TPS,
+            Observation(label, spec.file_type, device.id, lever, str(value), "physical_ceiling_tg_tps", strict, TPS,
                         "predicted", note="bytes a token must read, all on the device, at peak bandwidth")]
 
 

@@ -58,10 +58,10 @@ def depth_sweep(sc: Scenario):
     for d in depths:
         if not st.same_model_here:
             rows += predict_rows(st.spec, st.label, st.device, cfg, lever="n_depth", value=d, depth=d,
-                                 n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
+                                 n_gen=sc.n_gen, metrics=("tg_tps", "physical_ceiling_tg_tps"))
         if st.measuring:
             rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="n_depth", value=d,
-                                 depth=d, n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
+                                 depth=d, n_gen=sc.n_gen, metrics=("tg_tps", "physical_ceiling_tg_tps"))
     obs, failures = measure_sweep(st, "n_depth", depths, cfg, bench_tests(sc, pp=False))
     rows += obs
     return lever_frame(rows, failures, why_not_measured=st.why_not_measured,

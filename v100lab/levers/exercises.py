@@ -42,7 +42,7 @@ def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
         "decode at depth 0 (tok/s)": f"{p0.tg_tps:,.1f} ({p0.bound}-bound)",
         "decode halfway through the context (tok/s)": f"{pd.tg_tps:,.1f} at depth {depth:,}",
         "prompt processing (tok/s)": f"{p0.pp_tps:,.1f} ({sc.n_prompt} tokens)",
-        "strict ceiling at depth 0 (tok/s)": f"{p0.strict_ceiling_tg_tps:,.1f}",
+        "physical ceiling at depth 0 (tok/s)": f"{p0.physical_ceiling_tg_tps:,.1f}",
     }
 
 
@@ -50,7 +50,7 @@ def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str |
     """The answer to a "try it": predicted for the scenario's model on its device, now and with the change —
     keys set to new values (``n_threads=1``), numeric keys scaled (``scale={"n_ctx": 0.5}``), or the model
     at another quant (``quant="Q8_0"``). A table of what changes: context, KV cache, memory, whether it fits,
-    decode at depth 0 and halfway through the context, prompt processing, the strict ceiling."""
+    decode at depth 0 and halfway through the context, prompt processing, the physical ceiling."""
     import pandas as pd  # heavy third-party dependency
 
     new = dict(changes)

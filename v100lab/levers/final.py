@@ -8,7 +8,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from v100lab import advisor, bench
+from v100lab import advisor, harness
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.resolve import resolve
@@ -156,7 +156,7 @@ def own_staircase(sc: Scenario):
         except ConfigError:
             spec = st.spec
         rows += predict_rows(spec, st.label, st.device, cfg, lever="stage", value=label, depth=depth,
-                             n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"))
+                             n_gen=sc.n_gen, metrics=("tg_tps", "physical_ceiling_tg_tps"))
         if st.measuring and sc.n_gen:
             model, note = stage_model(st, quant)
             mcfg = ctx_for(cfg.with_(n_threads=sc.n_threads, n_parallel=1), depth + sc.n_gen + 1)
@@ -167,9 +167,9 @@ def own_staircase(sc: Scenario):
                 continue
             if not st.same_model_here:
                 rows += predict_rows(mspec, st.measured_label, st.host, mcfg, lever="stage", value=label,
-                                     depth=depth, n_gen=sc.n_gen, metrics=("tg_tps", "strict_ceiling_tg_tps"),
+                                     depth=depth, n_gen=sc.n_gen, metrics=("tg_tps", "physical_ceiling_tg_tps"),
                                      note=note)
-            got = bench.run_tests(model, mcfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
+            got = harness.run_tests(model, mcfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
                                   lever="stage", value=label)
             obs, fails = measured_rows(got, st.measured_label)
             rows += [with_note(o, note) for o in obs]
@@ -192,5 +192,5 @@ def seed_verdict_table(sc: Scenario):
     df = v.frame()
     df.attrs.update(seed_command=" ".join(v.seed_argv), tuned_command=v.tuned.command,
                     seed_predicted=v.seed_candidate.tg_tps, tuned_predicted=v.tuned.best.tg_tps,
-                    claimed=v.claimed_tps, ceiling=v.seed_candidate.ceiling_tg_tps, seed_problem=v.seed_problem)
+                    claimed=v.claimed_tps, ceiling=v.seed_candidate.weights_ceiling_tg_tps, seed_problem=v.seed_problem)
     return df

@@ -32,7 +32,7 @@ def gpu_layers_sweep(sc: Scenario):
         fits = memory.plan(gpu.spec, devs, c, with_max_ctx=False).fits
         rows += predict_rows(gpu.spec, gpu.label, gpu.device, c, lever="n_gpu_layers", value=ngl,
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen, fit=False,
-                             metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"),
+                             metrics=("tg_tps", "pp_tps", "physical_ceiling_tg_tps"),
                              fits=fits)
         rows.append(Observation(gpu.label, gpu.spec.file_type, gpu.device.id, "n_gpu_layers", str(ngl), "fits",
                                 float(fits), "bool", "predicted", fits=fits))

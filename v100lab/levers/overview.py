@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from v100lab.bench import run_tests
+from v100lab.harness import run_tests
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.errors import V100labError
@@ -81,7 +81,7 @@ def staircase(sc: Scenario):
             continue
         mlabel = st.measured_label
         rows += predict_rows(mspec, mlabel, st.host, cfg, lever="stage", value=label, depth=depth, n_gen=sc.n_gen,
-                             metrics=("tg_tps", "strict_ceiling_tg_tps"), note=note)
+                             metrics=("tg_tps", "physical_ceiling_tg_tps"), note=note)
         if sc.n_gen:
             got = run_tests(model, cfg, [f"tg{sc.n_gen}"], [depth], sc.repetitions, monitor=False,
                             lever="stage", value=label)

@@ -4,7 +4,7 @@ measured through llama-server when its binary is here, beside the single-stream 
 
 from __future__ import annotations
 
-from v100lab import bench, speed
+from v100lab import harness, speed
 from v100lab.backends.server import find_llama_server
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
@@ -38,7 +38,7 @@ def parallel_sweep(sc: Scenario):
             rows += predict_rows(spec, label, device, cfg, lever="n_parallel", value=v, n_gen=sc.n_gen,
                                  metrics=("tg_tps",), note="one stream (the model predicts one)")
         total = _aggregate_ceiling(spec, device, cfg, v, depth)
-        for metric, val in (("strict_ceiling_tg_tps", total), ("strict_ceiling_tg_tps_per_stream", total / v)):
+        for metric, val in (("physical_ceiling_tg_tps", total), ("physical_ceiling_tg_tps_per_stream", total / v)):
             rows.append(Observation(label, spec.file_type, device.id, "n_parallel", str(v), metric, val, TPS,
                                     "predicted", note=f"{v} slot(s) at depth {depth}: weights read once per step"))
     failures: list[dict[str, str]] = []
@@ -49,7 +49,7 @@ def parallel_sweep(sc: Scenario):
     if server is not None:
         got = []
         for v in vals:
-            got += bench.run_tests(str(st.measured_path), _slot_config(sc, v), [f"tg{sc.n_gen}"], [0],
+            got += harness.run_tests(str(st.measured_path), _slot_config(sc, v), [f"tg{sc.n_gen}"], [0],
                                    sc.repetitions, backend=f"server-bin:{server}", monitor=False,
                                    lever="n_parallel", value=v)
         obs, failures = measured_rows(got, st.measured_label)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from v100lab import bench, quality, zoo
+from v100lab import harness, quality, zoo
 from v100lab.header import read_spec
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
@@ -29,7 +29,7 @@ def quant_ladder(sc: Scenario):
     base_label = st.label
     for q, spec in (quant_specs(sc).items() if not st.measuring else ()):
         rows += predict_rows(spec, base_label, st.device, cfg, lever="quant", value=q, n_prompt=sc.n_prompt,
-                             n_gen=sc.n_gen, metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"))
+                             n_gen=sc.n_gen, metrics=("tg_tps", "pp_tps", "physical_ceiling_tg_tps"))
         rows.append(Observation(base_label, q, st.device.id, "quant", q, "file_bytes",
                                 float(spec.weight_bytes + spec.header_bytes), "bytes", "predicted",
                                 note="header + weights at llama-quantize's type mixture"))
@@ -44,7 +44,7 @@ def quant_ladder(sc: Scenario):
             path = paths[q]
             spec = read_spec(path)
             rows += predict_rows(spec, label, st.host, cfg, lever="quant", value=q, n_prompt=sc.n_prompt,
-                                 n_gen=sc.n_gen, metrics=("tg_tps", "pp_tps", "strict_ceiling_tg_tps"))
+                                 n_gen=sc.n_gen, metrics=("tg_tps", "pp_tps", "physical_ceiling_tg_tps"))
             rows.append(Observation(label, q, HOST, "quant", q, "file_bytes", float(path.stat().st_size), "bytes",
                                     "measured", note=path.name))
             if a is not None:
@@ -52,7 +52,7 @@ def quant_ladder(sc: Scenario):
                 rows.append(Observation(label, q, HOST, "quant", q, "file_bytes",
                                         float(ps.weight_bytes + ps.header_bytes), "bytes", "predicted",
                                         note="header + weights at llama-quantize's type mixture"))
-        got = bench.sweep(str(paths[sc.quants[0].upper()]), cfg, "model", [str(paths[q.upper()]) for q in sc.quants],
+        got = harness.sweep(str(paths[sc.quants[0].upper()]), cfg, "model", [str(paths[q.upper()]) for q in sc.quants],
                           tests=bench_tests(sc), repetitions=sc.repetitions, progress=False, monitor=False)
         obs, failures = measured_rows(got, label)
         rows += [replace(o, lever="quant", value=o.quant) for o in obs]

@@ -2,7 +2,7 @@
 studied, the device predicted for, the model measured on this machine or why none is), and the helpers that
 turn predictions and measurements into tidy rows (:func:`predict_rows`, :func:`measure_sweep`,
 :func:`capture_load`, :func:`measured_rows`) and rows into a frame whose measured decode figures are flagged
-against their strict ceiling (:func:`lever_frame`, with :func:`v100lab.results.flag_above_ceiling`).
+against their physical ceiling (:func:`lever_frame`, with :func:`v100lab.results.flag_above_ceiling`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import bench, speed, zoo
+from v100lab import harness, speed, zoo
 from v100lab.backends.inprocess import cpu_gpu_info
 from v100lab.calibration import measured_host
 from v100lab.config import RunConfig
@@ -252,7 +252,7 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
                  fit: bool = True, note: str = "", fits: bool | None = None, cache_type: str = "",
                  group: str = "") -> list[Observation]:
     """Predicted rows for one configuration: decode (at the middle of ``n_gen`` tokens after ``depth``),
-    prompt processing (``n_prompt`` tokens after ``depth``), the seed's plain ceiling and the strict one.
+    prompt processing (``n_prompt`` tokens after ``depth``), the seed's weights-only ceiling and the physical one.
 
     ``fit``: on a GPU, a configuration that does not fit is predicted with the layers that do (and says so).
     ``fits``/``cache_type``/``group``: the rows' columns of those names (whether the configuration fits, the KV
@@ -273,17 +273,17 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
         elif metric == "pp_tps":
             val, n = pred_pp.pp_tps, "; ".join(x for x in (note, why, f"bound: {pred_pp.pp_bound}") if x)
             bound = pred_pp.pp_bound
-        elif metric == "ceiling_tg_tps":
-            val, n = pred_tg.ceiling_tg_tps, "the seed's ceiling: bandwidth / weight bytes placed"
-        elif metric == "strict_ceiling_tg_tps":
-            val, n = pred_tg.strict_ceiling_tg_tps, "bytes that must be read per token at peak bandwidth"
+        elif metric == "weights_ceiling_tg_tps":
+            val, n = pred_tg.weights_ceiling_tg_tps, "the seed's ceiling: bandwidth / weight bytes placed"
+        elif metric == "physical_ceiling_tg_tps":
+            val, n = pred_tg.physical_ceiling_tg_tps, "bytes that must be read per token at peak bandwidth"
         else:
             raise ConfigError(f"unknown predicted metric '{metric}'")
         if not math.isfinite(val):
             continue
         rows.append(Observation(model=label, quant=spec.file_type, device=dev_id, lever=lever, value=str(value),
                                 metric=metric, result=float(val), unit=TPS, source="predicted",
-                                above_ceiling=(bool(val > pred_tg.strict_ceiling_tg_tps * 1.0001)
+                                above_ceiling=(bool(val > pred_tg.physical_ceiling_tg_tps * 1.0001)
                                                if metric == "tg_tps" else None), note=n, bound=str(bound or ""),
                                 fits=fits, cache_type=cache_type, group=group))
     return rows
@@ -306,16 +306,16 @@ def lever_rows(sc: Scenario, lever: str, values: Sequence[Any], cfg_of, tests: S
         if predict:
             if not st.same_model_here:
                 rows += predict_rows(st.spec, st.label, st.device, cfg, lever=lever, value=v, depth=depth,
-                                     n_prompt=n_prompt, n_gen=sc.n_gen, metrics=metrics + ("strict_ceiling_tg_tps",))
+                                     n_prompt=n_prompt, n_gen=sc.n_gen, metrics=metrics + ("physical_ceiling_tg_tps",))
             if st.measuring:
                 rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever=lever, value=v,
                                      depth=depth, n_prompt=n_prompt, n_gen=sc.n_gen,
-                                     metrics=metrics + ("strict_ceiling_tg_tps",))
+                                     metrics=metrics + ("physical_ceiling_tg_tps",))
     obs, failures = [], []
     if st.measuring and tests:
         got = []
         for v in values:
-            got += bench.run_tests(str(st.measured_path), cfg_of(v), list(tests), [depth], sc.repetitions,
+            got += harness.run_tests(str(st.measured_path), cfg_of(v), list(tests), [depth], sc.repetitions,
                                    backend=backend, monitor=False, lever=lever, value=v)
         obs, failures = measured_rows(got, st.measured_label)
     return rows + obs, failures
@@ -328,7 +328,7 @@ def _failure(row: Mapping[str, Any]) -> dict[str, str]:
 
 def measured_rows(rows: Sequence[Mapping[str, Any]], label: str) -> tuple[list[Observation], list[dict[str, str]]]:
     """Bench rows → (measured observations on this machine labelled ``label``, the failed rows' reasons)."""
-    return bench.rows_to_observations(rows, label, HOST), [_failure(r) for r in rows if r.get("status") != "ok"]
+    return harness.rows_to_observations(rows, label, HOST), [_failure(r) for r in rows if r.get("status") != "ok"]
 
 
 def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, tests: Sequence[str],
@@ -338,14 +338,14 @@ def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, 
     Returns (observations, failures)."""
     if not st.measuring or not tests:
         return [], []
-    rows = bench.sweep(str(model or st.measured_path), cfg, lever, list(values), tests=list(tests),
+    rows = harness.sweep(str(model or st.measured_path), cfg, lever, list(values), tests=list(tests),
                        depths=list(depths), repetitions=st.sc.repetitions, backend=backend, results=None,
                        progress=False, monitor=False)
     return measured_rows(rows, st.measured_label)
 
 
 def lever_frame(rows: Iterable[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
-    """A step's tidy frame: measured and claimed decode rows flagged against the strict ceilings the rows
+    """A step's tidy frame: measured and claimed decode rows flagged against the physical ceilings the rows
     predict (:func:`v100lab.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``."""
     df = flag_above_ceiling(tidy_frame(rows))
     df.attrs["failures"] = list(failures)

@@ -25,7 +25,7 @@ def _failures_line(*frames) -> str:
 
 
 def _above_line(*frames) -> str:
-    """How many measured decode figures of this run exceed the strict ceiling of their model and device."""
+    """How many measured decode figures of this run exceed the physical ceiling of their model and device."""
     n = k = 0
     for df in frames:
         m = df[(df["source"] == "measured") & (df["unit"] == TPS) & df["metric"].astype(str).str.startswith("tg")] \
@@ -34,7 +34,7 @@ def _above_line(*frames) -> str:
         k += int(m["above_ceiling"].fillna(False).astype(bool).sum()) if len(m) else 0
     if not k:
         return ""
-    return md("{k} of {n} measured decode figures are above the strict bandwidth ceiling of their model and device "
+    return md("{k} of {n} measured decode figures are above the physical bandwidth ceiling of their model and device "
                "(marked ✕ in the plots).", k=k, n=n)
 
 
@@ -68,15 +68,15 @@ def summary_overview(sc: Scenario, stairs):
         above = claimed[claimed["above_ceiling"].fillna(False).astype(bool)]
         stages_above = list(dict.fromkeys(above["value"]))
         dev = claimed["device"].iloc[0]
-        lines.append(md("Of the seed's {n} claimed figures, {k} exceed the strict ceiling of its assumed model on "
+        lines.append(md("Of the seed's {n} claimed figures, {k} exceed the physical ceiling of its assumed model on "
                          "{dev}{stages}.", n=len(claimed), k=len(above), dev=dev,
                          stages=(" — stage(s) " + ", ".join(stages_above) + ": no card decodes faster than it reads "
                                  "the weights, so the measurement or the model size is wrong") if stages_above else ""))
     for stage in dict.fromkeys(pick(seed, metric="tg_tps", source="predicted")["value"]):
         c = pick(claimed, value=stage)["result"]
         p = mean_of(seed, metric="tg_tps", source="predicted", value=stage)
-        s = mean_of(seed, metric="strict_ceiling_tg_tps", value=stage)
-        lines.append(md("Stage {stage}: claimed {c}, predicted {p} tok/s (strict ceiling {s}).", stage=stage,
+        s = mean_of(seed, metric="physical_ceiling_tg_tps", value=stage)
+        lines.append(md("Stage {stage}: claimed {c}, predicted {p} tok/s (physical ceiling {s}).", stage=stage,
                          c=(f"{c.min():g}–{c.max():g}" if len(c) else "—"), p=fmt(p), s=fmt(s)))
     here = stairs[stairs["device"] == HOST]
     pairs = _pairs(here, "tg_tps", "stage")
@@ -136,7 +136,7 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
     st = study(sc)
     lines = []
     mine = pick(ceil, model=st.label, device=st.device.id)
-    c = pick(mine, metric="ceiling_tg_tps")
+    c = pick(mine, metric="weights_ceiling_tg_tps")
     if len(c):
         hi, lo = c.loc[c["result"].idxmax()], c.loc[c["result"].idxmin()]
         ratios = [(mean_of(mine, metric="tg_tps", value=v) or 0) / r for v, r in zip(c["value"], c["result"])]
@@ -144,7 +144,7 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
                          "the prediction reaches {a}–{b} % of it.", dev=st.device.id, model=st.label,
                          lo=fmt(lo["result"]), ql=lo["value"], hi=fmt(hi["result"]), qh=hi["value"],
                          a=f"{100 * min(ratios):.0f}", b=f"{100 * max(ratios):.0f}"))
-    cl = compare(ceil, ("model", "value"), metric="ceiling_tg_tps", require=("claimed",))
+    cl = compare(ceil, ("model", "value"), metric="weights_ceiling_tg_tps", require=("claimed",))
     if len(cl):
         diffs = [f"{v} {c:g} vs {fmt(p if p == p else None)}" for v, c, p in zip(cl["value"], cl["claimed"],
                                                                                cl["predicted"])]
@@ -165,7 +165,7 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
     if len(m):
         r = m.iloc[0]
         pr = None if r["predicted"] != r["predicted"] else float(r["predicted"])
-        ce = mean_of(roof, metric="ceiling_tg_tps", value=r["value"], model=r["model"])
+        ce = mean_of(roof, metric="weights_ceiling_tg_tps", value=r["value"], model=r["model"])
         lines.append(md("Here {model} {q} decoded at {m} tok/s: {f} of this machine's bandwidth ceiling ({c}), "
                          "predicted {p} ({e}); the host is {cal}.", model=r["model"], q=r["value"],
                          m=fmt(r["measured"]),
@@ -193,7 +193,7 @@ def summary_baseline(sc: Scenario, base, diag):
                              m=fmt(m), p=fmt(p), e=pct(p, m)))
     if st.device.id != HOST:
         p = mean_of(base, metric="tg_tps", source="predicted", device=st.device.id)
-        s = mean_of(base, metric="strict_ceiling_tg_tps", device=st.device.id)
+        s = mean_of(base, metric="physical_ceiling_tg_tps", device=st.device.id)
         n = pick(base, metric="tg_tps", source="predicted", device=st.device.id)
         lines.append(md("{model} on {dev} with these flags: predicted {p} tok/s of a {s} tok/s ceiling ({note}).",
                          model=st.label, dev=st.device.id, p=fmt(p), s=fmt(s),
@@ -394,7 +394,7 @@ def summary_parallel(sc: Scenario, par):
         lines.append(md("One stream, predicted: {p} tok/s for {model} on {dev}.", p=fmt(p["result"].iloc[0]),
                          model=p["model"].iloc[0], dev="this machine" if p["device"].iloc[0] == HOST else
                          p["device"].iloc[0]))
-    c = pick(par, metric="strict_ceiling_tg_tps", source="predicted")
+    c = pick(par, metric="physical_ceiling_tg_tps", source="predicted")
     if len(c) > 1:
         c = c.assign(v=c["value"].astype(int)).sort_values("v")
         one, many = c.iloc[0], c.iloc[-1]
@@ -433,7 +433,7 @@ def summary_final(sc: Scenario, stairs, verdict):
     b = t.best
     lines = [md("Tuned for {model} on {dev} at -c {ctx}: {q}, predicted {p} tok/s decode (ceiling {c}, "
                  "{bound}-bound) and {pp} tok/s prompt, {m} MiB left of the device.", model=st.label, dev=t.device,
-                 ctx=sc.target_ctx, q=b.quant, p=fmt(b.tg_tps), c=fmt(b.ceiling_tg_tps), bound=b.bound,
+                 ctx=sc.target_ctx, q=b.quant, p=fmt(b.tg_tps), c=fmt(b.weights_ceiling_tg_tps), bound=b.bound,
                  pp=fmt(b.pp_tps, 0), m=fmt(b.margin_bytes / MIB, 0))]
     last = compare(stairs, metric="tg_tps", lever="stage", require=("measured",))
     if len(last):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from v100lab import zoo
 from v100lab.backends.server import LLAMA_SERVER_LOG_ARGS, ServerBackend, find_llama_server
-from v100lab.bench import model_facts
+from v100lab.harness import model_facts
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.loadgen.request import RequestResult

@@ -54,7 +54,7 @@ class ServeRun:
     def failed(self) -> int:
         return sum(1 for r in self.requests if not r.ok)
 
-    def as_json(self, requests: bool = True) -> dict[str, Any]:
+    def as_dict(self, requests: bool = True) -> dict[str, Any]:
         doc = {"target": self.target, "run_id": self.run_id, "server": self.server,
                "workload": self.workload.as_dict(), "levels": self.levels,
                "failed_requests": self.failed, "definitions": DEFINITIONS}

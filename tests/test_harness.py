@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 
-from v100lab import bench
+from v100lab import harness
 from v100lab.backends import BenchTest
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
@@ -28,14 +28,14 @@ CFG = RunConfig(n_ctx=256, n_threads=1)
     ("tg128 @ d1024", (0, 128, 1024)), ("PP64@d8", (64, 0, 8)),
 ])
 def test_parse_test(spec, expected):
-    t = bench.parse_test(spec)
+    t = harness.parse_test(spec)
     assert (t.n_prompt, t.n_gen, t.n_depth) == expected
 
 
 @pytest.mark.parametrize("bad", ["p512", "tg", "pp-1", "tgx", "pp0", ""])
 def test_parse_test_rejects(bad):
     with pytest.raises(ConfigError):
-        bench.parse_test(bad)
+        harness.parse_test(bad)
 
 
 def test_names_follow_llama_bench():
@@ -45,23 +45,23 @@ def test_names_follow_llama_bench():
 
 
 def test_make_tests_crosses_depths():
-    ts = bench.make_tests("pp32,tg8", "0,16")
+    ts = harness.make_tests("pp32,tg8", "0,16")
     assert [t.name for t in ts] == ["pp32", "pp32 @ d16", "tg8", "tg8 @ d16"]
     with pytest.raises(ConfigError):
-        bench.make_tests("pp32", "0,x")
+        harness.make_tests("pp32", "0,x")
 
 
 def test_summarize_is_llama_bench_statistics():
-    s = bench.summarize([1_000_000_000, 2_000_000_000], n_tokens=10)
+    s = harness.summarize([1_000_000_000, 2_000_000_000], n_tokens=10)
     assert s["samples_ts"] == [10.0, 5.0]
     assert s["avg_ts"] == pytest.approx(7.5)
     assert s["stddev_ts"] == pytest.approx(statistics.stdev([10.0, 5.0]))   # sample sd (n - 1)
     assert s["stddev_ts"] == pytest.approx(math.sqrt(12.5))
     assert s["cv"] == pytest.approx(math.sqrt(12.5) / 7.5)
     assert s["noisy"] is True
-    quiet = bench.summarize([1_000_000_000, 1_010_000_000], n_tokens=10)
+    quiet = harness.summarize([1_000_000_000, 1_010_000_000], n_tokens=10)
     assert quiet["noisy"] is False
-    one = bench.summarize([500_000_000], n_tokens=4)
+    one = harness.summarize([500_000_000], n_tokens=4)
     assert one["stddev_ts"] == 0.0 and one["avg_ts"] == pytest.approx(8.0)
 
 
@@ -69,7 +69,7 @@ def test_summarize_is_llama_bench_statistics():
 
 @pytest.fixture(scope="module")
 def rows(default_model):
-    return bench.run_tests(default_model, CFG, "pp32,tg8", (0,), 2, monitor=True)
+    return harness.run_tests(default_model, CFG, "pp32,tg8", (0,), 2, monitor=True)
 
 
 def test_rows_have_llama_bench_fields(rows, default_model):
@@ -139,13 +139,13 @@ def test_every_context_field_reaches_llama_cpp(default_model):
 
 def test_repetitions_clear_the_kv_cache(default_model):
     """pp200 three times in a 256-cell context only fits if the cache is cleared between repetitions."""
-    rows = bench.run_tests(default_model, CFG, "pp200", (0,), 3, monitor=False)
+    rows = harness.run_tests(default_model, CFG, "pp200", (0,), 3, monitor=False)
     assert rows[0]["status"] == "ok", rows[0]["reason"]
     assert len(rows[0]["samples_ns"]) == 3
 
 
 def test_depth_that_does_not_fit_is_a_failed_row(default_model):
-    rows = bench.run_tests(default_model, CFG, "tg8", (0, 300), 1, monitor=False)
+    rows = harness.run_tests(default_model, CFG, "tg8", (0, 300), 1, monitor=False)
     assert [r["status"] for r in rows] == ["ok", "failed"]
     assert "context too small" in rows[1]["reason"]
     assert rows[1]["n_depth"] == 300
@@ -153,10 +153,10 @@ def test_depth_that_does_not_fit_is_a_failed_row(default_model):
 
 def test_sweep_and_observations(default_model, tmp_path):
     res = tmp_path / "sweep.jsonl"
-    rows = bench.sweep(default_model, CFG, "n_depth", [0, 16], tests="tg8", repetitions=2, results=res,
+    rows = harness.sweep(default_model, CFG, "n_depth", [0, 16], tests="tg8", repetitions=2, results=res,
                        progress=False, monitor=False)
     assert [(r["lever"], r["value"], r["n_depth"]) for r in rows] == [("n_depth", "0", 0), ("n_depth", "16", 16)]
-    obs = bench.rows_to_observations(rows, "smollm2")
+    obs = harness.rows_to_observations(rows, "smollm2")
     from v100lab.results import tidy_frame
 
     df = tidy_frame(obs)
@@ -164,7 +164,7 @@ def test_sweep_and_observations(default_model, tmp_path):
     assert list(df["value"]) == ["0", "16"] and (df["tok_s"] > 0).all()
     assert all("backend inprocess" in n for n in df["note"])
     assert list(df["repetitions"]) == [2, 2] and (df["sd"] >= 0).all()     # the spread is a column, not a note
-    again = bench.sweep(default_model, CFG, "n_depth", [0, 16], tests="tg8", repetitions=2, results=res,
+    again = harness.sweep(default_model, CFG, "n_depth", [0, 16], tests="tg8", repetitions=2, results=res,
                         progress=False, monitor=False)
     assert [r["run_id"] for r in again] == [r["run_id"] for r in rows]     # resumed: nothing re-measured
     assert len(res.read_text().splitlines()) == 2
@@ -172,16 +172,16 @@ def test_sweep_and_observations(default_model, tmp_path):
 
 def test_sweep_rejects_unknown_lever(default_model):
     with pytest.raises(ConfigError):
-        bench.sweep(default_model, CFG, "warp_speed", [1], progress=False)
+        harness.sweep(default_model, CFG, "warp_speed", [1], progress=False)
 
 
 def test_failed_config_row_has_llama_cpp_reason(default_model):
-    rows = bench.run_tests(default_model, CFG.with_(cache_type_v="q8_0", flash_attn="off"), "tg8", (0,), 1,
+    rows = harness.run_tests(default_model, CFG.with_(cache_type_v="q8_0", flash_attn="off"), "tg8", (0,), 1,
                            monitor=False)
     assert rows[0]["status"] == "failed"
     assert "quantized V cache requires flash_attn" in rows[0]["reason"]
     assert rows[0]["avg_ts"] is None and rows[0]["samples_ts"] == []
-    assert bench.rows_to_observations(rows, "x") == []
+    assert harness.rows_to_observations(rows, "x") == []
 
 
 # ---- CLI ----------------------------------------------------------------------------------------

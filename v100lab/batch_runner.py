@@ -56,8 +56,7 @@ from urllib.parse import quote
 
 from v100lab import __version__
 from v100lab.errors import ConfigError
-from v100lab.render import (HEADLINE_MIME, escape, headline_record, headline_text,  # noqa: F401 (re-exported)
-                            publish_headline)
+from v100lab.render import HEADLINE_MIME, escape
 from v100lab.safeio import check_creatable
 from v100lab.scenario import Scenario, load_scenario, parameters_cell_source, read_parameters
 
@@ -194,7 +193,7 @@ def _set_parameters(nb, source: str) -> bool:
 
 def sync_notebooks(patterns: str | Sequence[str] = DEFAULT_NOTEBOOKS) -> list[Path]:
     """:func:`sync_parameters_cell` for every notebook matching ``patterns``; the notebooks that changed.
-    Run after changing the scenario schema or a notebook's keys: ``python -m v100lab.workbook``."""
+    Run after changing the scenario schema or a notebook's keys: ``python -m v100lab.batch_runner``."""
     return [p for p in find_notebooks(patterns) if sync_parameters_cell(p)]
 
 
@@ -703,7 +702,7 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
     return rows
 
 
-if __name__ == "__main__":   # python -m v100lab.workbook [NOTEBOOK ...]: rewrite the parameters cells
+if __name__ == "__main__":   # python -m v100lab.batch_runner [NOTEBOOK ...]: rewrite the parameters cells
     import sys
 
     for changed in sync_notebooks(sys.argv[1:] or DEFAULT_NOTEBOOKS):
