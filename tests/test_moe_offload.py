@@ -1,15 +1,10 @@
 """MoE expert offload as a run-config lever (issue 17, item 4): --n-cpu-moe, --cpu-moe and -ot in the run
 configuration and in the memory plan, with llama.cpp's spellings and rules (common/arg.cpp, common/common.h
-LLM_FFN_EXPS_REGEX, src/llama-model-loader.cpp's first-match override).
-
-RunConfig gains the three fields together with the scenario's keys (the scenario schema requires every RunConfig
-field as a key); until then :class:`OffloadConfig` below is RunConfig with exactly those fields, and the flag-parsing
-tests wait for them (skipped)."""
+LLM_FFN_EXPS_REGEX, src/llama-model-loader.cpp's first-match override)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 
 import pytest
@@ -22,25 +17,6 @@ from v100lab.errors import ConfigError
 from v100lab.skeleton import skeleton_spec
 
 V100 = "v100-16gb"
-HAS_FIELDS = "n_cpu_moe" in {f.name for f in dataclasses.fields(RunConfig)}
-needs_fields = pytest.mark.skipif(not HAS_FIELDS, reason="RunConfig's MoE offload fields come with the scenario keys")
-
-if HAS_FIELDS:
-    OffloadConfig = RunConfig
-else:
-    @dataclasses.dataclass(frozen=True)
-    class OffloadConfig(RunConfig):
-        """RunConfig with the MoE offload fields (the pending RunConfig change)."""
-
-        n_cpu_moe: int = 0
-        cpu_moe: bool = False
-        override_tensor: tuple[str, ...] = ()
-
-        def __post_init__(self):
-            if isinstance(self.override_tensor, (str, list)):
-                object.__setattr__(self, "override_tensor", parse_override_tensor(self.override_tensor))
-            super().__post_init__()
-            tensor_overrides(self)
 
 
 def _flags(*argv) -> RunConfig:
@@ -57,7 +33,6 @@ def moe_spec(default_model):
 
 # ---- the flags ---------------------------------------------------------------------------------
 
-@needs_fields
 def test_llama_cpp_spellings_parse():
     cfg = _flags("-ncmoe", "3", "-ot", "attn_q=CPU,attn_k=CPU", "--override-tensor", "token_embd=CPU", "-cmoe")
     assert cfg.n_cpu_moe == 3 and cfg.cpu_moe
@@ -67,7 +42,7 @@ def test_llama_cpp_spellings_parse():
 
 def test_overrides_in_llama_cpp_order():
     """-ot entries first, then --cpu-moe, then one pattern per layer of --n-cpu-moe (llm_add_n_cpu_ffn_overrides)."""
-    cfg = OffloadConfig(n_cpu_moe=2, cpu_moe=True, override_tensor=("x=CUDA0",))
+    cfg = RunConfig(n_cpu_moe=2, cpu_moe=True, override_tensor=("x=CUDA0",))
     assert tensor_overrides(cfg) == (("x", "CUDA0"), (LLM_FFN_EXPS_REGEX, "CPU"),
                                       (r"blk\.0" + LLM_FFN_EXPS_REGEX, "CPU"), (r"blk\.1" + LLM_FFN_EXPS_REGEX, "CPU"))
     assert moe_offload_argv(cfg) == ["--override-tensor", "x=CUDA0", "--cpu-moe", "--n-cpu-moe", "2"]
@@ -76,7 +51,7 @@ def test_overrides_in_llama_cpp_order():
 
 
 def test_layer_patterns_match_only_their_layer():
-    rx = re.compile(tensor_overrides(OffloadConfig(n_cpu_moe=2))[1][0])       # layer 1
+    rx = re.compile(tensor_overrides(RunConfig(n_cpu_moe=2))[1][0])       # layer 1
     assert rx.search("blk.1.ffn_up_exps.weight") and rx.search("blk.1.ffn_gate_up_exps.weight")
     assert not rx.search("blk.11.ffn_up_exps.weight") and not rx.search("blk.21.ffn_down_exps.weight")
     assert not rx.search("blk.1.ffn_up_shexp.weight") and not rx.search("blk.1.ffn_gate_inp.weight")
@@ -91,10 +66,9 @@ def test_layer_patterns_match_only_their_layer():
 ])
 def test_bad_values_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
-        tensor_overrides(OffloadConfig(**kw))
+        tensor_overrides(RunConfig(**kw))
 
 
-@needs_fields
 def test_bad_values_are_refused_by_runconfig():
     with pytest.raises(ConfigError, match="n_cpu_moe"):
         RunConfig(n_cpu_moe=-1)
@@ -102,7 +76,6 @@ def test_bad_values_are_refused_by_runconfig():
         RunConfig(override_tensor="exps")
 
 
-@needs_fields
 def test_from_mapping_and_as_dict():
     cfg = RunConfig.from_mapping({"n_cpu_moe": 4, "override_tensor": ["exps=CPU"]})
     assert cfg.override_tensor == ("exps=CPU",) and cfg.as_dict()["override_tensor"] == ["exps=CPU"]
@@ -119,15 +92,15 @@ def _experts(spec, layers):
 def test_n_cpu_moe_moves_exactly_those_experts(moe_spec):
     dev = get_device(V100)
     base = memory.plan(moe_spec, dev, RunConfig(), with_max_ctx=False)
-    moved = memory.plan(moe_spec, dev, OffloadConfig(n_cpu_moe=3), with_max_ctx=False)
+    moved = memory.plan(moe_spec, dev, RunConfig(n_cpu_moe=3), with_max_ctx=False)
     assert base.devices[V100].weights_bytes - moved.devices[V100].weights_bytes == _experts(moe_spec, {0, 1, 2})
     assert moved.devices[V100].kv_cache_bytes == base.devices[V100].kv_cache_bytes
     assert moved.offloaded_layers == base.offloaded_layers          # the layers stay on the GPU
     assert any("tensor overrides" in w for w in moved.warnings)
     # --cpu-moe: every layer's experts; a -ot pattern that names the same tensors is the same plan
-    every = memory.plan(moe_spec, dev, OffloadConfig(cpu_moe=True), with_max_ctx=False)
+    every = memory.plan(moe_spec, dev, RunConfig(cpu_moe=True), with_max_ctx=False)
     assert base.devices[V100].weights_bytes - every.devices[V100].weights_bytes == _experts(moe_spec, set(range(8)))
-    ot = memory.plan(moe_spec, dev, OffloadConfig(override_tensor=r"blk\.[0-2]\.ffn_(up|down|gate)_exps=CPU"),
+    ot = memory.plan(moe_spec, dev, RunConfig(override_tensor=r"blk\.[0-2]\.ffn_(up|down|gate)_exps=CPU"),
                      with_max_ctx=False)
     assert ot.devices[V100].weights_bytes == moved.devices[V100].weights_bytes
     assert ot.devices["host"].weights_bytes == moved.devices["host"].weights_bytes
@@ -137,8 +110,8 @@ def test_host_mapping_spans_the_moved_experts(moe_spec):
     """With mmap the host's CPU_Mapped buffer is the file range from its first to its last tensor
     (llama_model_loader::get_mapping_range), GPU tensors in between included; without mmap only the tensors."""
     dev = get_device(V100)
-    mapped = memory.plan(moe_spec, dev, OffloadConfig(n_cpu_moe=3), with_max_ctx=False).devices["host"].weights_bytes
-    read = memory.plan(moe_spec, dev, OffloadConfig(n_cpu_moe=3, use_mmap=False), with_max_ctx=False).devices["host"]
+    mapped = memory.plan(moe_spec, dev, RunConfig(n_cpu_moe=3), with_max_ctx=False).devices["host"].weights_bytes
+    read = memory.plan(moe_spec, dev, RunConfig(n_cpu_moe=3, use_mmap=False), with_max_ctx=False).devices["host"]
     embd = moe_spec.tensor("token_embd.weight").n_bytes
     assert read.weights_bytes == embd + _experts(moe_spec, {0, 1, 2})
     assert mapped >= read.weights_bytes
@@ -147,46 +120,39 @@ def test_host_mapping_spans_the_moved_experts(moe_spec):
 def test_expert_offload_lowers_the_gpu_need(moe_spec):
     """What the lever is for: experts off the GPU leave room there (the advisor's alternative to fewer layers)."""
     dev = get_device(V100)
-    totals = [memory.plan(moe_spec, dev, OffloadConfig(n_cpu_moe=n), with_max_ctx=False).devices[V100].total_bytes
+    totals = [memory.plan(moe_spec, dev, RunConfig(n_cpu_moe=n), with_max_ctx=False).devices[V100].total_bytes
               for n in (0, 2, 4, 8)]
     assert totals == sorted(totals, reverse=True) and totals[0] > totals[-1]
 
 
 def test_override_to_a_gpu(moe_spec):
     dev = get_device(V100)
-    p = memory.plan(moe_spec, dev, OffloadConfig(n_gpu_layers=0, override_tensor=r"blk\.7\.=CUDA0"), with_max_ctx=False)
+    p = memory.plan(moe_spec, dev, RunConfig(n_gpu_layers=0, override_tensor=r"blk\.7\.=CUDA0"), with_max_ctx=False)
     assert p.devices[V100].weights_bytes == sum(t.n_bytes for t in moe_spec.tensors if t.layer == 7)
     with pytest.raises(ConfigError, match="names a GPU"):
-        memory.plan(moe_spec, [], OffloadConfig(override_tensor="exps=CUDA0"), with_max_ctx=False)
+        memory.plan(moe_spec, [], RunConfig(override_tensor="exps=CUDA0"), with_max_ctx=False)
     with pytest.raises(ConfigError, match="1 GPU"):
-        memory.plan(moe_spec, dev, OffloadConfig(override_tensor="exps=CUDA1"), with_max_ctx=False)
+        memory.plan(moe_spec, dev, RunConfig(override_tensor="exps=CUDA1"), with_max_ctx=False)
 
 
 def test_dense_model_has_nothing_to_move(default_model):
     spec = skeleton_spec("qwen35-27b", "Q4_K_M")
     dev = get_device(V100)
     a = memory.plan(spec, dev, RunConfig(n_ctx=4096), with_max_ctx=False)
-    b = memory.plan(spec, dev, OffloadConfig(n_ctx=4096, n_cpu_moe=8), with_max_ctx=False)
+    b = memory.plan(spec, dev, RunConfig(n_ctx=4096, n_cpu_moe=8), with_max_ctx=False)
     assert a.devices == b.devices
 
 
 # ---- llama.cpp applies them (CPU build: every tensor is on the CPU anyway) ------------------------
 
-def test_llama_cpp_applies_the_overrides(default_model, monkeypatch):
+def test_llama_cpp_applies_the_overrides(default_model):
     """The in-process loader passes the overrides to llama.cpp (llama_model_params.tensor_buft_overrides): its log
     names each expert tensor of layer 0 as overridden, and the plan still matches its buffers."""
-    import os
-    from pathlib import Path
-
     from v100lab.loadlog import load_and_capture
     from v100lab.worker import call_isolated
 
-    if not HAS_FIELDS:    # the worker unpickles OffloadConfig from this module
-        here = str(Path(__file__).parent)
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-
     path = zoo.resolve("synth-qwen3moe-tiny:Q4_0")
-    cfg = OffloadConfig(n_ctx=1024, n_cpu_moe=1)
+    cfg = RunConfig(n_ctx=1024, n_cpu_moe=1)
     _, text = call_isolated(load_and_capture, path, cfg)
     overridden = sorted(re.findall(r"tensor (\S+) .*buffer type overridden to CPU", text))
     assert overridden == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
