@@ -158,3 +158,40 @@ def test_llama_cpp_applies_the_overrides(default_model):
     assert overridden == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
     checks, _, _ = memcheck.check_against_llama(path, cfg)
     assert checks["weights"].within(0.001) and checks["total"].within(0.02)
+
+
+# ---- the speed prediction follows the overrides -------------------------------------------------
+
+def test_decode_work_follows_the_overrides(moe_spec):
+    """-ngl 99 --cpu-moe: the GPU reads every layer's weights but the experts, the host the experts' active
+    fraction (expert_used_count / expert_count of each expert tensor) per token."""
+    from v100lab import speed
+
+    dev = get_device(V100)
+    cfg = RunConfig(n_gpu_layers=99, cpu_moe=True)
+    placement = speed.placement_for(moe_spec, [dev], cfg)
+    work = speed.decode_work(moe_spec, placement, cfg)
+    base = speed.decode_work(moe_spec, speed.placement_for(moe_spec, [dev], RunConfig(n_gpu_layers=99)), cfg)
+    frac = moe_spec.expert_used_count / moe_spec.expert_count
+    experts = _experts(moe_spec, set(range(moe_spec.n_layer)))
+    gpu, host = work[V100], work["host"]
+    assert placement[V100].layers == tuple(range(moe_spec.n_layer)) and placement["host"].moved_in
+    assert sum(w.n_bytes for w in host.weights.values()) == pytest.approx(experts * frac)
+    assert base[V100].weight_bytes_read - gpu.weight_bytes_read == pytest.approx(experts * frac)
+    assert gpu.placed_weight_bytes == base[V100].placed_weight_bytes - experts
+    assert gpu.kv_bytes == base[V100].kv_bytes                 # the layers (and their KV) stay on the GPU
+    # the prediction: the host is part of every token now (its bandwidth, and the activations' round trips)
+    p, b = (speed.predict(moe_spec, [dev], c, placement=speed.placement_for(moe_spec, [dev], c))
+            for c in (cfg, RunConfig(n_gpu_layers=99)))
+    assert p.by_device["host"].t_tg_s > 0 and b.by_device["host"].t_tg_s == 0
+    assert p.tg_tps < b.tg_tps and p.t_link_s > b.t_link_s
+
+
+def test_n_cpu_moe_moves_only_those_layers_work(moe_spec):
+    from v100lab import speed
+
+    dev = get_device(V100)
+    cfg = RunConfig(n_cpu_moe=2)
+    placement = speed.placement_for(moe_spec, [dev], cfg)
+    assert {moe_spec.tensor(n).layer for n in placement["host"].moved_in} == {0, 1}
+    assert placement[V100].moved_out == placement["host"].moved_in
