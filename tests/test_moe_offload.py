@@ -195,3 +195,50 @@ def test_n_cpu_moe_moves_only_those_layers_work(moe_spec):
     placement = speed.placement_for(moe_spec, [dev], cfg)
     assert {moe_spec.tensor(n).layer for n in placement["host"].moved_in} == {0, 1}
     assert placement[V100].moved_out == placement["host"].moved_in
+
+
+# ---- tune: experts before layers -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def moe_skeleton(tmp_path_factory):
+    """The ~0.5 B qwen3moe preset as a ``skeleton:PATH:QUANT`` model argument (an architecture YAML file)."""
+    import yaml
+
+    path = tmp_path_factory.mktemp("arch") / "qwen3moe-500m.yaml"
+    path.write_text(yaml.safe_dump(synth.arch_spec_of(synth.ARCH_PRESETS["synth-qwen3moe-500m"])))
+    return f"skeleton:{path}:Q4_K_M"
+
+
+def _small_gpu(gib: float):
+    from v100lab.devices import Device
+
+    return Device(id="small-gpu", name=f"a {gib} GiB GPU", kind="gpu", memory_gib=gib, bandwidth_gbs=300,
+                  fp16_tflops=30, host_link_gbs=16, runtime_overhead_mib=512)
+
+
+def test_tune_moves_experts_before_layers(default_model, moe_skeleton, moe_spec):
+    """A GPU that cannot hold every layer with its experts: tune keeps every layer on it and moves the experts of
+    the fewest layers to the host (llama.cpp's --fit order), and its reasons say so."""
+    from v100lab.advisor import tune
+
+    gpu = _small_gpu(1.05)
+    r = tune(moe_skeleton, gpu, min_ctx=4096)
+    cfg = r.config
+    assert r.best.fits and r.best.offloaded_layers == r.best.n_layer_total
+    assert cfg.n_cpu_moe > 0 and not cfg.cpu_moe
+    # the fewest: one layer fewer leaves the GPU short of its margin
+    short = memory.feasibility(moe_spec, [gpu], cfg.with_(n_cpu_moe=cfg.n_cpu_moe - 1))
+    assert not short.fits and any(b.device == "small-gpu" for b in short.blockers)
+    assert ("--n-cpu-moe", str(cfg.n_cpu_moe)) == tuple(r.argv[-2:])
+    why = next(x for x in r.reasons if x.flag == f"--n-cpu-moe {cfg.n_cpu_moe}").why
+    assert "before dropping whole layers" in why and "--gpu-layers" in why
+    # every layer with its experts on that GPU needs more than it has: no candidate without expert offload fits
+    assert not any(c.fits for c in r.candidates if not (c.config.n_cpu_moe or c.config.cpu_moe))
+
+
+def test_tune_leaves_a_moe_alone_when_it_fits(default_model, moe_skeleton):
+    from v100lab.advisor import tune
+
+    r = tune(moe_skeleton, V100, min_ctx=4096)
+    assert r.config.n_cpu_moe == 0 and not r.config.cpu_moe \
+        and not any(x.flag.startswith(("--n-cpu-moe", "--cpu-moe")) for x in r.reasons)
