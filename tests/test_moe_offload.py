@@ -176,6 +176,7 @@ def test_decode_work_follows_the_overrides(moe_spec):
     experts = _experts(moe_spec, set(range(moe_spec.n_layer)))
     gpu, host = work[V100], work["host"]
     assert placement[V100].layers == tuple(range(moe_spec.n_layer)) and placement["host"].moved_in
+    assert "input layer only" not in placement["host"].device.name   # the host's own rates, not the stub's
     assert sum(w.n_bytes for w in host.weights.values()) == pytest.approx(experts * frac)
     assert base[V100].weight_bytes_read - gpu.weight_bytes_read == pytest.approx(experts * frac)
     assert gpu.placed_weight_bytes == base[V100].placed_weight_bytes - experts

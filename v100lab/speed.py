@@ -156,9 +156,10 @@ def placement_from_plan(mplan, devices: Sequence = ()) -> dict[str, Placed]:
     cpu = next((d for d in devs if d.kind == "cpu"), None)
     accel = [d for d in devs if d.kind != "cpu"]
     out: dict[str, Placed] = {}
+    moved = getattr(mplan, "moved", ())    # tensor overrides: (tensor, layer's device, override's device)
     for name, dm in mplan.devices.items():
         if name == "host":
-            if cpu is None and not dm.layers and not dm.has_output_layer:
+            if cpu is None and not dm.layers and not dm.has_output_layer and not any(d == name for *_, d in moved):
                 # only the input layer (a row lookup): no need for this machine's figures
                 dev = Device(id="host", name="host (input layer only)", kind="cpu", memory_gib=1, bandwidth_gbs=1)
             else:
@@ -168,7 +169,6 @@ def placement_from_plan(mplan, devices: Sequence = ()) -> dict[str, Placed]:
         else:
             base, _, idx = name.rpartition(":")
             dev = accel[int(idx)] if idx.isdigit() and int(idx) < len(accel) else get_device(base or name)
-        moved = getattr(mplan, "moved", ())    # tensor overrides: (tensor, layer's device, override's device)
         out[name] = Placed(device=dev, layers=tuple(dm.layers), has_output=bool(dm.has_output_layer),
                            moved_in=frozenset(t for t, _, dst in moved if dst == name),
                            moved_out=frozenset(t for t, src, _ in moved if src == name))
