@@ -83,6 +83,26 @@ def test_from_mapping_and_as_dict():
         RunConfig.from_mapping({"override_tensor": 3})
 
 
+def test_scenario_keys():
+    from v100lab.scenario import load_scenario
+
+    rc = load_scenario({"n_cpu_moe": 2, "cpu_moe": True, "override_tensor": ["exps=CPU"]}).run_config()
+    assert (rc.n_cpu_moe, rc.cpu_moe, rc.override_tensor) == (2, True, ("exps=CPU",))
+    with pytest.raises(ConfigError, match="n_cpu_moe"):
+        load_scenario({"n_cpu_moe": -2})
+    with pytest.raises(ConfigError, match="override_tensor"):
+        load_scenario({"override_tensor": ["exps"]})
+
+
+def test_llama_python_class_refuses_overrides():
+    """llama_cpp.Llama() has kv_overrides but no tensor_buft_overrides: a config with overrides is refused, not run
+    without them (the in-process backend sets llama_model_params itself, apply_to_model_params)."""
+    assert "n_gpu_layers" in RunConfig().to_llama_kwargs()
+    for cfg in (RunConfig(n_cpu_moe=1), RunConfig(cpu_moe=True), RunConfig(override_tensor=("exps=CPU",))):
+        with pytest.raises(ConfigError, match="llama-server backend"):
+            cfg.to_llama_kwargs()
+
+
 # ---- the plan ----------------------------------------------------------------------------------
 
 def _experts(spec, layers):
@@ -243,3 +263,12 @@ def test_tune_leaves_a_moe_alone_when_it_fits(default_model, moe_skeleton):
     r = tune(moe_skeleton, V100, min_ctx=4096)
     assert r.config.n_cpu_moe == 0 and not r.config.cpu_moe \
         and not any(x.flag.startswith(("--n-cpu-moe", "--cpu-moe")) for x in r.reasons)
+
+
+def test_llama_cpp_python_server_refuses_overrides(default_model):
+    """llama-cpp-python's server has no tensor-override setting: the row fails saying so (nothing is started)."""
+    from v100lab import bench
+
+    rows = bench.run_tests(default_model, RunConfig(n_ctx=256, n_cpu_moe=1), "tg8", (0,), 1,
+                           backend="llama-cpp-python-server")
+    assert rows[0]["status"] != "ok" and "use llama-server" in rows[0]["reason"]
