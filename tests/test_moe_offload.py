@@ -11,7 +11,7 @@ import pytest
 
 from v100lab import memcheck, memory, synth, zoo
 from v100lab.config import (LLM_FFN_EXPS_REGEX, RunConfig, add_flag_arguments, from_flag_args, moe_offload_argv,
-                            parse_override_tensor, tensor_overrides)
+                            tensor_overrides)
 from v100lab.devices import get_device
 from v100lab.errors import ConfigError
 from v100lab.skeleton import skeleton_spec

@@ -559,7 +559,8 @@ def _expert_reason(best: Candidate, m: _Model, devices, depth) -> Reason:
     the most layers that fit), as llama.cpp's --fit prefers moving experts first."""
     cfg = best.config
     flag = "--cpu-moe" if cfg.cpu_moe else f"--n-cpu-moe {cfg.n_cpu_moe}"
-    what = "every layer's experts" if cfg.cpu_moe else f"the experts of the first {cfg.n_cpu_moe} of {m.spec.n_layer} layers"
+    what = ("every layer's experts" if cfg.cpu_moe
+            else f"the experts of the first {cfg.n_cpu_moe} of {m.spec.n_layer} layers")
     plain = cfg.with_(cpu_moe=False, n_cpu_moe=0, n_gpu_layers=ALL_LAYERS)
     fitted, _ = memory.fit_gpu_layers(m.spec, devices, plain, margin=True)
     alt = _evaluate(m, devices, fitted, depth)

@@ -186,7 +186,8 @@ def to_llama_bench_record(row: Mapping[str, Any]) -> dict[str, Any]:
         elif f == "n_cpu_moe":
             v = int(cfg.get("n_cpu_moe") or 0)
         elif f == "tensor_buft_overrides":   # llama-bench has no --cpu-moe: written as its -ot pattern
-            ot = list(cfg.get("override_tensor") or []) + ([f"{LLM_FFN_EXPS_REGEX}={CPU_BUFT}"] if cfg.get("cpu_moe") else [])
+            ot = list(cfg.get("override_tensor") or [])
+            ot += [f"{LLM_FFN_EXPS_REGEX}={CPU_BUFT}"] if cfg.get("cpu_moe") else []
             v = ";".join(ot) or "none"
         elif f == "build_commit":
             v = row.get("build_commit") or "unknown"
