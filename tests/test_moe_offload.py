@@ -1,4 +1,4 @@
-"""MoE expert offload as a run-config lever (issue 17, item 4): --n-cpu-moe, --cpu-moe and -ot in the run
+"""MoE expert offload as a run-config lever: --n-cpu-moe, --cpu-moe and -ot in the run
 configuration and in the memory plan, with llama.cpp's spellings and rules (common/arg.cpp, common/common.h
 LLM_FFN_EXPS_REGEX, src/llama-model-loader.cpp's first-match override)."""
 
