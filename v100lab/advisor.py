@@ -16,7 +16,10 @@ The search (one source of truth: the constants below)
 * **per quant** — K/V cache types :data:`CACHE_TYPES` (K and V alike; a quantized V gets ``--flash-attn on``,
   which llama.cpp requires), flash attention ``auto``/``off`` for f16 caches, ``--ubatch-size`` in
   :data:`UBATCHES`, ``--ctx-size`` = ``min_ctx``, ``--parallel`` = ``parallel``; ``--gpu-layers 999`` when
-  everything fits, else the most layers that fit.
+  everything fits; else, for a MoE model, first its experts in host memory (the fewest ``--n-cpu-moe`` layers
+  with which every layer fits, then ``--cpu-moe``), as llama.cpp's ``--fit`` does (common/fit.cpp,
+  common_params_fit_impl: all MoE tensors in system memory, then full layers front to back); only then the most
+  layers that fit.
 * **fit** — :func:`v100lab.memory.feasibility`, the rule ``plan`` prints too: every device's plan (weights + KV +
   recurrent state + compute + output + runtime overhead) — each GPU's and the host RAM's, for what stays on the
   CPU — must leave :func:`margin_bytes` free (3 % of its memory, at least 256 MiB), and llama.cpp's limits must
@@ -99,7 +102,8 @@ class Candidate:
         c = self.config
         kv = c.cache_type_k if c.cache_type_k == c.cache_type_v else f"{c.cache_type_k}/{c.cache_type_v}"
         return (f"{self.quant} ngl={self.offloaded_layers}/{self.n_layer_total} ctx={c.n_ctx} kv={kv} "
-                f"fa={c.flash_attn} ub={c.n_ubatch} np={c.n_parallel}")
+                f"fa={c.flash_attn} ub={c.n_ubatch} np={c.n_parallel}"
+                + (" cpu-moe" if c.cpu_moe else f" n-cpu-moe={c.n_cpu_moe}" if c.n_cpu_moe else ""))
 
     def as_dict(self) -> dict[str, Any]:
         return {"quant": self.quant, "label": self.label, "config": self.config.as_dict(), "fits": self.fits,
@@ -324,6 +328,32 @@ def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate
                      tight_device=tight, physical_ceiling_tg_tps=pred.physical_ceiling_tg_tps)
 
 
+def _expert_offload(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate | None:
+    """Every layer on the GPU with the experts of the fewest layers in host memory (``--n-cpu-moe N``, the least N
+    whose plan leaves the GPUs their margin; ``--cpu-moe`` when that is every layer): the candidate, or None when
+    not even every expert on the CPU lets every layer fit. Moving experts frees GPU memory monotonically, so the
+    least N is found by bisection."""
+    n_layer = m.spec.n_layer
+
+    def at(n: int) -> Candidate:
+        c = cfg.with_(cpu_moe=True) if n >= n_layer else cfg.with_(n_cpu_moe=n)
+        return _evaluate(m, devices, c, depth)
+
+    last = at(n_layer)
+    if _gpu_deficit(last) > 0:
+        return None
+    lo, hi, best = 1, n_layer, last      # at(hi) has no GPU deficit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        c = at(mid)
+        if _gpu_deficit(c) > 0:
+            lo = mid + 1
+        else:
+            hi, best = mid, c
+    flag = "--cpu-moe" if best.config.cpu_moe else f"--n-cpu-moe {best.config.n_cpu_moe}"
+    return replace(best, note=f"expert offload: {flag} keeps those experts in host memory, every layer on the GPU")
+
+
 def _gpu_deficit(c: Candidate) -> int:
     """Bytes the GPUs lack (with their margins) for this candidate's layers."""
     return sum(b.shortfall_bytes for b in c.blockers if b.kind == "memory" and b.device != memory.HOST)
@@ -460,11 +490,15 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
         for cfg in _configs(gpu, n_ctx, parallel):
             c = _evaluate(m, devices, cfg, depth)
             deficit = _gpu_deficit(c)
-            if gpu and deficit > 0:      # the GPU cannot hold every layer: the most it can, the rest on the host
-                fitted, _ = memory.fit_gpu_layers(m.spec, devices, cfg, margin=True)
-                part = replace(_evaluate(m, devices, fitted, depth),
-                               note=f"partial offload: --gpu-layers {fitted.n_gpu_layers} is the most that fits",
-                               full_offload_deficit_bytes=deficit)
+            if gpu and deficit > 0:      # the GPU cannot hold every layer: a MoE's experts first, then layers
+                part = _expert_offload(m, devices, cfg, depth) if m.spec.expert_count else None
+                if part is None or not part.fits:
+                    base = cfg.with_(cpu_moe=True) if m.spec.expert_count else cfg
+                    fitted, _ = memory.fit_gpu_layers(m.spec, devices, base, margin=True)
+                    part = replace(_evaluate(m, devices, fitted, depth),
+                                   note=f"partial offload: --gpu-layers {fitted.n_gpu_layers} is the most that fits"
+                                        + (" with every expert on the CPU" if base.cpu_moe else ""))
+                part = replace(part, full_offload_deficit_bytes=deficit)
                 c = part if part.fits or part.distance < c.distance else replace(c, full_offload_deficit_bytes=deficit)
             cands.append(c)
     if not any(c.fits for c in cands):
@@ -520,6 +554,25 @@ def _dt(a: float, b: float) -> str:
     return f"{'+' if d >= 0 else '−'}{abs(d):.2f} tok/s"
 
 
+def _expert_reason(best: Candidate, m: _Model, devices, depth) -> Reason:
+    """Why the experts are in host memory: against dropping whole layers instead (the same flags, no expert offload,
+    the most layers that fit), as llama.cpp's --fit prefers moving experts first."""
+    cfg = best.config
+    flag = "--cpu-moe" if cfg.cpu_moe else f"--n-cpu-moe {cfg.n_cpu_moe}"
+    what = ("every layer's experts" if cfg.cpu_moe
+            else f"the experts of the first {cfg.n_cpu_moe} of {m.spec.n_layer} layers")
+    plain = cfg.with_(cpu_moe=False, n_cpu_moe=0, n_gpu_layers=ALL_LAYERS)
+    fitted, _ = memory.fit_gpu_layers(m.spec, devices, plain, margin=True)
+    alt = _evaluate(m, devices, fitted, depth)
+    why = (f"{what} in host memory (a MoE model reads {m.spec.expert_used_count} of {m.spec.expert_count} experts "
+           f"per token), chosen before dropping whole layers as llama.cpp's --fit does")
+    if alt.fits:
+        why += (f": {_dt(best.tg_tps, alt.tg_tps)} vs --gpu-layers {fitted.n_gpu_layers} without expert offload "
+                f"({alt.tg_tps:.1f} tok/s)")
+        return Reason(flag, why, best.tg_tps - alt.tg_tps)
+    return Reason(flag, why + "; without it no layer split fits with the margin")
+
+
 def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bpw) -> list[Reason]:
     cfg = best.config
     out: list[Reason] = []
@@ -566,6 +619,8 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
             out.append(Reason(f"--gpu-layers {cfg.n_gpu_layers}",
                               f"{best.offloaded_layers}/{slots} layer slots fit with the margin; the other "
                               f"{slots - best.offloaded_layers} run on the CPU (a smaller quant or context would fit all)"))
+        if cfg.cpu_moe or cfg.n_cpu_moe:
+            out.append(_expert_reason(best, m, devices, depth))
     else:
         out.append(Reason(f"--gpu-layers {cfg.n_gpu_layers}", "a CPU device: nothing to offload"))
 

@@ -65,12 +65,17 @@ class RunConfig:
     use_mlock: bool = False          # --mlock
     n_threads: int = 0               # -t/--threads (0 = llama.cpp's choice: the CPU count)
     tensor_split: tuple[float, ...] = ()  # -ts/--tensor-split (per-GPU proportions)
+    n_cpu_moe: int = 0               # -ncmoe/--n-cpu-moe (experts of the first N layers kept on the CPU)
+    cpu_moe: bool = False            # -cmoe/--cpu-moe (every layer's experts kept on the CPU)
+    override_tensor: tuple[str, ...] = ()  # -ot/--override-tensor PATTERN=BUFFER_TYPE entries
 
     def __post_init__(self):
         if isinstance(self.flash_attn, str):
             object.__setattr__(self, "flash_attn", normalize_flash_attn(self.flash_attn))
         if isinstance(self.tensor_split, list):
             object.__setattr__(self, "tensor_split", tuple(self.tensor_split))
+        if isinstance(self.override_tensor, (str, list)):
+            object.__setattr__(self, "override_tensor", parse_override_tensor(self.override_tensor))
         validate(self)
 
     # ---- derived -------------------------------------------------------------------------
@@ -92,6 +97,7 @@ class RunConfig:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tensor_split"] = list(self.tensor_split)
+        d["override_tensor"] = list(self.override_tensor)
         return d
 
     @classmethod
@@ -107,6 +113,11 @@ class RunConfig:
                 if not isinstance(value, (list, tuple)) or not all(isinstance(x, (int, float)) for x in value):
                     raise ConfigError(f"run-config key 'tensor_split' must be a list of numbers, got {value!r}")
                 value = tuple(float(x) for x in value)
+            elif key == "override_tensor":
+                if not isinstance(value, (str, list, tuple)):
+                    raise ConfigError(f"run-config key 'override_tensor' must be a list of PATTERN=BUFFER_TYPE "
+                                      f"strings, got {value!r}")
+                value = parse_override_tensor(value)
             elif isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
@@ -157,6 +168,9 @@ class RunConfig:
         if self.n_parallel != 1 or self.kv_unified:
             raise ConfigError("n_parallel/kv_unified: llama_cpp.Llama() cannot set them; "
                               "use the harness's in-process backend or the server backend")
+        if tensor_overrides(self):   # llama_cpp/llama.py Llama(): kv_overrides only, no tensor_buft_overrides
+            raise ConfigError("n_cpu_moe/cpu_moe/override_tensor: llama_cpp.Llama() cannot place tensors; "
+                              "use the harness's in-process backend or the llama-server backend")
         kw: dict[str, Any] = {
             "n_gpu_layers": -1 if self.n_gpu_layers >= ALL_LAYERS else self.n_gpu_layers,
             "n_ctx": self.n_ctx,
@@ -205,7 +219,7 @@ def tensor_overrides(cfg) -> tuple[tuple[str, str], ...]:
     match wins (src/llama-model-loader.cpp, create_tensor's buffer-type selection: ``std::regex_search`` on the
     tensor name). The order is the command line's of :func:`moe_offload_argv`: -ot entries, then --cpu-moe, then
     --n-cpu-moe. Reads ``override_tensor``, ``cpu_moe`` and ``n_cpu_moe`` where the configuration has them (the
-    RunConfig fields come with the scenario keys, issue 17 item 4); none: no overrides."""
+    fields; an object without them: no overrides)."""
     entries = parse_override_tensor(getattr(cfg, "override_tensor", ()) or ())
     _check_override_tensor(entries)
     out = [tuple(e.split("=", 1)) for e in entries]
@@ -313,6 +327,7 @@ _INT_RANGES = {
     "n_ubatch": (1, UINT32_MAX, "uint32"),
     "n_parallel": (1, UINT32_MAX, "uint32"),
     "n_threads": (0, INT32_MAX, "int32"),
+    "n_cpu_moe": (0, INT32_MAX, "int32"),
 }
 
 
@@ -371,6 +386,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"n_parallel: must be >= 1, got {cfg.n_parallel}")
     if cfg.n_threads < 0:
         raise ConfigError(f"n_threads: must be >= 0, got {cfg.n_threads}")
+    tensor_overrides(cfg)    # n_cpu_moe >= 0, each override_tensor entry PATTERN=BUFFER_TYPE with a regex
 
 
 def add_flag_arguments(parser) -> None:
@@ -397,6 +413,12 @@ def add_flag_arguments(parser) -> None:
     g.add_argument("-t", "--threads", dest="n_threads", type=int, default=d.n_threads, help="CPU threads (0 = all)")
     g.add_argument("-ts", "--tensor-split", dest="tensor_split", default="",
                    help="per-GPU proportions, e.g. 3,1")
+    g.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=int, default=d.n_cpu_moe,
+                   help="keep the MoE expert weights of the first N layers on the CPU")
+    g.add_argument("-cmoe", "--cpu-moe", dest="cpu_moe", action="store_true",
+                   help="keep every layer's MoE expert weights on the CPU")
+    g.add_argument("-ot", "--override-tensor", dest="override_tensor", action="append", default=[],
+                   metavar="PATTERN=BUFFER_TYPE,...", help="tensor buffer-type overrides (repeatable), e.g. exps=CPU")
 
 
 def parse_tensor_split(text: str) -> tuple[float, ...]:
@@ -424,4 +446,6 @@ def from_flag_args(args) -> RunConfig:
     return RunConfig(n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
                      cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
                      n_parallel=args.n_parallel, kv_unified=args.kv_unified, swa_full=args.swa_full,
-                     use_mmap=args.use_mmap, use_mlock=args.use_mlock, n_threads=args.n_threads, tensor_split=split)
+                     use_mmap=args.use_mmap, use_mlock=args.use_mlock, n_threads=args.n_threads, tensor_split=split,
+                     n_cpu_moe=getattr(args, "n_cpu_moe", 0), cpu_moe=getattr(args, "cpu_moe", False),
+                     override_tensor=parse_override_tensor(getattr(args, "override_tensor", None) or ()))

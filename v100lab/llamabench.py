@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from v100lab.backends.types import BenchTest, find_binary
+from v100lab.config import ALL_LAYERS, CPU_BUFT, LLM_FFN_EXPS_REGEX, RunConfig
 from v100lab.harness import NOISY_CV, environment, model_facts, summarize
-from v100lab.config import ALL_LAYERS, RunConfig
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.store import row_key
 
@@ -123,7 +123,8 @@ def to_rows(records: Iterable[Mapping[str, Any]], backend: str = "llama-bench") 
         cfg = RunConfig(n_gpu_layers=ALL_LAYERS if ngl < 0 else ngl, n_ctx=test.n_ctx_needed,
                         n_batch=int(r.get("n_batch", 2048)), n_ubatch=int(r.get("n_ubatch", 512)),
                         cache_type_k=str(r.get("type_k", "f16")), cache_type_v=str(r.get("type_v", "f16")),
-                        flash_attn=fa if fa in FA_TO_INT else "auto", n_threads=int(r.get("n_threads", 0)))
+                        flash_attn=fa if fa in FA_TO_INT else "auto", n_threads=int(r.get("n_threads", 0)),
+                        n_cpu_moe=int(r.get("n_cpu_moe") or 0), override_tensor=_overrides_of(r))
         samples = [int(x) for x in r.get("samples_ns") or []]
         row: dict[str, Any] = {**r, "flash_attn": cfg.flash_attn, "n_gpu_layers": cfg.n_gpu_layers,
                                "test": test.name, "status": "ok", "reason": None, "backend": backend,
@@ -160,6 +161,12 @@ def import_llama_bench(source: str | os.PathLike, fmt: str | None = None) -> lis
 # export
 # --------------------------------------------------------------------------------------------
 
+def _overrides_of(rec: Mapping[str, Any]) -> tuple[str, ...]:
+    """llama-bench's ``tensor_buft_overrides`` field ("none", or PATTERN=BUFT entries joined by ";")."""
+    text = str(rec.get("tensor_buft_overrides") or "none")
+    return tuple(e for e in text.split(";") if e and e != "none")
+
+
 def to_llama_bench_record(row: Mapping[str, Any]) -> dict[str, Any]:
     """One harness row in llama-bench's JSON shape (its field order and encodings)."""
     cfg = row.get("config") or {}
@@ -176,6 +183,12 @@ def to_llama_bench_record(row: Mapping[str, Any]) -> dict[str, Any]:
         elif f == "load_mode":
             v = {(True, False): "mmap", (False, False): "none", (False, True): "mlock",
                  (True, True): "mmap+mlock"}[(bool(cfg.get("use_mmap", True)), bool(cfg.get("use_mlock", False)))]
+        elif f == "n_cpu_moe":
+            v = int(cfg.get("n_cpu_moe") or 0)
+        elif f == "tensor_buft_overrides":   # llama-bench has no --cpu-moe: written as its -ot pattern
+            ot = list(cfg.get("override_tensor") or [])
+            ot += [f"{LLM_FFN_EXPS_REGEX}={CPU_BUFT}"] if cfg.get("cpu_moe") else []
+            v = ";".join(ot) or "none"
         elif f == "build_commit":
             v = row.get("build_commit") or "unknown"
         elif f == "build_number":

@@ -361,6 +361,8 @@ class MemoryPlan:
     flash_attn: bool = True       # as resolved (auto → on, the CPU and CUDA backends support it)
     model: str = ""
     quant: str = ""
+    # (tensor name, its layer's device, the device an override put it on) for each layer tensor moved
+    moved: tuple[tuple[str, str, str], ...] = ()
 
     def as_dict(self) -> dict:
         """The keys scripts rely on (issue 4): devices, fits, offloaded_layers, n_layer_total, max_ctx, warnings."""
@@ -467,7 +469,7 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
     return MemoryPlan(devices=devmem, fits=gpu_fit and host_fit, offloaded_layers=offloaded,
                       n_layer_total=layer_slots(spec), max_ctx=None, warnings=warnings, n_ctx=cs.n_ctx,
                       n_ctx_seq=cs.n_ctx_seq, n_ubatch=cs.n_ubatch, flash_attn=fa, model=spec.name,
-                      quant=spec.file_type)
+                      quant=spec.file_type, moved=tuple((t.name, src, dst) for t, src, dst in moved))
 
 
 def _moved_tensors(spec: ModelSpec, slots: Mapping[int, str], overrides, gpu_ids) -> list:

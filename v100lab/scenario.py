@@ -125,6 +125,10 @@ class Scenario:
     use_mlock: bool = _flag("use_mlock", "--mlock: lock the model in RAM")
     n_threads: int = _flag("n_threads", "-t: CPU threads (0: llama.cpp's choice, all cores)")
     tensor_split: tuple[float, ...] = _flag("tensor_split", "-ts: per-GPU proportions ([]: llama.cpp's split)")
+    n_cpu_moe: int = _flag("n_cpu_moe", "-ncmoe: MoE experts of the first N layers kept on the CPU")
+    cpu_moe: bool = _flag("cpu_moe", "-cmoe: every layer's MoE experts kept on the CPU")
+    override_tensor: tuple[str, ...] = _flag("override_tensor", "-ot: tensor overrides, each a name "
+                                             "pattern, an equals sign, a buffer type (CPU, CUDA0)")
 
     # ---- levers swept by the notebooks --------------------------------------------------------
     quants: tuple[str, ...] = _key(LADDER, "quant ladder: predicted for `model`, measured on "

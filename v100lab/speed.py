@@ -156,9 +156,10 @@ def placement_from_plan(mplan, devices: Sequence = ()) -> dict[str, Placed]:
     cpu = next((d for d in devs if d.kind == "cpu"), None)
     accel = [d for d in devs if d.kind != "cpu"]
     out: dict[str, Placed] = {}
+    moved = getattr(mplan, "moved", ())    # tensor overrides: (tensor, layer's device, override's device)
     for name, dm in mplan.devices.items():
         if name == "host":
-            if cpu is None and not dm.layers and not dm.has_output_layer:
+            if cpu is None and not dm.layers and not dm.has_output_layer and not any(d == name for *_, d in moved):
                 # only the input layer (a row lookup): no need for this machine's figures
                 dev = Device(id="host", name="host (input layer only)", kind="cpu", memory_gib=1, bandwidth_gbs=1)
             else:
@@ -168,7 +169,9 @@ def placement_from_plan(mplan, devices: Sequence = ()) -> dict[str, Placed]:
         else:
             base, _, idx = name.rpartition(":")
             dev = accel[int(idx)] if idx.isdigit() and int(idx) < len(accel) else get_device(base or name)
-        out[name] = Placed(device=dev, layers=tuple(dm.layers), has_output=bool(dm.has_output_layer))
+        out[name] = Placed(device=dev, layers=tuple(dm.layers), has_output=bool(dm.has_output_layer),
+                           moved_in=frozenset(t for t, _, dst in moved if dst == name),
+                           moved_out=frozenset(t for t, src, _ in moved if src == name))
     return out
 
 
@@ -210,7 +213,8 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
     """Decode and prompt speed from each device's work and rates (the module docstring's formula)."""
     notes: list[str] = []
     by: dict[str, DevicePrediction] = {}
-    active = [k for k, w in work.items() if w.layers or w.has_output]
+    # a device with no layer of its own is active when it multiplies matrices moved to it (experts on the host)
+    active = [k for k, w in work.items() if w.layers or w.has_output or w.weights]
     t_mem_all = t_cmp_all = t_ovh_all = 0.0
     for k in work:
         w, r = work[k], rates[k]
@@ -287,6 +291,9 @@ def _tg_link_time(spec, placement, rates, active) -> float:
             owner[il] = k
     seq = [owner[il] for il in sorted(owner)]
     crossings = sum(1 for a, b in zip(seq, seq[1:]) if a != b)
+    # a layer whose tensors an override put on another active device: there and back (experts on the host)
+    crossings += 2 * len({il for k in active for t in spec.tensors
+                          if t.name in placement[k].moved_in and (il := t.layer) in owner and owner[il] != k})
     out_dev = next((k for k in active if placement[k].has_output), None)
     if seq and out_dev and out_dev != seq[-1]:
         crossings += 1
@@ -360,6 +367,12 @@ def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
             continue
         total += d.t_pp_s
         parts[d.pp_bound] = parts.get(d.pp_bound, 0.0) + d.t_pp_s
+        moved = sum(t.n_bytes for t in spec.tensors if t.name in placement[k].moved_in)
+        if moved and rates[k].kind == "cpu" and gpus and ub >= OP_OFFLOAD_MIN_BATCH and link:
+            # tensors moved to the host (experts) are multiplied on the GPU for large batches: ggml-cuda's
+            # offload_op copies them over the host link once per ubatch; their compute is in the GPU's layers
+            parts["host-link"] += n_ub * moved / (link * 1e9)
+            total += n_ub * moved / (link * 1e9)
     return total, max(parts, key=parts.get)
 
 

@@ -66,11 +66,19 @@ class DeviceWork:
 
 @dataclass(frozen=True)
 class Placed:
-    """Which repeating layers (and whether the output layer) a device holds."""
+    """Which repeating layers (and whether the output layer) a device holds; tensor overrides (-ot, --cpu-moe,
+    --n-cpu-moe) move single tensors of a layer: ``moved_in`` names those held here though their layer is
+    elsewhere, ``moved_out`` those of its layers held elsewhere."""
 
     device: Any                       # v100lab.devices.Device
     layers: tuple[int, ...]
     has_output: bool
+    moved_in: frozenset[str] = frozenset()
+    moved_out: frozenset[str] = frozenset()
+
+    def holds(self, t: TensorInfo) -> bool:
+        """Whether this device holds a repeating layer's tensor ``t``."""
+        return t.name in self.moved_in or (t.layer in self.layers and t.name not in self.moved_out)
 
 
 def _is_expert(t: TensorInfo) -> bool:
@@ -110,13 +118,13 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
         other = 0.0
         stored = 0.0
         for t in spec.tensors:
-            on_dev = (t.layer is not None and t.layer in set(placed.layers)) or \
+            on_dev = (t.layer is not None and placed.holds(t)) or \
                      (t.layer is None and _is_output(t) and placed.has_output)
             if on_dev or (t.name == "token_embd.weight" and dev_id == embd_home):
                 stored += t.n_bytes
             read_as_matrix = False
             if t.layer is not None:
-                if t.layer not in layers:
+                if t.layer >= n_layer_run or not placed.holds(t):
                     continue
                 read_as_matrix = len(t.shape) >= 2 and t.shape[0] > 1 and t.shape[1] > 1
                 frac = expert_frac if _is_expert(t) else 1.0

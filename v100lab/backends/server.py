@@ -233,6 +233,9 @@ class ServerSession:
         if c.n_parallel != 1 or c.kv_unified:
             raise MeasureFailed("llama-cpp-python's server serves one sequence: n_parallel/kv_unified "
                                 "cannot be applied (use llama-server)")
+        if c.n_cpu_moe or c.cpu_moe or c.override_tensor:   # its ModelSettings has no tensor overrides
+            raise MeasureFailed("llama-cpp-python's server cannot place tensors: n_cpu_moe/cpu_moe/override_tensor "
+                                "cannot be applied (use llama-server)")
         if c.flash_attn == "auto":
             self.not_applied.append("flash_attn=auto (llama-cpp-python's server takes on/off; ran with off)")
         if not c.swa_full:
