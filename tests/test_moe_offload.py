@@ -5,11 +5,12 @@ LLM_FFN_EXPS_REGEX, src/llama-model-loader.cpp's first-match override)."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 import pytest
 
-from v100lab import memcheck, memory, synth, zoo
+from v100lab import harness, memcheck, memory, synth, zoo
 from v100lab.config import (LLM_FFN_EXPS_REGEX, RunConfig, add_flag_arguments, from_flag_args, moe_offload_argv,
                             tensor_overrides)
 from v100lab.devices import get_device
@@ -267,25 +268,20 @@ def test_tune_leaves_a_moe_alone_when_it_fits(default_model, moe_skeleton):
 
 def test_llama_cpp_python_server_refuses_overrides(default_model):
     """llama-cpp-python's server has no tensor-override setting: the row fails saying so (nothing is started)."""
-    from v100lab import bench
-
-    rows = bench.run_tests(default_model, RunConfig(n_ctx=256, n_cpu_moe=1), "tg8", (0,), 1,
-                           backend="llama-cpp-python-server")
+    rows = harness.run_tests(default_model, RunConfig(n_ctx=256, n_cpu_moe=1), "tg8", (0,), 1,
+                             backend="llama-cpp-python-server")
     assert rows[0]["status"] != "ok" and "use llama-server" in rows[0]["reason"]
 
 
 def test_llama_bench_fields_round_trip():
     """llama-bench's n_cpu_moe and tensor_buft_overrides fields (tools/llama-bench/llama-bench.cpp: "none" or
     PATTERN=BUFT joined by ';'; it has no --cpu-moe, so that is written as its pattern)."""
-    import json
-
-    from v100lab import bench
     from v100lab.llamabench import export_llama_bench_json, import_llama_bench
 
     cfg = RunConfig(n_cpu_moe=2, cpu_moe=True, override_tensor=("attn_q=CPU",))
     row = {"status": "ok", "n_prompt": 0, "n_gen": 8, "n_depth": 0, "n_gpu_layers": 999, "flash_attn": "auto",
            "type_k": "f16", "type_v": "f16", "n_batch": 2048, "n_ubatch": 512, "n_threads": 2,
-           "config": cfg.as_dict(), **bench.summarize([100_000_000], 8)}
+           "config": cfg.as_dict(), **harness.summarize([100_000_000], 8)}
     text = export_llama_bench_json([row])
     rec = json.loads(text)[0]
     assert rec["n_cpu_moe"] == 2 and rec["tensor_buft_overrides"] == f"attn_q=CPU;{LLM_FFN_EXPS_REGEX}=CPU"
