@@ -4,7 +4,7 @@ Run under the shared measurement lock:
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_header.py [--repeats 15]
 
 Prints one table (median, coefficient of variation, bytes read, requests) and a JSON line.
-Targets (issue 3): default model ≤ 50 ms and ≥ 50× faster than GGUFReader; bytes read ≤
+Targets: default model ≤ 50 ms and ≥ 50× faster than GGUFReader; bytes read ≤
 header_bytes + 1 MiB; a remote header under 8 MiB in ≤ 3 range requests.
 """
 

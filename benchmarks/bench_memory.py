@@ -1,4 +1,4 @@
-"""Memory model against llama.cpp's own buffers (issue 4), and the seed's claims in numbers.
+"""Memory model against llama.cpp's own buffers, and the seed's claims in numbers.
 
 Part 1 loads every configuration below in llama.cpp (llama-cpp-python's CPU build, low-level API so
 n_seq_max / kv_unified / flash-attn auto are real), reads the buffer sizes llama.cpp prints (model, KV,
@@ -9,7 +9,7 @@ two-decimal MiB rounding).
 Part 2 (item 7): the qwen35 27B and Gemma-3-27B skeletons on a Tesla V100 16 GB — which quants fit at
 2048/4096/8192 with f16 and q8_0 KV, how many layer slots spill to the CPU, and the largest context.
 
-Part 3 (issue 17, item 2): the other architectures, for real — synthetic qwen35 (hybrid: gated delta net +
+Part 3: the other architectures, for real — synthetic qwen35 (hybrid: gated delta net +
 full attention), qwen35moe, qwen3moe (experts) and gemma3 (SWA) models of the zoo (v100lab.synth), tiny and
 ~0.5 B, F16 and quantized by llama.cpp; the recurrent state (RS buffer) is checked on its own. Then "stress"
 models (not in the zoo) sized so that each compute phase the default vocabulary's logits would hide dominates:
@@ -79,7 +79,7 @@ CONFIGS: list[tuple[str, dict]] = [
     ("synth-small", dict(n_ctx=32768, flash_attn="off", n_ubatch=512)),
     ("synth-small", dict(n_ctx=4096, n_parallel=4, cache_type_k="q8_0", cache_type_v="q8_0")),
 ]
-# issue 17: the other architectures (zoo aliases of v100lab.synth), tiny and ~0.5 B, F16 and llama.cpp quants
+# the other architectures (zoo aliases of v100lab.synth), tiny and ~0.5 B, F16 and llama.cpp quants
 ARCH_CONFIGS: list[tuple[str, dict]] = [
     ("synth-qwen35-tiny", dict(n_ctx=4096)),
     ("synth-qwen35-tiny", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-validation", action="store_true")
     ap.add_argument("--skip-claims", action="store_true")
-    ap.add_argument("--skip-archs", action="store_true", help="leave out part 3 (issue 17's architectures)")
+    ap.add_argument("--skip-archs", action="store_true", help="leave out part 3 (the other architectures)")
     ap.add_argument("--only-archs", action="store_true", help="part 3 only")
     args = ap.parse_args(argv)
     import llama_cpp

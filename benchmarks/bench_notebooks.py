@@ -1,6 +1,6 @@
 """Workbook run time: every notebook executed with papermill on one scenario, timed one by one.
 
-Targets (issue 7): the full set on params/default.yaml in <= 10 minutes on 2 cores after setup; each notebook
+Targets: the full set on params/default.yaml in <= 10 minutes on 2 cores after setup; each notebook
 alone <= 3 minutes. "After setup" means the models the scenario uses are already built in the cache: the
 script builds them first (untimed) so the figures measure the notebooks, not llama.cpp's quantizer.
 

@@ -1,4 +1,4 @@
-"""Issue 19, item 4: every input bounded and every string safe — one line (exit 2) for each hostile input,
+"""Every input bounded and every string safe — one line (exit 2) for each hostile input,
 reads of special files bounded by the bytes read, control characters escaped, secrets never echoed."""
 
 from __future__ import annotations

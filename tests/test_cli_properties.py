@@ -1,4 +1,4 @@
-"""Issue 19, item 6: property tests over the command line's inputs.
+"""Property tests over the command line's inputs.
 
 For random flag values, device files, model files, logs and parameter files, every command either returns a
 result (exit 0) or prints one line on stderr with exit status 2 (1 for a failed run) — never a traceback,

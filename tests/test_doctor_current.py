@@ -1,4 +1,4 @@
-"""Issue 19, item 5: the doctor on current llama-server logs — the slot split, a missing GPU backend, and a
+"""The doctor on current llama-server logs — the slot split, a missing GPU backend, and a
 log too quiet to judge — each with evidence and a fix (fixtures: tests/data/logs/fmt-*.log, SOURCES.md)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One feasibility rule for plan and tune (issue 19, item 1): every device holds its part — the GPU and the
+"""One feasibility rule for plan and tune: every device holds its part — the GPU and the
 host's RAM, each with a margin — llama.cpp's limits hold, threads stay within the cores; tune recommends only
 what passes it, and says what would have to change when nothing does."""
 

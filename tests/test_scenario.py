@@ -130,7 +130,7 @@ def test_parameter_file_errors_name_file_and_key(tmp_path):
 
 
 def test_empty_parameter_file_is_an_error_but_braces_are_the_defaults(tmp_path):
-    """Issue 19: an empty file (or only comments) is refused rather than run as the default scenario."""
+    """An empty file (or only comments) is refused rather than run as the default scenario."""
     f = tmp_path / "empty.yaml"
     f.write_text("# nothing\n")
     with pytest.raises(ConfigError, match="empty"):

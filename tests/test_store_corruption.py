@@ -1,4 +1,4 @@
-"""Issue 19, item 3: a results file survives every corruption without losing a complete row, and its path
+"""A results file survives every corruption without losing a complete row, and its path
 is checked (creatable, writable) before anything is measured — creating nothing when it is refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Synthetic models of other architectures (issue 17, items 1 and 2): the hybrid qwen35, qwen35moe, qwen3moe and
+"""Synthetic models of other architectures: the hybrid qwen35, qwen35moe, qwen3moe and
 gemma3 with SWA, written with random weights and the default model's tokenizer.
 
 Each tiny model must load and generate in llama.cpp (in a worker process), its quant ladder must come from

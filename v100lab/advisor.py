@@ -735,7 +735,7 @@ class SeedVerdict:
         c = self.seed_candidate
         base = dict(model=self.arch, device=self.device, lever="command", metric="tg_tps", unit=TPS)
         rows = [Observation(**base, quant=SEED_QUANT, value="seed", result=v, source="claimed",
-                            above_ceiling=v > c.weights_ceiling_tg_tps, note="DIGEST.md §8 stage 6")
+                            above_ceiling=v > c.weights_ceiling_tg_tps, note="the seed's section 8, stage 6")
                 for v in self.claimed_tps]
         rows.append(Observation(**base, quant=SEED_QUANT, value="seed", result=c.tg_tps, source="predicted",
                                 above_ceiling=False, note=self.seed_problem or "runs"))

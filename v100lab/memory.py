@@ -365,7 +365,7 @@ class MemoryPlan:
     moved: tuple[tuple[str, str, str], ...] = ()
 
     def as_dict(self) -> dict:
-        """The keys scripts rely on (issue 4): devices, fits, offloaded_layers, n_layer_total, max_ctx, warnings."""
+        """The keys scripts rely on (a contract): devices, fits, offloaded_layers, n_layer_total, max_ctx, warnings."""
         return {"devices": {k: v.as_dict() for k, v in self.devices.items()}, "fits": self.fits,
                 "offloaded_layers": self.offloaded_layers, "n_layer_total": self.n_layer_total,
                 "max_ctx": self.max_ctx, "warnings": list(self.warnings)}
