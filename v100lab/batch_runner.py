@@ -58,7 +58,8 @@ from v100lab import __version__
 from v100lab.errors import ConfigError
 from v100lab.render import HEADLINE_MIME, escape
 from v100lab.safeio import check_creatable
-from v100lab.scenario import Scenario, load_scenario, parameters_cell_source, read_parameters
+from v100lab.levers.course import keys_of
+from v100lab.scenario import Scenario, keys, load_scenario, parameters_cell_source, read_parameters
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,6 @@ def parameters_cell(nb):
 def notebook_keys(path: str | os.PathLike) -> tuple[str, ...]:
     """The scenario keys a notebook's parameters cell holds: those its steps read
     (:func:`v100lab.levers.course.keys_of`; every key for a notebook outside the course)."""
-    from v100lab.levers.course import keys_of
-
     return keys_of(path)
 
 
@@ -439,8 +438,6 @@ class _KeysNotShown(logging.Filter):
     them all). Any other name is left to warn."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from v100lab.scenario import keys
-
         msg = record.getMessage()
         prefix = "Passed unknown parameter: "
         return not (msg.startswith(prefix) and msg[len(prefix):].strip() in keys())

@@ -9,10 +9,13 @@ configuration.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import numbers
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from v100lab.errors import ConfigError
@@ -191,7 +194,7 @@ class RunConfig:
 
     def apply_to_model_params(self, mparams) -> None:
         """Set a ``llama_model_params`` struct (llama_cpp.llama_model_default_params()) from this config."""
-        import llama_cpp
+        import llama_cpp  # heavy: loads the compiled llama.cpp library
 
         mparams.n_gpu_layers = -1 if self.n_gpu_layers >= ALL_LAYERS else self.n_gpu_layers
         # include/llama.h: enum llama_load_mode (replaced use_mmap/use_mlock)
@@ -258,8 +261,6 @@ def parse_override_tensor(value) -> tuple[str, ...]:
 
 
 def _check_override_tensor(entries: tuple) -> None:
-    import re
-
     for e in entries:
         if not isinstance(e, str) or "=" not in e:
             raise ConfigError(f"override_tensor: '{e}' is not PATTERN=BUFFER_TYPE (llama.cpp: 'invalid value')")
@@ -279,10 +280,8 @@ def set_tensor_overrides(mparams, overrides) -> None:
     """Fill ``llama_model_params.tensor_buft_overrides`` (a NULL-terminated array of {pattern, buft}) from
     (regex, buffer type name) pairs, resolving names through ggml's device list as common/arg.cpp
     parse_tensor_buffer_overrides does ("CPU", "CUDA0", ...). Runs where llama.cpp is loaded (a worker)."""
-    import ctypes
-    from pathlib import Path
 
-    import llama_cpp
+    import llama_cpp  # heavy: loads the compiled llama.cpp library
 
     lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
@@ -424,7 +423,6 @@ def add_flag_arguments(parser) -> None:
 def parse_tensor_split(text: str) -> tuple[float, ...]:
     """``-ts 3,1`` (or ``3/1``) → (3.0, 1.0), as common/arg.cpp splits it (on runs of "," and "/");
     ConfigError for anything not a list of finite numbers >= 0."""
-    import re
 
     parts = [p for p in re.split(r"[,/]+", str(text).strip()) if p != ""]
     try:

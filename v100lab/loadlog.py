@@ -40,6 +40,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
+from v100lab.config import RunConfig
+from v100lab.errors import RunFailed
+
 HOST = "host"
 
 # ggml/include/ggml.h: enum ggml_log_level (current order; llama-cpp-python's _logger.py comment shows an
@@ -450,7 +453,7 @@ def set_tee(stream) -> None:
 
 
 def _make_callback():
-    import llama_cpp
+    import llama_cpp  # heavy: loads the compiled llama.cpp library
 
     @llama_cpp.llama_log_callback
     def _cb(level, text, user_data):  # runs on llama.cpp's threads: never raise
@@ -469,8 +472,8 @@ def _make_callback():
 
 def _restore_default() -> None:
     """Give llama.cpp back llama-cpp-python's own callback (llama_cpp/_logger.py)."""
-    import llama_cpp
-    from llama_cpp import _logger
+    import llama_cpp  # heavy: loads the compiled llama.cpp library
+    from llama_cpp import _logger  # heavy: loads the compiled llama.cpp library
 
     llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
@@ -481,10 +484,7 @@ def load_and_capture(model_path, cfg=None) -> tuple[LoadFacts, str]:
 
     The low-level API is used because ``llama_cpp.Llama`` cannot set n_seq_max, kv_unified or
     flash-attention "auto". A load or context failure raises RunFailed with llama.cpp's last error line."""
-    import llama_cpp
-
-    from v100lab.config import RunConfig
-    from v100lab.errors import RunFailed
+    import llama_cpp  # heavy: loads the compiled llama.cpp library
 
     cfg = cfg or RunConfig()
     model = ctx = None
@@ -523,7 +523,7 @@ def capture_llama_log() -> Iterator[LogCapture]:
     Nested captures each see the lines logged while they are open. On exit llama-cpp-python's own
     callback is reinstalled, so its ``verbose`` setting works again afterwards."""
     global _callback_ref
-    import llama_cpp
+    import llama_cpp  # heavy: loads the compiled llama.cpp library
 
     cap = LogCapture()
     with _lock:

@@ -35,15 +35,30 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from v100lab.config import RunConfig, tensor_overrides
+import psutil
+
+from v100lab.config import ALL_LAYERS, RunConfig, tensor_overrides
 from v100lab.devices import Device
 from v100lab.errors import ConfigError
-from v100lab.llama_context import (CTX_PAD, F32, LLAMA_MAX_SEQ, MAX_CTX, context_sizes, is_mtp_layer, kv_cache_bytes,
-                                   kv_cells, pad, recurrent_bytes, resolve_flash_attn)
+from v100lab.llama_context import (
+    CTX_PAD,
+    F32,
+    LLAMA_MAX_SEQ,
+    MAX_CTX,
+    context_sizes,
+    is_mtp_layer,
+    kv_cache_bytes,
+    kv_cells,
+    pad,
+    recurrent_bytes,
+    resolve_flash_attn,
+)
+from v100lab.results import Observation
 from v100lab.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -129,7 +144,6 @@ def override_device(buft: str, gpu_ids: Sequence[str]) -> str:
     """The plan device a ``-ot PATTERN=BUFFER_TYPE`` buffer type names: "CPU" (and host buffers such as
     "CUDA_Host") → the host; a name ending in a number ("CUDA1", "Vulkan0") → that GPU of the plan, in device
     order; any other name → the plan's only GPU. ConfigError when the plan has no such GPU."""
-    import re
 
     up = buft.upper()
     if up.startswith("CPU") or up.endswith("_HOST"):
@@ -153,7 +167,6 @@ def tensor_devices(spec: ModelSpec, slots: Mapping[int, str], overrides: Sequenc
     tensors on the output layer's device), unless a tensor override matches its name first
     (src/llama-model-loader.cpp, create_tensor: ``std::regex_search`` of each pattern in order, the first match
     wins; ``--cpu-moe`` / ``--n-cpu-moe`` are such overrides, config.tensor_overrides)."""
-    import re
 
     out_dev = slots[spec.n_layer]
     compiled = [(re.compile(p), override_device(b, gpu_ids)) for p, b in overrides]
@@ -382,8 +395,6 @@ def _as_list(devices: Device | Sequence[Device]) -> list[Device]:
 
 
 def _host_capacity() -> int:
-    import psutil
-
     return int(psutil.virtual_memory().total)
 
 
@@ -721,8 +732,6 @@ def _join_or(opts: Sequence[str]) -> str:
 def _memory_blocker(spec: ModelSpec, devs: list[Device], cfg: RunConfig, mplan: MemoryPlan, name: str, margin: int,
                     detail: bool) -> Blocker:
     """A device that does not hold its part (with its margin), and the changes that would make it."""
-    from v100lab.config import ALL_LAYERS
-
     m = mplan.devices[name]
     short = m.total_bytes + margin - m.capacity_bytes
     kept = f" with {fmt_bytes(margin)} kept free" if margin else ""
@@ -810,8 +819,6 @@ def triangle(specs_by_quant: Mapping[str, ModelSpec], device: Device | Sequence[
     with all layers requested on the device(s): ``total_bytes`` (the busiest accelerator), ``margin_bytes``,
     ``fits`` (1/0), ``max_gpu_layers`` and ``layers_spilled`` (layer slots that must stay on the CPU), and per
     quant × cache type the largest context (``max_ctx``). Lever "n_ctx"; the rows' ``cache_type`` says which."""
-    from v100lab.results import Observation
-
     cfg = cfg or RunConfig()
     devs = _as_list(device)
     dev_label = "+".join(d.id for d in devs)

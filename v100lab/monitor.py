@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Any
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
@@ -116,8 +118,6 @@ class Monitor:
     """
 
     def __init__(self, pid: int | None = None, interval: float = DEFAULT_INTERVAL_S, gpu: bool = True):
-        import psutil
-
         self.pid = pid or os.getpid()
         self.interval = interval
         self.series: list[dict[str, Any]] = []

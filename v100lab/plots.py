@@ -41,7 +41,7 @@ def _inline_formatter() -> None:
     try:
         # optional dependency: IPython (only a notebook displays figures)
         from IPython import get_ipython
-        from IPython.core.pylabtools import select_figure_formats
+        from IPython.core.pylabtools import select_figure_formats  # optional: only inside a notebook kernel
     except ImportError:
         return
     shell = get_ipython()

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import statistics
@@ -228,9 +229,8 @@ def data_text(name: str) -> str:
 
 def load_apple_table():
     """The published Apple Silicon llama-bench rows (header comment lines skipped) as a DataFrame."""
-    import io
 
-    import pandas as pd   # heavy, optional until a table is asked for
+    import pandas as pd  # heavy, optional until a table is asked for
 
     text = "".join(line + "\n" for line in data_text(APPLE_CSV).splitlines() if not line.startswith("#"))
     df = pd.read_csv(io.StringIO(text))
@@ -302,7 +302,7 @@ def _pp_ideal_seconds(spec, n_prompt: int = 512) -> float:
 def fit_gpu_rows(df, kind: str = "apple") -> GpuFit:
     """Fit decode efficiency + per-layer overhead (weighted least squares on 1/tg) and prompt efficiency
     per weight type (geometric mean of ideal/measured time) on published rows."""
-    import numpy as np   # heavy: only the fits need it
+    import numpy as np  # heavy: only the fits need it
 
     X, y = [], []
     pp_e: dict[str, list[float]] = {}
@@ -388,6 +388,6 @@ def gpu_rates(device, fit: GpuFit) -> DeviceRates:
 
 def published_anchors() -> list[dict[str, Any]]:
     """The independent published rows (``data/seed_claims.yaml``, ``anchors``) the CUDA class is set from."""
-    import yaml   # third-party parser, needed only here and for the seed's claims
+    import yaml  # third-party parser, needed only here and for the seed's claims
 
     return list(yaml.safe_load(data_text("seed_claims.yaml")).get("anchors") or [])

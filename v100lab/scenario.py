@@ -37,7 +37,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
 
+import yaml
+
 from v100lab.config import CACHE_TYPES, RunConfig, normalize_flash_attn
+from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
 from v100lab.safeio import read_text_bounded
 from v100lab.zoo import LADDER, ftype_of
@@ -80,8 +83,6 @@ def _gpu_or_none(value: str) -> None:
     """``compare_gpu``: ``none``, or a catalog GPU (or a device file) — a CPU cannot stand in for the GPU."""
     if value == NO_GPU:
         return
-    from v100lab.devices import get_device
-
     if value == "host" or get_device(value).kind != "gpu":
         raise ConfigError(f"'{value}' is not a GPU (a catalog GPU id such as v100-16gb, a GPU device file, "
                           f"or {NO_GPU})")
@@ -349,7 +350,6 @@ def read_parameters(path: str | os.PathLike) -> dict[str, Any]:
 
     This is exactly what ``papermill -f FILE`` injects, and what ``v100lab batch`` passes to papermill.
     """
-    import yaml
 
     p = Path(path)
     if not (p.exists() or p.is_symlink()):

@@ -35,10 +35,11 @@ import logging
 import math
 import os
 import stat
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from v100lab.errors import ConfigError, V100labError
+from v100lab.errors import V100labError
 from v100lab.safeio import check_creatable, term_text
 
 log = logging.getLogger(__name__)
@@ -327,7 +328,6 @@ def _json_default(o):
     if hasattr(o, "as_dict"):
         return o.as_dict()
     if hasattr(o, "__dataclass_fields__"):
-        from dataclasses import asdict
 
         return asdict(o)
     if hasattr(o, "item"):  # numpy scalars
