@@ -288,6 +288,7 @@ class RunResult:
     headline: dict[str, Any] | None = None
     kernel_log: str | None = None  # the kernel process's own stdout/stderr
     cached: bool = False           # skipped: an earlier run with the same inputs finished ok
+    node: str = ""                 # where it ran, when an engine other than the local one ran it
 
     @property
     def ok(self) -> bool:
@@ -370,6 +371,9 @@ def _now() -> str:
 def _one_line(text: str, limit: int = 300) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+now_iso, one_line = _now, _one_line   # for the other engines (v100lab.fleet)
 
 
 def _mark_failure(executed: Path, reason: str) -> int | None:
@@ -585,15 +589,40 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
 # the batch and its index
 # --------------------------------------------------------------------------------------------
 
+def cached_run(run: Run, out_dir: Path, *, no_input: bool = False) -> RunResult | None:
+    """The recorded result of ``run`` in ``out_dir`` when it finished ok with the same inputs (a re-run skips
+    it), else None."""
+    return _cached(out_dir, run, inputs_digest(run.params, run.notebook), no_input)
+
+
+def write_record(out_dir: Path, run: Run, result: RunResult) -> None:
+    """Store ``result`` as the run's ``.run.json`` record (what a re-run reads back)."""
+    _write_record(out_dir, run, result)
+
+
+class LocalEngine:
+    """Runs one after another, here: the default engine. An engine has one method, ``run``, which executes
+    ``runs`` (indices into the plan, with ``out`` already created) and calls ``started(i)`` when run ``i``
+    starts and ``finished(i, result)`` as each one ends, in any order; ``v100lab.fleet.RayEngine`` is the other."""
+
+    def run(self, runs: Sequence[Run], out: Path, *, timeout: float | None, no_input: bool, force: bool,
+            started: Callable[[int], None], finished: Callable[[int, RunResult], None]) -> None:
+        for i, run in enumerate(runs):
+            started(i)
+            finished(i, execute_run(run, out, timeout=timeout, no_input=no_input, force=force))
+
+
 def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str | os.PathLike] | str,
               out_dir: str | os.PathLike = "reports", *, timeout: float | None = None, no_input: bool = False,
               force: bool = False, on_start: Callable[[Run, int, int], None] | None = None,
-              on_result: Callable[[RunResult, int, int], None] | None = None) -> BatchResult:
+              on_result: Callable[[RunResult, int, int], None] | None = None, engine=None) -> BatchResult:
     """Every notebook × every parameter file; then ``out_dir/index.html``.
 
     ``notebooks``: paths and/or globs (``find_notebooks``; a pattern that matches nothing is an error).
     Parameter files are validated before anything runs (ConfigError naming file and key).
     ``timeout`` is papermill's per-cell execution timeout in seconds (None: no limit).
+    ``engine``: what executes the runs (:class:`LocalEngine` when None). The index lists the runs in the
+    plan's order whatever order they finish in; on Ctrl-C it lists those that finished.
     """
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout}")
@@ -603,19 +632,25 @@ def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str
     check_creatable(out, what="output folder", error=ConfigError, folder=True)   # before any run
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    results: list[RunResult] = []
+    done: dict[int, RunResult] = {}
+
+    def started(i: int) -> None:
+        if on_start:
+            on_start(runs[i], i, len(runs))
+
+    def finished(i: int, result: RunResult) -> None:
+        log.info("%s × %s: %s %s", runs[i].params, runs[i].notebook, result.status, result.reason)
+        done[i] = result
+        if on_result:
+            on_result(result, i, len(runs))
+
     try:
-        for i, run in enumerate(runs):
-            if on_start:
-                on_start(run, i, len(runs))
-            result = execute_run(run, out, timeout=timeout, no_input=no_input, force=force)
-            log.info("%s × %s: %s %s", run.params, run.notebook, result.status, result.reason)
-            results.append(result)
-            if on_result:
-                on_result(result, i, len(runs))
+        (engine or LocalEngine()).run(runs, out, timeout=timeout, no_input=no_input, force=force,
+                                      started=started, finished=finished)
     except KeyboardInterrupt:
-        write_index(out, results, time.perf_counter() - t0)  # what finished stays reachable
+        write_index(out, [done[i] for i in sorted(done)], time.perf_counter() - t0)  # what finished stays reachable
         raise
+    results = [done[i] for i in sorted(done)]
     wall = time.perf_counter() - t0
     index = write_index(out, results, wall)
     return BatchResult(runs=tuple(results), out_dir=out, index=index, wall_s=wall)
@@ -663,6 +698,7 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
     n_cached = sum(r.cached for r in results)
     run_sum = sum(r.duration_s for r in results)
     rows = []
+    nodes = any(r.node for r in results)   # the column only when an engine said where runs ran
     for i, r in enumerate(results, 1):
         h = r.headline or {}
         status_cls = "ok" if r.ok else "fail"
@@ -698,11 +734,13 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
             f"<td class='num'>{escape(format_tps(h.get('measured_tok_s')))}{metric}</td>"
             f"<td class='num'>{escape(format_tps(h.get('predicted_tok_s')))}</td>"
             f"<td class='num'>{escape(_ratio(h))}</td><td>{' · '.join(links) or '—'}</td>"
+            + (f"<td class='conf'>{escape(r.node or '—')}</td>" if nodes else "") +
             "</tr>")
     summary = (f"{len(results)} run{'s' if len(results) != 1 else ''}, {len(results) - n_fail} ok, {n_fail} failed"
                + (f", {n_cached} unchanged (not re-run)" if n_cached else "")
                + f". Batch wall time {format_duration(wall_s)}; run time of the listed runs "
                f"{format_duration(run_sum)}.")
+    node_th = "<th>node</th>" if nodes else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -722,7 +760,7 @@ nothing, for the reason given.</p>
 <table>
 <thead><tr><th>#</th><th>scenario</th><th>model</th><th>device</th><th>notebook</th><th>status</th>
 <th>duration</th><th>configuration</th>
-<th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th></tr></thead>
+<th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th>{node_th}</tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody>
@@ -749,7 +787,8 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
                      "cached": r.cached, "duration_s": r.duration_s,
                      "measured_tok_s": h.get("measured_tok_s"), "predicted_tok_s": h.get("predicted_tok_s"),
                      "configuration": h.get("configuration") or "", "partial": h.get("partial") or "",
-                     "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed})
+                     "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed,
+                     "node": r.node})
     return rows
 
 
