@@ -260,9 +260,13 @@ class RayEngine:
     def _run(self, ray, runs, out, *, timeout, no_input, force, started, finished) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = ray.get_runtime_context().get_node_id()
-        starts = ray.remote(_Starts).options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+        # the registry of starts lives on the driver's node (a worker node may die); soft: through Ray
+        # Client the driver has no node of its own, and the head will do
+        try:
+            strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        except Exception:   # Ray Client: no runtime node id on this side
+            strategy = "DEFAULT"
+        starts = ray.remote(_Starts).options(num_cpus=0, scheduling_strategy=strategy).remote()
         task = ray.remote(_remote_task)
         pending: dict[Any, _Out] = {}
         begun: set[int] = set()
@@ -300,8 +304,9 @@ class RayEngine:
                 if not pending:
                     break
                 self._watch(ray, starts, pending, out, runs, started, begun, end)
-        except KeyboardInterrupt:
-            log.warning("interrupted: cancelling %d Ray task(s)", len(pending))
+        except BaseException as exc:   # Ctrl-C above all: nothing keeps running on the cluster for nobody
+            log.warning("%s: cancelling %d Ray task(s)", "interrupted" if isinstance(exc, KeyboardInterrupt)
+                        else type(exc).__name__, len(pending))
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
