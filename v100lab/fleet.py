@@ -241,8 +241,10 @@ class RayEngine:
             try:
                 ray.init(address=self.address, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
+                hint = ("; a cluster with token authentication needs RAY_AUTH_MODE=token and its token in "
+                        "~/.ray/auth_token" if self.address.startswith("ray://") else "")
                 raise ConfigError(f"--address {self.address}: cannot connect to a Ray cluster "
-                                  f"({one_line(str(exc), 200)})") from None
+                                  f"({one_line(str(exc), 200)}){hint}") from None
         return True
 
     def run(self, runs: Sequence[Run], out: Path, *, timeout: float | None, no_input: bool, force: bool,
