@@ -81,8 +81,10 @@ def main() -> None:
           f"statuses: {same}")
     print(_line("local", local_wall, local))
     print(_line("ray", ray_wall, fleet))
+    rest_ray = ray_wall - sum(r.duration_s for r in fleet.runs)
+    rest_local = local_wall - sum(r.duration_s for r in local.runs)
     print(f"  ray start {start_s:.1f} s, stop {stop_s:.1f} s; Ray's overhead per task "
-          f"{((ray_wall - sum(r.duration_s for r in fleet.runs)) - (local_wall - sum(r.duration_s for r in local.runs))) / len(fleet.runs):+.2f} s")
+          f"{(rest_ray - rest_local) / len(fleet.runs):+.2f} s")
     for a, b in zip(local.runs, fleet.runs):
         print(f"    {Path(a.params).stem:10s} {Path(a.notebook).stem:26s} local {a.duration_s:6.1f} s  "
               f"ray {b.duration_s:6.1f} s  {a.status}/{b.status}")

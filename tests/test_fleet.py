@@ -7,6 +7,7 @@ One cluster is shared by the module (starting it costs seconds); each test that 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -125,6 +126,16 @@ def test_fan_out_matches_the_local_engine_and_runs_where_pinned(cluster, tmp_pat
     # a re-run reuses the ok runs' records (with their node) without submitting anything
     again = workbook.run_batch([pa], [NB / "ok.ipynb"], out, engine=RayEngine())
     assert again.runs[0].cached and again.runs[0].node.split()[-1] == a_id
+
+
+@needs_ray
+def test_cli_engine_ray_runs_where_the_label_says(cluster, tmp_path, capsys):
+    p = _params(tmp_path / "lab.yaml", "cli-ray", "node_labels: {box: b}")
+    rc = cli.main(["batch", str(p), "--notebooks", str(NB / "ok.ipynb"), "--out", str(tmp_path / "o"),
+                   "--engine", "ray", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and [r["status"] for r in doc["runs"]] == ["ok"]
+    assert doc["runs"][0]["node"].split()[-1] == cluster["b"].node_id[:12]
 
 
 @needs_ray
