@@ -602,8 +602,8 @@ def write_record(out_dir: Path, run: Run, result: RunResult) -> None:
 
 class LocalEngine:
     """Runs one after another, here: the default engine. An engine has one method, ``run``, which executes
-    ``runs`` (indices into the plan, with ``out`` already created) and calls ``started(i)`` when run ``i``
-    starts and ``finished(i, result)`` as each one ends, in any order; ``v100lab.fleet.RayEngine`` is the other."""
+    ``runs`` (the plan; ``out`` exists) and calls ``started(i)`` when the run at index ``i`` starts and
+    ``finished(i, result)`` as each one ends, in any order; ``v100lab.fleet.RayEngine`` is the other."""
 
     def run(self, runs: Sequence[Run], out: Path, *, timeout: float | None, no_input: bool, force: bool,
             started: Callable[[int], None], finished: Callable[[int, RunResult], None]) -> None:
