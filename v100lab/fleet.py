@@ -306,14 +306,17 @@ class RayEngine:
                 if not pending:
                     break
                 self._watch(ray, starts, pending, out, runs, started, begun, end)
-        except BaseException as exc:   # Ctrl-C above all: nothing keeps running on the cluster for nobody
+        except BaseException as exc:   # Ctrl-C above all: no task may outlive the batch that wanted it
             log.warning("%s: cancelling %d Ray task(s)", "interrupted" if isinstance(exc, KeyboardInterrupt)
                         else type(exc).__name__, len(pending))
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
         finally:
-            ray.kill(starts)
+            try:
+                ray.kill(starts)
+            except Exception:   # the connection is gone too: the registry goes with the cluster or session
+                log.debug("could not stop the registry of starts", exc_info=True)
 
     def _collect(self, ray, ref, out: Path, run: Run, o: _Out) -> RunResult:
         try:
