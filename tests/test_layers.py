@@ -207,3 +207,61 @@ def test_lint_imports_fails_on_an_upward_import(tiny_package):
     p = subprocess.run([sys.executable, "-c", "import tinypkg.low, tinypkg.high"], cwd=tiny_package, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr    # the package itself imports fine: only the contract objects
+
+
+# ------------------------------------------------------------------------------------------------
+# imports inside functions: only a heavy or optional third-party dependency, said so in a comment
+# ------------------------------------------------------------------------------------------------
+
+def function_level_imports(root: Path) -> list[str]:
+    """Every import inside a function under ``root`` that breaks the rule, one line each: an import of the
+    package itself (it hides an edge from the layer contract's reader of the code), of the standard library
+    (nothing to defer, unless the comment says it is heavy), or of anything without a comment on its line or the line above saying why."""
+    import ast
+
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for sub in ast.walk(node):
+                if not isinstance(sub, (ast.Import, ast.ImportFrom)) or sub.col_offset == 0:
+                    continue
+                name = (sub.module or "") if isinstance(sub, ast.ImportFrom) else sub.names[0].name
+                top = name.split(".")[0]
+                where = f"{path.relative_to(root.parent)}:{sub.lineno}: {lines[sub.lineno - 1].strip()}"
+                if isinstance(sub, ast.ImportFrom) and sub.level:
+                    bad.append(f"{where} (a relative import of the package)")
+                elif top == PACKAGE:
+                    bad.append(f"{where} (the package itself: import it at the top)")
+                elif top in sys.stdlib_module_names and "# heavy" not in lines[sub.lineno - 1]:
+                    bad.append(f"{where} (the standard library: import it at the top)")
+                elif "#" not in lines[sub.lineno - 1] and not lines[sub.lineno - 2].strip().startswith("#"):
+                    bad.append(f"{where} (no comment saying why it is deferred)")
+    return sorted(set(bad))
+
+
+def test_function_level_imports_are_heavy_or_optional_and_say_so():
+    bad = function_level_imports(Path(__file__).resolve().parents[1] / PACKAGE)
+    assert not bad, f"{len(bad)} import(s) inside functions break the rule:\n" + "\n".join(bad)
+
+
+def test_function_level_import_check_can_fail(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "m.py").write_text(textwrap.dedent("""\
+        import json
+
+
+        def f():
+            import re
+            from v100lab import errors
+            import numpy
+            import pandas  # heavy: only this table needs it
+            return json, re, errors, numpy, pandas
+        """))
+    bad = function_level_imports(pkg)
+    assert [b.split(": ", 1)[0] for b in bad] == [f"{PACKAGE}/m.py:5", f"{PACKAGE}/m.py:6", f"{PACKAGE}/m.py:7"]
+    assert "standard library" in bad[0] and "the package itself" in bad[1] and "no comment" in bad[2]

@@ -153,7 +153,7 @@ def sync_parameters_cell(path: str | os.PathLike) -> bool:
     Adds the cell (first, tagged) when the notebook has none; outputs are left as they are. A notebook with
     a jupytext pair (:func:`paired_source`) has the cell rewritten in both files, the ``.ipynb`` first, so
     the pair stays in sync and the text file is the newer one (jupytext reads the inputs from it)."""
-    import nbformat
+    import nbformat  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     p = Path(path)
     ipynb = p.with_suffix(".ipynb")
@@ -166,7 +166,7 @@ def sync_parameters_cell(path: str | os.PathLike) -> bool:
             changed = True
     py = paired_source(ipynb)
     if py is not None:
-        import jupytext
+        import jupytext  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
         text_nb = jupytext.read(py, fmt="py:percent")
         if _set_parameters(text_nb, source):
@@ -176,7 +176,7 @@ def sync_parameters_cell(path: str | os.PathLike) -> bool:
 
 
 def _set_parameters(nb, source: str) -> bool:
-    import nbformat
+    import nbformat  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     cell = parameters_cell(nb)
     if cell is not None and cell.source == source:
@@ -236,6 +236,7 @@ class RunResult:
     headline: dict[str, Any] | None = None
     kernel_log: str | None = None  # the kernel process's own stdout/stderr
     cached: bool = False           # skipped: an earlier run with the same inputs finished ok
+    node: str = ""                 # where it ran, when an engine other than the local one ran it
 
     @property
     def ok(self) -> bool:
@@ -320,10 +321,13 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+now_iso, one_line = _now, _one_line   # for the other engines (v100lab.fleet)
+
+
 def _mark_failure(executed: Path, reason: str) -> int | None:
     """Insert papermill-style markers before the cell that was running when execution stopped
     (papermill does this for cell errors only). Returns that cell's index, or None."""
-    import nbformat
+    import nbformat  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     nb = nbformat.read(executed, as_version=4)
     started = [i for i, c in enumerate(nb.cells)
@@ -349,7 +353,7 @@ def _mark_failure(executed: Path, reason: str) -> int | None:
 
 def _error_cell_index(executed: Path) -> int | None:
     """Index of the failing cell in a notebook papermill marked (the cell after its anchor)."""
-    import nbformat
+    import nbformat  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     nb = nbformat.read(executed, as_version=4)
     for i, c in enumerate(nb.cells):
@@ -362,7 +366,7 @@ def _kernel_manager_class(log_path: Path):
     """A kernel manager whose kernel writes its stdout/stderr (ipykernel's own log, and C libraries
     such as llama.cpp writing to fd 2 outside a cell's capture) to ``log_path`` instead of the
     batch's terminal, where it would tear through the progress bar."""
-    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.manager import AsyncKernelManager  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     class KernelWithLog(AsyncKernelManager):
         async def _async_launch_kernel(self, kernel_cmd, **kw):
@@ -376,8 +380,8 @@ def _kernel_manager_class(log_path: Path):
 def export_html(executed: str | os.PathLike, html_path: str | os.PathLike, *, exclude_input: bool = False,
                 title: str | None = None) -> Path:
     """Export an executed notebook to one self-contained, script-free HTML file."""
-    import nbformat
-    from nbconvert import HTMLExporter
+    import nbformat  # heavy: the batch runner's notebook stack, loaded when a batch runs
+    from nbconvert import HTMLExporter  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     nb = nbformat.read(Path(executed), as_version=4)
     if title is not None:
@@ -456,9 +460,9 @@ def _quiet_about_keys_not_shown():
 def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None = None, no_input: bool = False,
                 force: bool = False) -> RunResult:
     """Run one notebook with papermill and export its report; never raises for a failing notebook."""
-    import papermill as pm
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-    from papermill.exceptions import PapermillExecutionError
+    import papermill as pm  # heavy: the batch runner's notebook stack, loaded when a batch runs
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError  # heavy: the batch runner's notebook stack, loaded when a batch runs
+    from papermill.exceptions import PapermillExecutionError  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
     # absolute: the kernel runs in the notebook's folder, so a relative --out would point elsewhere there
     out = Path(out_dir).resolve()
@@ -504,7 +508,7 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
 
     headline, report, reader = None, None, None
     if has_nb:
-        import nbformat
+        import nbformat  # heavy: the batch runner's notebook stack, loaded when a batch runs
 
         try:
             headline = read_headline(nbformat.read(executed, as_version=4))
@@ -531,15 +535,40 @@ def execute_run(run: Run, out_dir: str | os.PathLike, *, timeout: float | None =
 # the batch and its index
 # --------------------------------------------------------------------------------------------
 
+def cached_run(run: Run, out_dir: Path, *, no_input: bool = False) -> RunResult | None:
+    """The recorded result of ``run`` in ``out_dir`` when it finished ok with the same inputs (a re-run skips
+    it), else None."""
+    return _cached(out_dir, run, inputs_digest(run.params, run.notebook), no_input)
+
+
+def write_record(out_dir: Path, run: Run, result: RunResult) -> None:
+    """Store ``result`` as the run's ``.run.json`` record (what a re-run reads back)."""
+    _write_record(out_dir, run, result)
+
+
+class LocalEngine:
+    """Runs one after another, here: the default engine. An engine has one method, ``run``, which executes
+    ``runs`` (the plan; ``out`` exists) and calls ``started(i)`` when the run at index ``i`` starts and
+    ``finished(i, result)`` as each one ends, in any order; ``v100lab.fleet.RayEngine`` is the other."""
+
+    def run(self, runs: Sequence[Run], out: Path, *, timeout: float | None, no_input: bool, force: bool,
+            started: Callable[[int], None], finished: Callable[[int, RunResult], None]) -> None:
+        for i, run in enumerate(runs):
+            started(i)
+            finished(i, execute_run(run, out, timeout=timeout, no_input=no_input, force=force))
+
+
 def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str | os.PathLike] | str,
               out_dir: str | os.PathLike = "reports", *, timeout: float | None = None, no_input: bool = False,
               force: bool = False, on_start: Callable[[Run, int, int], None] | None = None,
-              on_result: Callable[[RunResult, int, int], None] | None = None) -> BatchResult:
+              on_result: Callable[[RunResult, int, int], None] | None = None, engine=None) -> BatchResult:
     """Every notebook × every parameter file; then ``out_dir/index.html``.
 
     ``notebooks``: paths and/or globs (``find_notebooks``; a pattern that matches nothing is an error).
     Parameter files are validated before anything runs (ConfigError naming file and key).
     ``timeout`` is papermill's per-cell execution timeout in seconds (None: no limit).
+    ``engine``: what executes the runs (:class:`LocalEngine` when None). The index lists the runs in the
+    plan's order whatever order they finish in; on Ctrl-C it lists those that finished.
     """
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout}")
@@ -549,19 +578,25 @@ def run_batch(params_files: Sequence[str | os.PathLike], notebooks: Sequence[str
     check_creatable(out, what="output folder", error=ConfigError, folder=True)   # before any run
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    results: list[RunResult] = []
+    done: dict[int, RunResult] = {}
+
+    def started(i: int) -> None:
+        if on_start:
+            on_start(runs[i], i, len(runs))
+
+    def finished(i: int, result: RunResult) -> None:
+        log.info("%s × %s: %s %s", runs[i].params, runs[i].notebook, result.status, result.reason)
+        done[i] = result
+        if on_result:
+            on_result(result, i, len(runs))
+
     try:
-        for i, run in enumerate(runs):
-            if on_start:
-                on_start(run, i, len(runs))
-            result = execute_run(run, out, timeout=timeout, no_input=no_input, force=force)
-            log.info("%s × %s: %s %s", run.params, run.notebook, result.status, result.reason)
-            results.append(result)
-            if on_result:
-                on_result(result, i, len(runs))
+        (engine or LocalEngine()).run(runs, out, timeout=timeout, no_input=no_input, force=force,
+                                      started=started, finished=finished)
     except KeyboardInterrupt:
-        write_index(out, results, time.perf_counter() - t0)  # what finished stays reachable
+        write_index(out, [done[i] for i in sorted(done)], time.perf_counter() - t0)  # what finished stays reachable
         raise
+    results = [done[i] for i in sorted(done)]
     wall = time.perf_counter() - t0
     index = write_index(out, results, wall)
     return BatchResult(runs=tuple(results), out_dir=out, index=index, wall_s=wall)
@@ -609,6 +644,7 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
     n_cached = sum(r.cached for r in results)
     run_sum = sum(r.duration_s for r in results)
     rows = []
+    nodes = any(r.node for r in results)   # the column only when an engine said where runs ran
     for i, r in enumerate(results, 1):
         h = r.headline or {}
         status_cls = "ok" if r.ok else "fail"
@@ -644,11 +680,13 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
             f"<td class='num'>{escape(format_tps(h.get('measured_tok_s')))}{metric}</td>"
             f"<td class='num'>{escape(format_tps(h.get('predicted_tok_s')))}</td>"
             f"<td class='num'>{escape(_ratio(h))}</td><td>{' · '.join(links) or '—'}</td>"
+            + (f"<td class='conf'>{escape(r.node or '—')}</td>" if nodes else "") +
             "</tr>")
     summary = (f"{len(results)} run{'s' if len(results) != 1 else ''}, {len(results) - n_fail} ok, {n_fail} failed"
                + (f", {n_cached} unchanged (not re-run)" if n_cached else "")
                + f". Batch wall time {format_duration(wall_s)}; run time of the listed runs "
                f"{format_duration(run_sum)}.")
+    node_th = "<th>node</th>" if nodes else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -668,7 +706,7 @@ nothing, for the reason given.</p>
 <table>
 <thead><tr><th>#</th><th>scenario</th><th>model</th><th>device</th><th>notebook</th><th>status</th>
 <th>duration</th><th>configuration</th>
-<th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th></tr></thead>
+<th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th>{node_th}</tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody>
@@ -695,7 +733,8 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
                      "cached": r.cached, "duration_s": r.duration_s,
                      "measured_tok_s": h.get("measured_tok_s"), "predicted_tok_s": h.get("predicted_tok_s"),
                      "configuration": h.get("configuration") or "", "partial": h.get("partial") or "",
-                     "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed})
+                     "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed,
+                     "node": r.node})
     return rows
 
 

@@ -30,6 +30,7 @@ import difflib
 import json
 import math
 import os
+import re
 import sys
 import types
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -50,6 +51,7 @@ GROUPS = {
     "flags": "llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)",
     "sweeps": "levers swept by the notebooks",
     "budget": "measurement budget",
+    "fleet": "where `v100lab batch --engine ray` runs it (ignored by the local engine)",
 }
 
 CLAIMS = ("seed", "none")
@@ -68,6 +70,8 @@ def _key(default, help: str, group: str, *, choices: tuple | None = None, min: i
     if "=" in help:
         raise ValueError(f"scenario key help must not contain '=': {help!r}")
     meta = {"help": help, "group": group, "choices": choices, "min": min, "check": check}
+    if isinstance(default, dict):   # a mapping key: each Scenario gets its own copy
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -86,6 +90,29 @@ def _gpu_or_none(value: str) -> None:
     if value == "host" or get_device(value).kind != "gpu":
         raise ConfigError(f"'{value}' is not a GPU (a catalog GPU id such as v100-16gb, a GPU device file, "
                           f"or {NO_GPU})")
+
+
+def _resource(item: tuple[str, float]) -> None:
+    """``resources``: a Ray resource name and a positive amount; CPU and GPU may be fractional, as in Ray."""
+    name, amount = item
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"resource name {name!r} is not a Ray resource name (letters, digits, _ - . : /)")
+    if amount <= 0:
+        raise ConfigError(f"{name}: the amount must be > 0, got {amount:g}")
+
+
+def _accelerator(value: str) -> None:
+    if not _NAME.fullmatch(value):
+        raise ConfigError(f"{value!r} is not an accelerator type (letters, digits, _ - .; e.g. V100, T4, A100)")
+
+
+def _label(item: tuple[str, str]) -> None:
+    for part in item:
+        if not _NAME.fullmatch(part):
+            raise ConfigError(f"{part!r} is not a node label key or value (letters, digits, _ - . : /)")
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -164,6 +191,14 @@ class Scenario:
     perplexity_chunks: int = _key(4, "chunks scored per quant (cost: chunks x ctx tokens per model)",
                                   "budget", min=1)
 
+    # ---- where a Ray batch runs it --------------------------------------------------------------
+    resources: dict[str, float] = _key({}, "Ray resources each run needs, name: amount (GPU, "
+                                       "bench, a custom resource); {}: one CPU", "fleet", check=_resource)
+    accelerator_type: str | None = _key(None, "GPU type the node must have, as Ray names it (V100, "
+                                           "T4, A100); None: any", "fleet", check=_accelerator)
+    node_labels: dict[str, str] = _key({}, "labels the node must carry (ray start --labels); {}: any",
+                                       "fleet", check=_label)
+
     def __post_init__(self):
         hints = _hints()
         for f in fields(self):
@@ -176,6 +211,10 @@ class Scenario:
         if self.perplexity_ctx % 2:
             raise ConfigError(f"perplexity_ctx: must be even, got {self.perplexity_ctx}")
         self.run_config()  # RunConfig's own validation, with its messages naming the key
+
+    def __hash__(self):   # by value, mapping keys included (the notebooks cache per scenario)
+        return hash(tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v
+                          for v in (getattr(self, f.name) for f in fields(self))))
 
     # ---- views --------------------------------------------------------------------------------
     def run_config(self) -> RunConfig:
@@ -227,11 +266,14 @@ def defaults() -> dict[str, Any]:
 
 
 def _shape(annotation) -> tuple[str, Any]:
-    """A Scenario field's annotation as ("list", item type), ("optional", inner annotation) or
-    ("scalar", type) — the three shapes the schema uses; every reader of annotations goes through here."""
+    """A Scenario field's annotation as ("list", item type), ("mapping", (key type, value type)),
+    ("optional", inner annotation) or ("scalar", type) — the shapes the schema uses; every reader of
+    annotations goes through here."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is tuple:
         return "list", args[0]
+    if origin is dict:
+        return "mapping", args
     if origin in (Union, types.UnionType):
         return "optional", next(a for a in args if a is not type(None))
     return "scalar", annotation
@@ -242,6 +284,8 @@ def describe(annotation) -> str:
     kind, inner = _shape(annotation)
     if kind == "list":
         return f"a list of {_PLURAL[inner]}"
+    if kind == "mapping":
+        return f"a mapping of {_PLURAL[inner[0]]} to {_PLURAL[inner[1]]}"
     if kind == "optional":
         return f"{describe(inner)} or null"
     return _SINGULAR[inner]
@@ -270,6 +314,15 @@ def _check(name: str, value, annotation, meta: Mapping[str, Any]):
             return None
         annotation = inner
         kind, inner = _shape(annotation)
+    if kind == "mapping":
+        ktype, vtype = inner
+        if not isinstance(value, Mapping) or not all(_scalar_ok(k, ktype) and _scalar_ok(v, vtype)
+                                                     for k, v in value.items()):
+            raise bad
+        items = {k: _as_float(name, v) if vtype is float else v for k, v in value.items()}
+        for item in items.items():   # a check sees (key, value); choices and min do not apply to mappings
+            _check_limits(name, item, {"check": meta.get("check")})
+        return items
     if kind == "list":
         if not isinstance(value, (list, tuple)):
             raise bad
@@ -329,6 +382,8 @@ def _short(value) -> str:
 
 
 def _plain(value):
+    if isinstance(value, dict):
+        return dict(value)
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -440,6 +495,8 @@ def _literal(value) -> str:
     """A Python literal for a plain parameter value (double-quoted strings, lists)."""
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str):
         return json.dumps(value)
     return repr(value)
@@ -473,6 +530,8 @@ def _annotation_text(annotation) -> str:
     kind, inner = _shape(annotation)
     if kind == "list":
         return f"list[{inner.__name__}]"
+    if kind == "mapping":
+        return f"dict[{inner[0].__name__}, {inner[1].__name__}]"
     if kind == "optional":
         # a string annotation: papermill's parameter parser (translators.PythonTranslator) does not
         # accept "X | None", and a string needs no `from typing import Optional` in the cell

@@ -1,4 +1,5 @@
-"""``v100lab batch PARAMS... [--notebooks GLOB] [--out DIR] [--no-input] [--timeout S] [--force]``.
+"""``v100lab batch PARAMS... [--notebooks GLOB] [--out DIR] [--no-input] [--timeout S] [--force]
+[--engine local|ray] [--address auto|HOST:PORT|ray://HOST:PORT] [--task-timeout S]``.
 
 Every notebook once per parameter file (papermill), an HTML report per run and ``DIR/index.html``;
 see :mod:`v100lab.batch_runner`. A progress bar over the runs with one status line per run goes to
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 
 from v100lab import batch_runner
 from v100lab.errors import ConfigError
+from v100lab.fleet import RayEngine   # imports ray itself, only when the ray engine runs
 from v100lab.safeio import check_creatable, term_text
 
 NAME = "batch"
@@ -38,6 +40,13 @@ def add_arguments(p):
                         "a hung cell must not hold the batch forever)")
     p.add_argument("--force", action="store_true", help="re-run runs whose inputs are unchanged")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: one run after another here (default); ray: one Ray task per run (v100lab.fleet)")
+    p.add_argument("--address", metavar="ADDR", default=None,
+                   help="with --engine ray: auto, HOST:PORT or ray://HOST:PORT of a running cluster "
+                        "(default: start a local Ray instance)")
+    p.add_argument("--task-timeout", type=float, default=0.0, metavar="S",
+                   help="with --engine ray: seconds a run may take once started; 0 = none (default)")
 
 
 def _status_line(r: batch_runner.RunResult) -> str:
@@ -88,6 +97,13 @@ def run(args) -> int:
         raise ConfigError(f"--timeout must be a number of seconds in [0, {MAX_TIMEOUT_S:g}] (0 = none), "
                           f"got {args.timeout:g}")
     timeout = args.timeout or None
+    engine = None
+    if args.engine == "ray":
+        if not math.isfinite(args.task_timeout) or args.task_timeout < 0:
+            raise ConfigError(f"--task-timeout must be a number of seconds >= 0 (0 = none), got {args.task_timeout:g}")
+        engine = RayEngine(args.address, task_timeout=args.task_timeout or None)
+    elif args.address is not None or args.task_timeout:
+        raise ConfigError("--address and --task-timeout go with --engine ray")
     total = len(batch_runner.plan_runs(args.params, notebooks))  # validates every parameter file first
     # the output folder, before anything runs: not a file, creatable, writable
     check_creatable(Path(args.out), what="--out", error=ConfigError, folder=True)
@@ -103,7 +119,7 @@ def run(args) -> int:
     try:
         result = batch_runner.run_batch(args.params, notebooks, args.out, timeout=timeout,
                                     no_input=args.no_input, force=args.force, on_start=on_start,
-                                    on_result=on_result)
+                                    on_result=on_result, engine=engine)
     finally:
         bar.close()
     if args.json:
