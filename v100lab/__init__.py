@@ -19,18 +19,20 @@ third-party dependency (llama_cpp, httpx, pandas, matplotlib, ...).
    ``modelcache`` (the cache directory, atomic verified builds, the default model's tokenizer), ``synth``
    (synthetic models of other architectures), ``zoo`` (aliases → files: default, gemma3-270m, synthetic,
    quant ladders), ``resolve`` (any model argument → (path or None, ModelSpec); building is explicit)
-4. predictions — ``memory`` (the VRAM triangle, feasibility, the ``--fit`` fallback) < ``rates`` (device
-   rates: GPU class fits, host rates from the stored profile) < ``speed`` (work per token, placement, the
-   roofline) < ``serving`` (batched decode under load)
+4. predictions — ``memory`` (the VRAM triangle, feasibility, the ``--fit`` fallback) < ``work`` (bytes and
+   operations of one token per device, before any rate) < ``rates`` (device rates: GPU class fits, host rates
+   from the stored profile) < ``speed`` (placement, the roofline, the two ceilings) < ``serving`` (batched
+   decode under load)
 5. measurement — ``backends`` (``backends.types`` < in-process in a worker, llama-server) < ``monitor``
-   (telemetry while measuring) < ``harness`` (llama-bench-grade measurements of llama.cpp) < ``llamabench`` (llama-bench's output in and out)
-   < ``quality`` (perplexity, KL divergence), ``selftest`` (does this llama.cpp build run here?), ``loadgen``
+   (telemetry while measuring) < ``harness`` (llama-bench-grade measurements of llama.cpp) < ``llamabench``
+   (llama-bench's output in and out) < ``quality`` (perplexity, KL divergence), ``selftest`` (does this llama.cpp build run here?), ``loadgen``
    (serve-bench: load on an OpenAI-compatible server), ``memcheck`` (predicted memory against llama.cpp's)
    < ``calibration`` (measure this host, fit, store the profile)
 6. the seed — ``seed`` (the blog's claims, the staircase, the verdict)
 7. the workbook — ``render`` (escaped display) < ``scenario`` (the params schema) < ``plots`` <
    ``advisor`` (tune), ``doctor`` (log diagnosis) < ``levers`` (one sweep per lever → tidy rows) <
-   ``batch_runner`` (papermill per scenario × notebook, HTML reports, the index)
+   ``batch_runner`` (papermill per scenario × notebook, HTML reports, the index) < ``fleet`` (the same batch
+   fanned out on a Ray cluster)
 8. the ``v100lab`` command — ``commands`` (one module per subcommand) < ``cli`` (the dispatcher) < ``__main__``
 """
 

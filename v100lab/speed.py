@@ -253,7 +253,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             pp_bound=pp_bound, weights_ceiling_tg_tps=ceil, rates_source=r.source)
     # once per token: graph build and launch on the host side (the largest of the devices' figures)
     t_tok = max((rates[k].overhead_token_s for k in active), default=0.0)
-    t_link = _tg_link_time(spec, placement, rates, active)
+    t_link = tg_link_time(spec, placement, rates, active)
     t_total = t_mem_all + t_cmp_all + t_ovh_all + t_tok + t_link
     parts = {"memory": t_mem_all, "compute": t_cmp_all, "overhead": t_ovh_all + t_tok, "host-link": t_link}
     bound = max(parts, key=parts.get)
@@ -279,7 +279,7 @@ def _link_gbs(rates: Mapping[str, DeviceRates]) -> float | None:
     return min(links) if links else None
 
 
-def _tg_link_time(spec, placement, rates, active) -> float:
+def tg_link_time(spec, placement, rates, active) -> float:
     """Activations cross the host link at every change of device along the layers, the input
     embedding goes to the first device and the logits come back (f32)."""
     link = _link_gbs({k: rates[k] for k in active})

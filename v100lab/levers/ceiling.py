@@ -18,6 +18,7 @@ from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
 from v100lab.skeleton import skeleton_spec
 from v100lab.spec import ModelSpec
+from v100lab.work import Placed, decode_work
 from v100lab.levers.triangle import quant_specs
 from v100lab.levers.steps import (conditions, devices_for, lever_frame, measured_rows, parameters,
                                   predict_rows, spec_at_quant, study)
@@ -146,5 +147,5 @@ def flops_per_token(sc: Scenario, spec: ModelSpec | None = None) -> float:
     count: 2 per weight multiplied, 2 per attention multiply-add)."""
     st = study(sc)
     spec = spec or st.spec
-    placed = {st.device.id: speed.Placed(st.device, tuple(range(spec.n_layer)), True)}
-    return sum(w.flops for w in speed.decode_work(spec, placed, sc.run_config(), 0).values())
+    placed = {st.device.id: Placed(st.device, tuple(range(spec.n_layer)), True)}
+    return sum(w.flops for w in decode_work(spec, placed, sc.run_config(), 0).values())

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from v100lab import llama_context, memory, speed
+from v100lab import llama_context, memory
 from v100lab.errors import RunFailed
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
+from v100lab.work import Placed, decode_work
 from v100lab.levers.steps import (HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
                                   lever_frame, measure_sweep, parameters, predict_rows, study)
 
@@ -103,5 +104,5 @@ def kv_read_per_token(sc: Scenario, depth: int, flash_attn: str | None = None) -
     cfg = ctx_for(sc.run_config(), depth + 1)
     if flash_attn is not None:
         cfg = cfg.with_(flash_attn=flash_attn)
-    placed = {st.device.id: speed.Placed(st.device, tuple(range(st.spec.n_layer)), True)}
-    return sum(w.kv_bytes for w in speed.decode_work(st.spec, placed, cfg, depth).values())
+    placed = {st.device.id: Placed(st.device, tuple(range(st.spec.n_layer)), True)}
+    return sum(w.kv_bytes for w in decode_work(st.spec, placed, cfg, depth).values())

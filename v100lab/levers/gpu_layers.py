@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from v100lab import memory, speed
 from v100lab.config import ALL_LAYERS
+from v100lab.rates import rates_for
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
+from v100lab.work import decode_work
 from v100lab.levers.steps import (bench_tests, conditions, ctx_for, devices_for, gpu_backend, gpu_subject,
                                   lever_frame, measure_sweep, parameters, predict_rows, study)
 
@@ -72,7 +74,7 @@ def spill_effect(sc: Scenario):
         fitted = cfg.with_(n_gpu_layers=ngl)
         p_fit = speed.predict(gpu.spec, devs, fitted, depth=depth, n_prompt=max(1, sc.n_prompt))
         p_all = speed.predict(gpu.spec, [gpu.device], cfg, depth=depth, n_prompt=max(1, sc.n_prompt))
-        kv_read = sum(w.kv_bytes for w in speed.decode_work(
+        kv_read = sum(w.kv_bytes for w in decode_work(
             gpu.spec, speed.placement_for(gpu.spec, [gpu.device], cfg), cfg, depth).values())
         common = dict(model=gpu.label, quant=gpu.spec.file_type, device=gpu.device.id, lever="n_ctx",
                       value=str(n_ctx), source="predicted")
@@ -99,13 +101,13 @@ def offload_split(sc: Scenario, n_gpu_layers: int) -> dict[str, float]:
     devs = devices_for(gpu.device)
     cfg = sc.run_config().with_(n_gpu_layers=n_gpu_layers)
     placement = speed.placement_for(gpu.spec, devs, cfg)
-    work = speed.decode_work(gpu.spec, placement, cfg, 0)
-    rates = {k: speed.rates_for(p.device, cfg) for k, p in placement.items()}
+    work = decode_work(gpu.spec, placement, cfg, 0)
+    rates = {k: rates_for(p.device, cfg) for k, p in placement.items()}
     active = [k for k, w in work.items() if w.layers or w.has_output]
     out = {"device_s": 0.0, "host_s": 0.0}
     for k, w in work.items():
         side = "host_s" if placement[k].device.kind == "cpu" else "device_s"
         out[side] += w.weight_bytes_read / (placement[k].device.bandwidth_gbs * 1e9)
-    out["link_s"] = speed._tg_link_time(gpu.spec, placement, rates, active)
+    out["link_s"] = speed.tg_link_time(gpu.spec, placement, rates, active)
     out["total_s"] = out["device_s"] + out["host_s"] + out["link_s"]
     return out

@@ -4,10 +4,11 @@ measured through llama-server when its binary is here, beside the single-stream 
 
 from __future__ import annotations
 
-from v100lab import harness, speed
+from v100lab import harness
 from v100lab.backends.server import find_llama_server
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
+from v100lab.work import Placed, decode_work
 from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, measured_rows, parameters, predict_rows, study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repetitions")
@@ -69,8 +70,8 @@ def parallel_sweep(sc: Scenario):
 
 
 def _aggregate_ceiling(spec, device, cfg, slots: int, depth: int) -> float:
-    placed = {device.id: speed.Placed(device, tuple(range(spec.n_layer)), True)}
-    w = speed.decode_work(spec, placed, cfg, depth)[device.id]
+    placed = {device.id: Placed(device, tuple(range(spec.n_layer)), True)}
+    w = decode_work(spec, placed, cfg, depth)[device.id]
     step_bytes = w.weight_bytes_read + slots * (w.kv_bytes + w.state_bytes)
     return slots * device.bandwidth_gbs * 1e9 / step_bytes
 
