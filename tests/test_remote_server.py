@@ -42,7 +42,8 @@ def remote(default_model, tmp_path_factory):
     """llama-cpp-python's server serving the default model, started outside v100lab's harness."""
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] not installed")
     port = free_port()
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    log = log_path.open("w")  # noqa: SIM115  (the server writes to it until the module's tests end)
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(default_model), "--host",
                              "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--n_threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
@@ -56,7 +57,7 @@ def remote(default_model, tmp_path_factory):
                 break
             except RunFailed:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"llama_cpp.server did not start: {open(log.name).read()[-2000:]}")
+                    pytest.fail(f"llama_cpp.server did not start: {log_path.read_text()[-2000:]}")
                 time.sleep(0.3)
         yield url
     finally:
@@ -104,3 +105,12 @@ def test_load_time_sweep_and_load_log_skipped_with_reason(remote):
 def test_no_server_at_the_url_is_the_reason():
     st = study(_scenario(f"http://127.0.0.1:{free_port()}"))
     assert not st.measuring and st.why_not_measured.startswith("the remote llama-server at http://127.0.0.1:")
+
+
+def test_steps_that_load_llama_cpp_predict_and_say_why(remote):
+    sc = _scenario(remote, quants=["Q4_0"])
+    diag = levers.load_diagnosis(sc)                             # llama.cpp's load log: read only for a load here
+    assert "nothing loaded" in " ".join(diag["value"]) and any("load log" in s for s in diag["source"])
+    ladder = levers.quant_ladder(sc)                             # other models: a restart per rung
+    assert not (ladder["source"] == "measured").any()
+    assert "restart per value" in ladder.attrs["why_not_measured"]

@@ -213,6 +213,19 @@ def _restarts(configs: Sequence[RunConfig]) -> bool:
     return any(c != configs[0] for c in configs[1:])
 
 
+def loading_study(sc: Scenario, load_log: bool = False) -> Study:
+    """The study of a step that loads llama.cpp with flags of its own — several load-time values, other models,
+    llama.cpp's load log (``load_log``): :func:`study`, or, when the scenario measures through a remote
+    llama-server, that study measuring nothing with the reason (:meth:`Study.why_not_restarted`,
+    :meth:`Study.why_no_load_log`), so the step predicts and says why, as for any study that does not measure."""
+    st = study(sc)
+    if not st.remote:
+        return st
+    why = st.why_no_load_log() if load_log else st.why_not_restarted()
+    return replace(st, measured=None, measured_path=None, measured_spec=None, measured_label="",
+                   why_not_measured=why)
+
+
 @dataclass(frozen=True)
 class Target:
     """A model predicted on a device, for the lessons about what fits on a GPU (01, 05)."""
