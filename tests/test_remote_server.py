@@ -43,7 +43,7 @@ def remote(default_model, tmp_path_factory):
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] not installed")
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    log = log_path.open("w")  # noqa: SIM115  (the server writes to it until the module's tests end)
+    log = log_path.open("w")  # the server writes to it until the module's tests end
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(default_model), "--host",
                              "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--n_threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
