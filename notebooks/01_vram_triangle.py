@@ -31,6 +31,7 @@ stand_in_model: "Optional[str]" = None    # model measured here when `model` is 
 device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
 compare_gpu: str = "v100-16gb"            # GPU predicted beside this machine when `device` is a CPU: the seed's model on it (01 what fits, 05 -ngl and the spill); none: no GPU
 measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
+server_url: "Optional[str]" = None        # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 
 # -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
 n_gpu_layers: int = 999                   # -ngl: layers offloaded to the GPU (999: all)

@@ -31,6 +31,7 @@ stand_in_model: "Optional[str]" = None    # model measured here when `model` is 
 device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
 compare_devices: list[str] = []           # catalog ids to compare the ceiling across (02); []: the whole catalog
 measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
+server_url: "Optional[str]" = None        # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 claims: str = "seed"                      # reference rows to plot: seed (the blog post's claimed figures) or none
 
 # -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)

@@ -30,6 +30,7 @@ model: str = "default"                  # model studied: GGUF path, http(s) URL 
 stand_in_model: "Optional[str]" = None  # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
 device: str = "host"                    # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
 measure: bool = True                    # run real llama.cpp measurements here (False: predictions only)
+server_url: "Optional[str]" = None      # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 
 # -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
 n_ctx: int = 4096                       # -c: context size in tokens (0: the model's training context)

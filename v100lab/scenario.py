@@ -37,6 +37,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -115,6 +116,19 @@ def _label(item: tuple[str, str]) -> None:
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
 
 
+def _server_url(value: str) -> None:
+    """``server_url``: http:// or https://, a host and a port, no path (or just "/"), no query or user info."""
+    try:
+        u = urlsplit(value)
+        port = u.port
+    except ValueError as exc:
+        raise ConfigError(f"{value!r} is not a URL: {exc}") from None
+    if u.scheme not in ("http", "https") or not u.hostname or port is None or u.path not in ("", "/") \
+            or u.query or u.fragment or u.username or u.password or any(c.isspace() for c in value):
+        raise ConfigError(f"{value!r} is not a llama-server address: write http://HOST:PORT "
+                          "(or https://), with no path")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One validated scenario (see the module docstring). Build with ``load_scenario``/``from_notebook``."""
@@ -135,6 +149,9 @@ class Scenario:
                             "scenario", check=_gpu_or_none)
     measure: bool = _key(True, "run real llama.cpp measurements here (False: predictions only)",
                          "scenario")
+    server_url: str | None = _key(None, "an already running llama-server measured instead of this machine, "
+                                  "http://HOST:PORT; flags it was started with stay (None: llama.cpp here)",
+                                  "scenario", check=_server_url)
     claims: str = _key("seed", "reference rows to plot: seed (the blog post's claimed figures) "
                        "or none", "scenario", choices=CLAIMS)
 

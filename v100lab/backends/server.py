@@ -135,6 +135,29 @@ def _stream(url: str, body: dict, timeout: float = 600.0):
 # backend
 # --------------------------------------------------------------------------------------------
 
+def served_model(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """What an already running server at ``url`` serves, as it reports it: ``{"kind", "url", "model"}`` —
+    llama-server's ``/props`` ``model_path``, or the first ``/v1/models`` id of llama-cpp-python's server (its
+    model path unless started with an alias). ``model`` is "" when the server does not say. A URL where no
+    llama server answers raises :class:`MeasureFailed` with the reason."""
+    url = url.rstrip("/")
+    kind = ServerSession.probe(url)
+    model = ""
+    try:
+        if kind == "llama-server":
+            status, body = _request(url + "/props", timeout=timeout)
+            if status == 200 and isinstance(body, dict):
+                model = str(body.get("model_path") or "")
+        if not model:
+            status, body = _request(url + "/v1/models", timeout=timeout)
+            data = body.get("data") if status == 200 and isinstance(body, dict) else None
+            if isinstance(data, list) and data and isinstance(data[0], dict):
+                model = str(data[0].get("id") or "")
+    except _HTTPError as exc:
+        raise MeasureFailed(f"{url} stopped answering: {exc}") from None
+    return {"kind": kind, "url": url, "model": model}
+
+
 class ServerBackend:
     """Measure through a llama-server (running at ``url``, or started from ``binary``) or llama-cpp-python's
     server (``kind="llama-cpp-python"``, started with this Python). See the module docstring."""
@@ -307,23 +330,28 @@ class ServerSession:
                             self._parse_log())
 
     def _probe(self) -> str:
-        """What answers at the URL: "llama-server", "llama-cpp-python" (OpenAI-style), or not a llama server."""
+        return self.probe(self.url)
+
+    @staticmethod
+    def probe(url: str) -> str:
+        """What answers at ``url``: "llama-server", "llama-cpp-python" (OpenAI-style), or not a llama server
+        (MeasureFailed)."""
         try:
-            status, body = _request(self.url + "/health", timeout=10)
+            status, body = _request(url + "/health", timeout=10)
         except _HTTPError as exc:
-            raise MeasureFailed(f"no server at {self.url}: {exc}") from None
+            raise MeasureFailed(f"no server at {url}: {exc}") from None
         if status == 200 and isinstance(body, dict) and body.get("status") == "ok":
             return "llama-server"
         if status == 503 and isinstance(body, dict):
-            raise MeasureFailed(f"llama-server at {self.url} is not ready: {body}")
+            raise MeasureFailed(f"llama-server at {url} is not ready: {body}")
         try:
-            st2, models = _request(self.url + "/v1/models", timeout=10)
-            st3, _ = _request(self.url + "/extras/tokenize/count", {"input": "a"}, timeout=10)
+            st2, models = _request(url + "/v1/models", timeout=10)
+            st3, _ = _request(url + "/extras/tokenize/count", {"input": "a"}, timeout=10)
         except _HTTPError as exc:
-            raise MeasureFailed(f"{self.url} is not a llama server: {exc}") from None
+            raise MeasureFailed(f"{url} is not a llama server: {exc}") from None
         if st2 == 200 and isinstance(models, dict) and isinstance(models.get("data"), list) and st3 == 200:
             return "llama-cpp-python"
-        raise MeasureFailed(f"{self.url} is not a llama server: GET /health answered {status}, "
+        raise MeasureFailed(f"{url} is not a llama server: GET /health answered {status}, "
                             f"GET /v1/models answered {st2}")
 
     def _describe(self) -> None:

@@ -12,7 +12,8 @@ from v100lab.render import publish_headline
 from v100lab.results import compare
 from v100lab.scenario import Scenario
 from v100lab.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
-                                  gpu_backend, lever_frame, measure_sweep, parameters, predict_rows, study)
+                                  gpu_backend, lever_frame, loading_study, measure_sweep, parameters, predict_rows,
+                                  study)
 
 PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_threads", "n_prompt", "n_gen", "repetitions")
@@ -68,7 +69,7 @@ def load_diagnosis(sc: Scenario):
     Without a measurement: the plan for the scenario's model on its device."""
     import pandas as pd  # heavy third-party dependency
 
-    st = study(sc)
+    st = loading_study(sc, load_log=True)
     cfg = sc.run_config()
     rows: list[tuple[str, str, str]] = []
     if not st.measuring:

@@ -117,7 +117,7 @@ def roofline(sc: Scenario):
     failures = []
     if st.measuring and sc.n_gen:
         got = run_tests(str(st.measured_path), cfg, [f"tg{sc.n_gen}"], [0], sc.repetitions, monitor=False,
-                        lever="quant", value=spec.file_type)
+                        lever="quant", value=spec.file_type, backend=st.backend)
         obs, failures = measured_rows(got, label)
         rows += obs
 

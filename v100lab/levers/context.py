@@ -9,7 +9,7 @@ from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.work import Placed, decode_work
 from v100lab.levers.steps import (HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
-                                  lever_frame, measure_sweep, parameters, predict_rows, study)
+                                  lever_frame, measure_sweep, parameters, predict_rows, loading_study, study)
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "flash_attn", "swa_full", "n_threads", "ctx_sizes",
                         "cache_types", "depths", "n_gen", "repetitions")
@@ -19,7 +19,7 @@ def kv_memory(sc: Scenario):
     """KV cache (and recurrent state) bytes for every context × cache type: predicted for the scenario's
     model, and for the measured model both predicted and read from llama.cpp's load log (lever "n_ctx", the
     cache type in ``cache_type``)."""
-    st = study(sc)
+    st = loading_study(sc, load_log=True)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []
     models = [] if st.same_model_here else [(st.spec, st.label, st.device.id, False)]
@@ -75,7 +75,7 @@ def quantized_v(sc: Scenario):
     memory plan predicts (KV bytes, llama.cpp's refusal) and what llama.cpp does here when it loads."""
     import pandas as pd  # heavy third-party dependency
 
-    st = study(sc)
+    st = loading_study(sc, load_log=True)
     spec = st.measured_spec if st.measuring else st.spec
     out = []
     for fa, ctv in (("off", "f16"), ("off", "q8_0"), ("on", "q8_0")):

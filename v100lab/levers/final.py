@@ -18,7 +18,7 @@ from v100lab.seed import load_seed_claims
 from v100lab.skeleton import parse_skeleton_name
 from v100lab.zoo import cache_dir
 from v100lab.levers.steps import (MIB, ctx_for, gpu_host, lever_frame, measured_rows, parameters, predict_rows,
-                                  spec_at_quant, stage_model, study, threads_text, with_note)
+                                  spec_at_quant, stage_model, loading_study, study, threads_text, with_note)
 
 PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
 
@@ -29,7 +29,7 @@ def final_config(sc: Scenario):
     device with a margin at ``target_ctx`` and ``n_parallel``, over ``quants`` when the model is a skeleton
     family or a synthetic ladder; measured and chosen by measurement when the device is this machine and the
     scenario measures. Cached per scenario (the notebook's cells share it)."""
-    st = study(sc)
+    st = loading_study(sc)
     model = sc.model
     quants = None
     # the scenario's quants of 4 bits and more (advisor.DEFAULT_QUANTS: the seed's own quality verdict on
@@ -145,7 +145,7 @@ def own_staircase(sc: Scenario):
     stage's flags (lever "stage"). Predicted and measured decode are both taken halfway through the
     context the tuned configuration must hold (depth ``target_ctx // 2``, as ``advisor.tune`` ranks), so the
     two are comparable."""
-    st = study(sc)
+    st = loading_study(sc)
     tuned = final_config(sc)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []

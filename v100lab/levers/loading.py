@@ -11,7 +11,7 @@ from v100lab.config import RunConfig
 from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.worker import WorkerCrashed
-from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, parameters, study
+from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, parameters, loading_study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "n_prompt", "repetitions")
 
@@ -56,7 +56,7 @@ def mmap_mlock(sc: Scenario):
     """Loading with each of :data:`MODES` (mmap, --no-mmap, --mlock, both) — the time to load the model and create the context,
     and the time to the first token after it (pp + one decoded token), measured here (lever "load_mode").
     The speed model does not model loading, so these rows have no prediction."""
-    st = study(sc)
+    st = loading_study(sc)
     rows: list[Observation] = []
     failures: list[dict[str, str]] = []
     if not st.measuring:

@@ -9,7 +9,8 @@ from v100lab.backends.server import find_llama_server
 from v100lab.results import TPS, Observation
 from v100lab.scenario import Scenario
 from v100lab.work import Placed, decode_work
-from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, measured_rows, parameters, predict_rows, study
+from v100lab.levers.steps import (HOST, conditions, ctx_for, lever_frame, loading_study, measured_rows, parameters,
+                                  predict_rows, study)
 
 PARAMETERS = parameters("n_ctx", "n_threads", "parallel_slots", "n_gen", "repetitions")
 
@@ -26,8 +27,9 @@ def parallel_sweep(sc: Scenario):
     per stream, measured; beside them what the model says — the one-stream prediction (at one slot: the speed
     model predicts one stream) and, for every slot count, the bandwidth ceiling of all slots together and of
     each stream (:func:`aggregate_ceiling`: one step reads the weights once for every slot; lever
-    "n_parallel", metrics "tg_tps" total and "tg_tps_per_stream")."""
-    st = study(sc)
+    "n_parallel", metrics "tg_tps" total and "tg_tps_per_stream"). A remote llama-server is not restarted
+    per slot count: predictions only, with the reason."""
+    st = loading_study(sc)
     vals = list(sc.parallel_slots)
     rows: list[Observation] = []
     spec, label, device = (st.measured_spec, st.measured_label, st.host) if st.measuring else \

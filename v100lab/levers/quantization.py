@@ -12,7 +12,7 @@ from v100lab.scenario import Scenario
 from v100lab.skeleton import arch_spec_of, skeleton_spec
 from v100lab.levers.by_hand import value_of
 from v100lab.levers.steps import (HOST, bench_tests, conditions, ctx_for, lever_frame, measured_rows,
-                                  parameters, predict_rows, spec_at_quant, study, threads_text)
+                                  parameters, predict_rows, spec_at_quant, loading_study, study, threads_text)
 from v100lab.levers.triangle import quant_specs
 
 PARAMETERS = parameters("n_threads", "quants", "ladder_model", "n_prompt", "n_gen", "repetitions", "perplexity_ctx",
@@ -23,7 +23,7 @@ def quant_ladder(sc: Scenario):
     """The quant ladder. When measuring: ``ladder_model``'s real ladder, built here by llama.cpp's quantizer
     and measured (decode, prompt, file size) beside the prediction from each file's own header; otherwise the scenario's
     model predicted on its device per quant (decode, prompt, file bytes). Lever "quant"."""
-    st = study(sc)
+    st = loading_study(sc)
     cfg = ctx_for(sc.run_config(), sc.n_prompt + sc.n_gen + 1)
     rows: list[Observation] = []
     base_label = st.label
@@ -73,6 +73,8 @@ def quality_ladder(sc: Scenario):
     if not sc.measure:
         return lever_frame(rows, why_not_measured="the scenario says measure: false",
                       corpus=quality.CORPUS_NAME)
+    if study(sc).remote:     # the ladder is loaded here, rung by rung: not what a remote server measures
+        return lever_frame(rows, why_not_measured=study(sc).why_not_restarted(), corpus=quality.CORPUS_NAME)
     ref = f"{QUALITY_LADDER}:F16"
     results = [quality.evaluate(ref, None, n_ctx=sc.perplexity_ctx, n_chunks=sc.perplexity_chunks,
                                 n_threads=sc.n_threads or None)]
@@ -89,7 +91,7 @@ def rung_spec(sc: Scenario, quant: str):
     """The header of one rung of the ladder this notebook shows: the file built here when measuring (the
     ``ladder_model``'s), else the scenario's model described at ``quant``."""
     q = quant.upper()
-    if study(sc).measuring:
+    if loading_study(sc).measuring:
         return read_spec(zoo.ladder(sc.ladder_model, tuple(x.upper() for x in sc.quants))[q])
     return spec_at_quant(sc.model, q)
 

@@ -17,10 +17,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab import harness, speed, zoo
 from v100lab.backends.inprocess import cpu_gpu_info
+from v100lab.backends.server import served_model
 from v100lab.calibration import measured_host
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
-from v100lab.errors import ConfigError, V100labError
+from v100lab.errors import ConfigError, RunFailed, V100labError
 from v100lab.llama_context import CTX_PAD, pad
 from v100lab.loadlog import load_and_capture
 from v100lab.memory import fit_gpu_layers
@@ -39,7 +40,7 @@ MIB = 2**20
 
 # The scenario keys :func:`study` reads (what is studied, for which device, what is measured here): every
 # notebook reads them, so every notebook's parameters cell holds them.
-STUDY_PARAMETERS = ("model", "stand_in_model", "device", "measure")
+STUDY_PARAMETERS = ("model", "stand_in_model", "device", "measure", "server_url")
 
 
 def parameters(*names: str) -> tuple[str, ...]:
@@ -94,15 +95,42 @@ class Study:
     measured_spec: ModelSpec | None
     measured_label: str              # "" when nothing is measured
     why_not_measured: str            # "" when measuring
+    server_url: str | None = None    # measuring through an already running llama-server (sc.server_url)
 
     @property
     def measuring(self) -> bool:
         return self.measured is not None
 
     @property
+    def remote(self) -> bool:
+        """Measurements go to the scenario's running llama-server, not to llama.cpp on this machine."""
+        return self.measuring and self.server_url is not None
+
+    @property
+    def backend(self) -> str | None:
+        """The harness backend every measurement of this study uses (None: the harness's default, here)."""
+        return f"server:{self.server_url}" if self.remote else None
+
+    def why_not_restarted(self) -> str:
+        """Why a measurement that needs llama.cpp loaded with other load-time flags (another -c, -ctk/-ctv,
+        -fa, -ngl, -b/-ub, -t, load mode, -np, another model) is not made: "" when measuring here."""
+        if not self.remote:
+            return ""
+        return (f"the remote llama-server at {self.server_url} was started with its own flags; this sweep needs a "
+                "restart per value, which v100lab does not do to a server it did not start")
+
+    def why_no_load_log(self) -> str:
+        """Why llama.cpp's load log cannot be read: "" when measuring here."""
+        if not self.remote:
+            return ""
+        return (f"the remote llama-server at {self.server_url} loaded its model with its own flags; llama.cpp's "
+                "load log is read here only for a model loaded here, and v100lab does not restart a server it "
+                "did not start")
+
+    @property
     def same_model_here(self) -> bool:
         """The scenario predicts for this machine and measures its own model: one set of predictions."""
-        return self.measuring and self.device.id == HOST and not self.sc.is_stand_in and \
+        return self.measuring and not self.remote and self.device.id == HOST and not self.sc.is_stand_in and \
             self.measured_spec == self.spec
 
     @property
@@ -127,6 +155,8 @@ def study(sc: Scenario) -> Study:
     mpath = mspec = None
     if not sc.measure:
         why = "the scenario says measure: false"
+    elif sc.server_url:
+        return _remote_study(sc, spec, label, device, host)
     elif is_skeleton_name(measured):
         why = f"{sc.model} is a header-only skeleton (no weights) and the scenario names no stand_in_model"
     elif measured.lower().startswith(("http://", "https://")):
@@ -145,6 +175,55 @@ def study(sc: Scenario) -> Study:
         return Study(sc, spec, label, device, host, None, None, None, "", why)
     mlabel = _label(mspec, measured) + (" (stand-in)" if sc.is_stand_in else "")
     return Study(sc, spec, label, device, host, measured, mpath, mspec, mlabel, "")
+
+
+def _remote_study(sc: Scenario, spec: ModelSpec, label: str, device, host) -> Study:
+    """The study of a scenario measured through its running llama-server: the model measured is the one the
+    server reports serving (not the scenario's stand-in); its header is read when the file is readable here,
+    else the scenario's model stands for it in predictions."""
+    try:
+        served = served_model(sc.server_url)
+    except V100labError as exc:
+        return Study(sc, spec, label, device, host, None, None, None, "",
+                     f"the remote llama-server at {sc.server_url} cannot be measured: {exc}", sc.server_url)
+    measured = served["model"] or sc.server_url
+    try:
+        mspec = resolve(measured).spec
+    except V100labError:
+        mspec = spec
+    mlabel = _label(mspec, measured) + " (remote)"
+    return Study(sc, spec, label, device, host, measured, Path(measured), mspec, mlabel, "", sc.server_url)
+
+
+class Failures(list):
+    """The failed measurements of a step, and ``not_measured``: why its measured sweep was not run at all
+    ("" when it was). :func:`lever_frame` shows it as the frame's ``why_not_measured``."""
+
+    not_measured: str = ""
+
+
+def _skipped(why: str) -> tuple[list[Observation], Failures]:
+    failures = Failures()
+    failures.not_measured = why
+    return [], failures
+
+
+def _restarts(configs: Sequence[RunConfig]) -> bool:
+    """Whether measuring ``configs`` needs llama.cpp loaded more than one way (a load-time lever)."""
+    return any(c != configs[0] for c in configs[1:])
+
+
+def loading_study(sc: Scenario, load_log: bool = False) -> Study:
+    """The study of a step that loads llama.cpp with flags of its own — several load-time values, other models,
+    llama.cpp's load log (``load_log``): :func:`study`, or, when the scenario measures through a remote
+    llama-server, that study measuring nothing with the reason (:meth:`Study.why_not_restarted`,
+    :meth:`Study.why_no_load_log`), so the step predicts and says why, as for any study that does not measure."""
+    st = study(sc)
+    if not st.remote:
+        return st
+    why = st.why_no_load_log() if load_log else st.why_not_restarted()
+    return replace(st, measured=None, measured_path=None, measured_spec=None, measured_label="",
+                   why_not_measured=why)
 
 
 @dataclass(frozen=True)
@@ -307,17 +386,20 @@ def lever_rows(sc: Scenario, lever: str, values: Sequence[Any], cfg_of, tests: S
             if not st.same_model_here:
                 rows += predict_rows(st.spec, st.label, st.device, cfg, lever=lever, value=v, depth=depth,
                                      n_prompt=n_prompt, n_gen=sc.n_gen, metrics=metrics + ("physical_ceiling_tg_tps",))
-            if st.measuring:
+            if st.measuring and not st.remote:
                 rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever=lever, value=v,
                                      depth=depth, n_prompt=n_prompt, n_gen=sc.n_gen,
                                      metrics=metrics + ("physical_ceiling_tg_tps",))
     obs, failures = [], []
     if st.measuring and tests:
-        got = []
-        for v in values:
-            got += harness.run_tests(str(st.measured_path), cfg_of(v), list(tests), [depth], sc.repetitions,
-                                   backend=backend, monitor=False, lever=lever, value=v)
-        obs, failures = measured_rows(got, st.measured_label)
+        if st.remote and _restarts([cfg_of(v) for v in values]):
+            obs, failures = _skipped(st.why_not_restarted())
+        else:
+            got = []
+            for v in values:
+                got += harness.run_tests(str(st.measured_path), cfg_of(v), list(tests), [depth], sc.repetitions,
+                                         backend=st.backend or backend, monitor=False, lever=lever, value=v)
+            obs, failures = measured_rows(got, st.measured_label)
     return rows + obs, failures
 
 
@@ -335,21 +417,40 @@ def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, 
                   depths: Sequence[int] = (0,), backend: str | None = None, model: str | None = None):
     """Measured rows of a bench sweep of the measured model on this machine (one model load per value).
 
-    Returns (observations, failures)."""
+    Through a remote llama-server (``st.remote``) only request-time levers are measured (depth, or a lever
+    whose values all give one configuration); a load-time sweep returns no rows and says why
+    (``Failures.not_measured``). Returns (observations, failures)."""
     if not st.measuring or not tests:
         return [], []
+    if st.remote and (model is not None or _restarts([_swept_config(cfg, lever, v) for v in values])):
+        return _skipped(st.why_not_restarted())
     rows = harness.sweep(str(model or st.measured_path), cfg, lever, list(values), tests=list(tests),
-                       depths=list(depths), repetitions=st.sc.repetitions, backend=backend, results=None,
-                       progress=False, monitor=False)
+                         depths=list(depths), repetitions=st.sc.repetitions, backend=st.backend or backend,
+                         results=None, progress=False, monitor=False)
     return measured_rows(rows, st.measured_label)
+
+
+def _swept_config(cfg: RunConfig, lever: str, value: Any) -> RunConfig:
+    """The configuration :func:`v100lab.harness.sweep` loads for one value of ``lever`` (depth and model
+    values leave it as it is)."""
+    if lever in ("n_depth", "model"):
+        return cfg
+    if lever == "cache_type":
+        return cfg.with_(cache_type_k=value, cache_type_v=value)
+    return cfg.with_(**{lever: value})
 
 
 def lever_frame(rows: Iterable[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
     """A step's tidy frame: measured and claimed decode rows flagged against the physical ceilings the rows
-    predict (:func:`v100lab.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``."""
+    predict (:func:`v100lab.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``.
+    A sweep that was not measured (:class:`Failures` ``not_measured``) says why in ``why_not_measured``
+    unless the step gave one."""
     df = flag_above_ceiling(tidy_frame(rows))
     df.attrs["failures"] = list(failures)
     df.attrs.update(attrs)
+    skipped = getattr(failures, "not_measured", "")
+    if skipped and not df.attrs.get("why_not_measured"):
+        df.attrs["why_not_measured"] = skipped
     return df
 
 
@@ -369,8 +470,11 @@ def with_note(o: Observation, note: str) -> Observation:
 
 def capture_load(st: Study, cfg: RunConfig):
     """Load the measured model with ``cfg`` and return llama.cpp's load facts (None when not measuring).
-    The load runs in a worker process (a crash raises WorkerCrashed, a RunFailed)."""
+    The load runs in a worker process (a crash raises WorkerCrashed, a RunFailed). Through a remote
+    llama-server nothing is loaded here: RunFailed with :meth:`Study.why_no_load_log`."""
     if not st.measuring:
         return None
+    if st.remote:
+        raise RunFailed(st.why_no_load_log())
     facts, _ = call_isolated(load_and_capture, st.measured_path, cfg, what=f"loading {st.measured_path.name}")
     return facts

@@ -15,7 +15,7 @@ from v100lab.results import Observation
 from v100lab.scenario import Scenario
 from v100lab.spec import ModelSpec
 from v100lab.levers.steps import (beside, capture_load, COMPONENTS, conditions, devices_for, lever_frame, GIB, HOST,
-                                   spec_at_quant, study, parameters)
+                                   spec_at_quant, loading_study, study, parameters)
 
 PARAMETERS = parameters("compare_gpu", "n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_parallel", "swa_full", "quants", "ctx_sizes", "cache_types")
@@ -69,7 +69,7 @@ def memory_breakdown(sc: Scenario):
     when measuring — llama.cpp's own buffer sizes for the measured model here beside their prediction.
 
     Lever "component"; metric "bytes" (and "capacity_bytes"); ``group`` names the rows shown together."""
-    st = study(sc)
+    st = loading_study(sc, load_log=True)
     cfg = sc.run_config()
     rows: list[Observation] = []
     if not st.same_model_here:
