@@ -82,6 +82,9 @@ levers.agree(f"the ceiling of {spec.file_type} on {dev.id}", ceiling,
 
 # %% tags=["by-hand"]
 multiplied = spec.n_params - sum(t.n_elements for t in levers.not_multiplied(spec))
+experts = levers.expert_tensors(spec)                     # MoE: a token multiplies its top-k experts only
+if experts:
+    multiplied -= (1 - spec.expert_used_count / spec.expert_count) * sum(t.n_elements for t in experts)
 flops = 2 * multiplied                                    # one multiply-add per weight used
 print(f"{multiplied / 1e6:,.1f} M weights multiplied per token → {flops / 1e9:.3f} GFLOP per token")
 levers.agree("FLOPs per decoded token", flops, levers.flops_per_token(sc), "FLOP")

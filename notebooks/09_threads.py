@@ -69,6 +69,9 @@ levers.caption_threads(sc, threads)
 # %% tags=["by-hand"]
 spec, machine, label = levers.subject(sc)
 multiplied = spec.n_params - sum(t.n_elements for t in levers.not_multiplied(spec))
+experts = levers.expert_tensors(spec)                     # MoE: a token multiplies its top-k experts only
+if experts:
+    multiplied -= (1 - spec.expert_used_count / spec.expert_count) * sum(t.n_elements for t in experts)
 flops = 2 * multiplied
 levers.agree(f"FLOPs per token of {label}", flops, levers.flops_per_token(sc, spec), "FLOP")
 most = max(levers.thread_values(sc))

@@ -71,6 +71,9 @@ levers.caption_parallel(sc, par)
 st = levers.study(sc)
 spec, dev = st.spec, st.device
 read = spec.weight_bytes - sum(t.n_bytes for t in levers.not_multiplied(spec))   # weights one step reads
+experts = levers.expert_tensors(spec)   # MoE: the top-k share of the experts, as the speed model counts it
+if experts:
+    read -= (1 - spec.expert_used_count / spec.expert_count) * sum(t.n_bytes for t in experts)
 layers = levers.kv_layers(spec)
 heads = spec.n_head_kv(layers[0])
 cell = heads * (spec.head_dim_k * levers.bytes_per_element(sc.cache_type_k)

@@ -41,7 +41,7 @@ from v100lab.levers.steps import (
     predict_rows, measure_sweep, capture_load, stage_model, Target, beside, gpu_subject, conditions,
 )
 from v100lab.levers.by_hand import (
-    agree, value_of, kv_layers, bytes_per_element, not_multiplied, output_bytes, subject,
+    agree, value_of, kv_layers, bytes_per_element, not_multiplied, expert_tensors, output_bytes, subject,
 )
 from v100lab.levers.overview import notebook_map, scenario_facts, staircase, seed_stage
 from v100lab.levers.triangle import (
@@ -75,7 +75,7 @@ from v100lab.levers.captions import (
 __all__ = [
     'SKELETON_PREFIX', 'HOST', 'GIB', 'MIB', 'COMPONENTS', 'STUDY_PARAMETERS',
     'spec_at_quant', 'Study', 'study', 'gpu_backend', 'gpu_host', 'predict_rows', 'measure_sweep', 'capture_load',
-    'stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'output_bytes',
+    'stage_model', 'agree', 'value_of', 'kv_layers', 'bytes_per_element', 'not_multiplied', 'expert_tensors', 'output_bytes',
     'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',
     'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'kv_cache_bytes', 'ceilings',
     'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis', 'run_environment',

@@ -73,6 +73,12 @@ def not_multiplied(spec: ModelSpec) -> list[TensorInfo]:
             if (t.name == "token_embd.weight" and not tied) or (t.layer is not None and t.layer >= first_mtp)]
 
 
+def expert_tensors(spec: ModelSpec) -> list[TensorInfo]:
+    """The routed experts' tensors of a MoE model (``ffn_*_exps``, one slab per layer holding every expert): a
+    token multiplies only ``expert_used_count`` of the ``expert_count`` experts in each ([] for a dense model)."""
+    return [t for t in spec.tensors if "_exps" in t.name] if spec.expert_count else []
+
+
 def output_bytes(spec: ModelSpec) -> int:
     """Bytes of the output matrix (the embedding table when the model ties them)."""
     t = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
