@@ -114,6 +114,18 @@ def test_plan_shows_age_quality_and_warnings(fresh_cache):
                              "(llama-cpp-python 0.0.1 → ") for ln in lines), r.stdout
 
 
+def test_notebook_run_environment_shows_the_profile(fresh_cache):
+    from v100lab.levers.baseline import run_environment
+
+    current = rates.current_build_facts()
+    _store(_calibration(current, cpu={**current["cpu"], "cpu_count": 999}))
+    df = run_environment()
+    row = df[df["fact"] == "host speed profile"].iloc[0]
+    assert row["value"].startswith("host calibration of ") and "max residual 12 %" in row["value"]
+    warn = df[(df["fact"] == "warning") & (df["note"] == "host speed profile")]
+    assert len(warn) == 1 and "cores '999' →" in warn.iloc[0]["value"]
+
+
 def test_tune_notes_carry_the_description(fresh_cache):
     from v100lab.advisor import tune
 

@@ -293,6 +293,7 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
     ``cal``: a calibration (default: the stored one, when ``stored``)."""
     if cal is None and stored:
         cal = stored_calibration()
+        device = device or get_device("host")
     if not cal:
         bw = f"{device.bandwidth_gbs:g} GB/s" if device is not None else "its bandwidth"
         measured = device is None or dict(device.extra).get("measured", True)
