@@ -454,7 +454,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         raise RunFailed(f"calibration not stored: {refusal}. The machine is too noisy to calibrate now (or the "
                         "speed model does not fit it): close other work, calibrate fewer threads (-t 1), or run "
                         "`v100lab calibrate --force` to store it anyway with its quality recorded")
-    if refusal:
+    if refusal and store:
         result["forced"] = True
     if store:
         if not devices.host_measured():
