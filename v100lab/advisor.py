@@ -40,7 +40,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import harness, llama_context, memory, skeleton, speed, zoo
+from v100lab import harness, llama_context, memory, rates, skeleton, speed, zoo
 from v100lab.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
 from v100lab.devices import get_device
 from v100lab.errors import ConfigError, V100labError
@@ -480,6 +480,9 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     depth = n_ctx // 2
     gpu = dev.kind != "cpu"
     notes: list[str] = []
+    if any(d.id == "host" for d in devices):      # the host's rates: their profile's age, quality, mismatches
+        hp = rates.describe_host_rates()
+        notes += [f"host: {hp.line}"] + [f"host: warning: {w}" for w in hp.warnings]
     for m in models:
         seq = llama_context.context_sizes(m.spec, RunConfig(n_ctx=n_ctx, n_parallel=parallel)).n_ctx_seq
         if m.spec.n_ctx_train and seq > m.spec.n_ctx_train:

@@ -45,7 +45,7 @@ from v100lab.devices import Device
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.header import read_spec
 from v100lab.llama_context import CTX_PAD, causal_cells, pad, type_sizef
-from v100lab.rates import PROFILE_KEY
+from v100lab.rates import PROFILE_KEY, calibration_quality, current_build_facts
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
 from v100lab.work import single_device_work
 
@@ -77,6 +77,16 @@ CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls w
 # once more and the quieter run kept: a retry threshold for the fit's inputs, looser than the harness's
 # display flag (harness.NOISY_CV, the ±5 % band within which two measurements are called the same).
 RERUN_ABOVE_CV = 0.10
+# When calibration refuses to store a profile (:func:`calibrate`; ``--force`` stores it anyway, marked):
+# more than this share of the points still noisy after their rerun (cv above RERUN_ABOVE_CV) means another
+# process took the cores during much of the calibration — the fit would be of the contention, not of llama.cpp.
+MAX_NOISY_SHARE = 0.25
+# ... or a fit that misses one of its own points by more than this (|relative residual|, decode or prompt).
+# The speed model's target against llama-bench is a worst error of 15 % and quiet calibrations fit their own
+# points within 2–11 % (benchmarks/RESULTS.md); a point missed by more than 25 % means the fitted costs absorbed
+# noise or the model does not describe this machine, and every prediction from them would carry that error
+# into choices (tune's) between configurations that differ by less.
+MAX_FIT_RESIDUAL = 0.25
 
 
 @dataclass(frozen=True)
@@ -187,11 +197,12 @@ def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timi
 
 def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prompt: int = 0,
             repetitions: int = 3, flash_attn: str = "auto", retry_noisy: bool = True,
-            n_ctx: int | None = None, pp_repetitions: int | None = None) -> dict[str, Timing]:
+            n_ctx: int | None = None, pp_repetitions: int | None = None,
+            rerun_above_cv: float = RERUN_ABOVE_CV) -> dict[str, Timing]:
     """Decode (tg ``n_gen`` at ``depth``) and prompt (pp ``n_prompt``) time per token, llama-bench's way.
 
-    A test whose coefficient of variation exceeds :data:`RERUN_ABOVE_CV` is run once more and the quieter
-    run is kept."""
+    A test whose coefficient of variation exceeds ``rerun_above_cv`` (:data:`RERUN_ABOVE_CV`) is run once
+    more and the quieter run is kept."""
     need = depth + max(n_gen, n_prompt) + 1
     cfg = RunConfig(n_ctx=n_ctx or max(512, pad(need, CTX_PAD)), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
@@ -207,7 +218,7 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
             busy = wait_for_quiet()
             m = session.run(test, reps, warmup=True)
             t = _timing(m.samples_ns, test.n_tokens, busy)
-            if retry_noisy and t.cv > RERUN_ABOVE_CV:
+            if retry_noisy and t.cv > rerun_above_cv:
                 busy = wait_for_quiet()
                 m2 = session.run(test, reps, warmup=False)
                 t2 = _timing(m2.samples_ns, test.n_tokens, busy)
@@ -344,11 +355,30 @@ def _enough_points(measured: int, planned: int, threads: int) -> None:
                         f"(the rest crashed or failed; see `v100lab selftest`): not enough to fit, nothing stored")
 
 
+def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_residual: float) -> str | None:
+    """Why a calibration of quality ``q`` (:func:`v100lab.rates.calibration_quality`) must not be stored, or None."""
+    why = []
+    n, total = q.get("noisy_points", 0), q.get("measured_points", 0)
+    if total and n > max_noisy_share * total:
+        why.append(f"{n} of {total} points still noisy after a rerun (cv > {100 * q.get('noisy_cv', 0):.0f} %; "
+                   f"at most {100 * max_noisy_share:.0f} % may be)")
+    if q.get("max_residual", 0) > max_fit_residual:
+        why.append(f"the fit misses a point by {100 * q['max_residual']:.1f} % ({q.get('max_residual_fit')}, "
+                   f"{q.get('max_residual_threads')} thread(s); bound {100 * max_fit_residual:.0f} %)")
+    return "; ".join(why) or None
+
+
 def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
-              progress: Callable[[str], None] | None = None, store: bool = True) -> dict[str, Any]:
+              progress: Callable[[str], None] | None = None, store: bool = True, force: bool = False,
+              rerun_above_cv: float = RERUN_ABOVE_CV, max_noisy_share: float = MAX_NOISY_SHARE,
+              max_fit_residual: float = MAX_FIT_RESIDUAL) -> dict[str, Any]:
     """Measure this host and fit the CPU speed model; store it in the host profile unless ``store`` is false.
 
-    ``threads``: thread counts to calibrate (default 1 and all cores). Returns the calibration dict."""
+    ``threads``: thread counts to calibrate (default 1 and all cores). Returns the calibration dict, with
+    ``quality`` (:func:`v100lab.rates.calibration_quality`), ``build``, ``cpu`` and ``measured_at`` (UTC).
+    A calibration that fails the quality bounds (more than ``max_noisy_share`` of the points with a cv above
+    ``rerun_above_cv`` after their rerun, or a residual above ``max_fit_residual``) is not stored: RunFailed
+    with the figures — unless ``force``, which stores it marked ``forced`` (every prediction then says so)."""
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 1
     threads = sorted(set(threads or (1, ncpu)))
@@ -360,10 +390,16 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     specs = {k: read_spec(p) for k, p in paths.items()}
     result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
+    # what the profile was made with: the llama.cpp build and the CPU (rates.describe_host_rates compares them
+    # with the ones in use whenever a prediction is shown)
+    facts = current_build_facts()
+    result["build"] = dict(facts["build"])
+    result["cpu"] = dict(facts["cpu"])
     try:
         info = build_info()
         result["llama_cpp_python"] = info.get("llama_cpp_python")
         result["build_commit"] = info.get("build_commit")
+        result["build"].update({k: info.get(k) for k in ("build_commit", "ggml_version", "system_info")})
     except Exception as exc:  # build info is a nicety, never a reason to fail
         log.debug("build info unavailable: %s", exc)
     first: dict[str, float] = {}
@@ -379,7 +415,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
                 try:
                     tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
                                  n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
-                                 pp_repetitions=max(1, repetitions - 1))
+                                 pp_repetitions=max(1, repetitions - 1), rerun_above_cv=rerun_above_cv)
                 except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
                     tm = None
                     status = getattr(exc, "status", "failed")
@@ -408,7 +444,18 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         fit["bandwidth_cv"] = bw["cv"]
         result["threads"][str(th)] = fit
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    q = calibration_quality(result, noisy_cv=rerun_above_cv)
+    result["quality"] = q
+    refusal = _quality_refusal(q, max_noisy_share, max_fit_residual)
+    result["quality"].update({"max_noisy_share": max_noisy_share, "max_fit_residual": max_fit_residual,
+                              "refused": refusal})
+    if refusal and store and not force:
+        raise RunFailed(f"calibration not stored: {refusal}. The machine is too noisy to calibrate now (or the "
+                        "speed model does not fit it): close other work, calibrate fewer threads (-t 1), or run "
+                        "`v100lab calibrate --force` to store it anyway with its quality recorded")
+    if refusal and store:
+        result["forced"] = True
     if store:
         if not devices.host_measured():
             measure_host()               # the profile's RAM, bandwidth and fingerprint, measured here

@@ -15,19 +15,24 @@
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
+import importlib.util
 import io
 import json
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from v100lab import memory
+from v100lab import buildflags, memory
 from v100lab.config import RunConfig
-from v100lab.devices import Device, get_device, read_host_profile
+from v100lab.devices import Device, get_device, host_fingerprint, read_host_profile
 from v100lab.errors import ConfigError, V100labError
 from v100lab.llama_context import bits_per_weight, causal_cells
 from v100lab.skeleton import skeleton_spec
@@ -63,6 +68,8 @@ class DeviceRates:
     source: str
     attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
+    profile_note: str = ""                    # the host: its profile's age and quality (describe_host_rates)
+    profile_warnings: tuple[str, ...] = ()    # the host: the profile was made with another build or CPU
 
     @property
     def peak_bandwidth(self) -> float:
@@ -124,6 +131,9 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
             r = cpu_rates_from_calibration(device, cal, threads)
         else:
             r = _uncalibrated_cpu(device, threads)
+        if device.id == "host":
+            hp = describe_host_rates(cal, device=device, stored=False)
+            r = replace(r, profile_note=hp.line, profile_warnings=hp.warnings)
         return replace(r, source=f"{r.source}; {note}", threads_note=note) if note else r
     return gpu_rates(device, gpu_class_fit(device.kind))
 
@@ -159,6 +169,200 @@ def stored_calibration() -> dict[str, Any] | None:
     """The CPU calibration stored in this host's profile, or None."""
     prof = read_host_profile() or {}
     return prof.get(PROFILE_KEY)
+
+
+# ------------------------------------------------------------------------------------------------
+# the host profile's provenance and quality: what every host prediction says about its rates
+# ------------------------------------------------------------------------------------------------
+
+def ggml_cpu_digest() -> str | None:
+    """The first 12 hex digits of the sha256 of llama-cpp-python's ``libggml-cpu`` (a rebuild with other
+    flags changes it even when the version does not); found without importing ``llama_cpp``."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    libdir = Path(spec.origin).parent / "lib"
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        try:
+            return hashlib.sha256((libdir / name).read_bytes()).hexdigest()[:12]
+        except OSError:
+            continue
+    return None
+
+
+@lru_cache(maxsize=1)
+def current_build_facts() -> dict[str, Any]:
+    """This machine's CPU and llama.cpp build, cheaply (no llama.cpp load): llama-cpp-python's version from its
+    metadata, the build record ``scripts/setup.sh`` wrote (:func:`v100lab.buildflags.read_record`), a digest of
+    ``libggml-cpu``, the CPU model and the flags llama.cpp's kernels use. Calibration stores the same keys
+    (``build`` and ``cpu`` in the calibration), which is what :func:`describe_host_rates` compares."""
+    try:
+        lcp = version("llama-cpp-python")
+    except PackageNotFoundError:
+        lcp = None
+    rec = buildflags.read_record()
+    cpu = buildflags.host_cpu()
+    fp = host_fingerprint()
+    return {"build": {"llama_cpp_python": lcp, "build_flags": rec.get("cmake_args"),
+                      "build_flags_source": rec.get("source"), "ggml_cpu_sha256": ggml_cpu_digest()},
+            "cpu": {"model": cpu.model, "flags": " ".join(cpu.relevant_flags), "cpu_count": fp["cpu_count"],
+                    "machine": fp["machine"], "hostname": fp["hostname"]}}
+
+
+def _abs_errs(values) -> list[float]:
+    return [abs(float(e)) for e in (values or []) if e is not None and math.isfinite(float(e))]
+
+
+def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[str, Any]:
+    """How well a stored calibration describes its own points: per thread count the max and median
+    |relative residual| of the decode (tg) and prompt (pp) fits, the noisy points (cv above ``noisy_cv``),
+    and the overall worst residual with the fit and thread count it came from. From the calibration's own
+    ``tg_fit_rel_err``/``pp_fit_rel_err``, so older profiles get it too."""
+    per: dict[str, Any] = {}
+    worst = (0.0, None, None)
+    for th, p in sorted((cal.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
+        q: dict[str, Any] = {}
+        for kind in ("tg", "pp"):
+            errs = _abs_errs(p.get(f"{kind}_fit_rel_err"))
+            if errs:
+                q[f"{kind}_max_residual"] = round(max(errs), 4)
+                q[f"{kind}_median_residual"] = round(statistics.median(errs), 4)
+                q[f"{kind}_points"] = len(errs)
+                if max(errs) > worst[0]:
+                    worst = (max(errs), kind, int(th))
+        per[str(th)] = q
+    measured = [pt for pt in cal.get("points") or [] if "tg_cv" in pt]
+    noisy = [pt for pt in measured if (pt.get("tg_cv") or 0) > noisy_cv or (pt.get("pp_cv") or 0) > noisy_cv]
+    return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
+            "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
+            "noisy_cv": noisy_cv}
+
+
+def _parse_time(text) -> _dt.datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    for parse in (lambda t: _dt.datetime.fromisoformat(t.replace("Z", "+00:00")),
+                  lambda t: _dt.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S%z")):
+        try:
+            d = parse(text)
+        except ValueError:
+            continue
+        return d if d.tzinfo else d.replace(tzinfo=_dt.timezone.utc)
+    return None
+
+
+def _age(seconds: float) -> str:
+    if seconds < 0:
+        return "in the future: clock changed?"
+    if seconds < 3600:
+        return f"{max(1, round(seconds / 60))} min old"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h old"
+    return f"{seconds / 86400:.0f} days old"
+
+
+@dataclass(frozen=True)
+class HostRatesDescription:
+    """A short, honest description of the host's rates: where they come from, how old and how good."""
+
+    calibrated: bool
+    line: str
+    warnings: tuple[str, ...] = ()
+    measured_at: str | None = None
+    age_s: float | None = None
+    max_residual: float | None = None
+    quality: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calibrated": self.calibrated, "line": self.line, "warnings": list(self.warnings),
+                "measured_at": self.measured_at, "age_s": self.age_s, "max_residual": self.max_residual,
+                "quality": dict(self.quality)}
+
+
+def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
+                        now: _dt.datetime | None = None, current: Mapping[str, Any] | None = None,
+                        stored: bool = True) -> HostRatesDescription:
+    """One line on the host's rates — "host calibration of 2026-12-01 01:20 UTC (3 h old), max residual 12 %
+    (tg, 2 threads; median 4 %), 0 of 17 points noisy, llama.cpp b6a1c2d, safe build (llama-cpp-python 0.3.36)"
+    or "uncalibrated host: assumed …" — and a warning for each way the profile's llama.cpp build or CPU
+    differs from the ones in use (``current``, default :func:`current_build_facts`; nothing is loaded).
+
+    ``cal``: a calibration (default: the stored one, when ``stored``)."""
+    if cal is None and stored:
+        cal = stored_calibration()
+        device = device or get_device("host")
+    if not cal:
+        bw = f"{device.bandwidth_gbs:g} GB/s" if device is not None else "its bandwidth"
+        measured = device is None or dict(device.extra).get("measured", True)
+        return HostRatesDescription(
+            calibrated=False,
+            line=f"uncalibrated host: assumed {UNCALIBRATED_CPU_EFFICIENCY:.0%} of {bw}"
+                 + ("" if measured else " (an assumed bandwidth, not measured)")
+                 + " reached in decode, no per-type compute cost; run `v100lab calibrate`")
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    current = current if current is not None else current_build_facts()
+    when = _parse_time(cal.get("measured_at"))
+    q = cal.get("quality") or calibration_quality(cal)
+    parts = []
+    if when is not None:
+        age = (now - when).total_seconds()
+        parts.append(f"host calibration of {when.astimezone(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC ({_age(age)})")
+    else:
+        age = None
+        parts.append("host calibration of unknown date")
+    if q.get("max_residual_fit"):
+        med = (q.get("threads", {}).get(str(q.get("max_residual_threads")), {})
+               .get(f"{q['max_residual_fit']}_median_residual"))
+        parts.append(f"max residual {100 * q['max_residual']:.0f} % ({q['max_residual_fit']}, "
+                     f"{q.get('max_residual_threads')} thread(s)"
+                     + (f"; median {100 * med:.0f} %" if med is not None else "") + ")")
+    else:
+        parts.append("fit residuals not recorded")
+    if q.get("measured_points"):
+        parts.append(f"{q.get('noisy_points', 0)} of {q['measured_points']} points noisy")
+    build = cal.get("build") or {}
+    commit = build.get("build_commit") or cal.get("build_commit")
+    lcp = build.get("llama_cpp_python") or cal.get("llama_cpp_python")
+    src = build.get("build_flags_source")
+    desc = f"llama.cpp {commit or '(commit not recorded)'}" + (f", {src} build" if src else "")
+    if lcp:
+        desc += f" (llama-cpp-python {lcp})"
+    parts.append(desc)
+    if cal.get("forced"):
+        parts.append("stored with --force despite failing the quality bounds")
+    warnings = []
+    cur_b, cur_c = current.get("build") or {}, current.get("cpu") or {}
+    diff = []
+    for key, what in (("llama_cpp_python", "llama-cpp-python"), ("build_commit", "llama.cpp commit"),
+                      ("build_flags", "build flags"), ("ggml_cpu_sha256", "libggml-cpu")):
+        old = lcp if key == "llama_cpp_python" else commit if key == "build_commit" else build.get(key)
+        new = cur_b.get(key)
+        if old and new and old != new:
+            diff.append(f"{what} {old} → {new}" if key in ("llama_cpp_python", "build_commit")
+                        else f"{what} differ" if key == "build_flags" else f"{what} {old} → {new} (rebuilt)")
+    if diff:
+        warnings.append(f"the host profile was made with another llama.cpp build ({'; '.join(diff)}): its rates "
+                        "may not hold; run `v100lab calibrate` again")
+    cpu = cal.get("cpu") or {}
+    diff = []
+    for key, what in (("model", "CPU model"), ("cpu_count", "cores"), ("hostname", "host")):
+        old, new = cpu.get(key), cur_c.get(key)
+        if old and new and old != new:
+            diff.append(f"{what} '{old}' → '{new}'")
+    old_f, new_f = set(str(cpu.get("flags") or "").split()), set(str(cur_c.get("flags") or "").split())
+    if old_f and new_f and old_f != new_f:
+        gone, added = sorted(old_f - new_f), sorted(new_f - old_f)
+        diff.append("CPU flags " + ", ".join(x for x in (f"without {' '.join(gone)}" if gone else "",
+                                                          f"with {' '.join(added)}" if added else "") if x) + " now")
+    if diff:
+        warnings.append(f"the host profile was made on another CPU ({'; '.join(diff)}): run `v100lab calibrate` "
+                        "on this machine")
+    return HostRatesDescription(calibrated=True, line=", ".join(parts), warnings=tuple(warnings),
+                                measured_at=cal.get("measured_at"), age_s=age, max_residual=q.get("max_residual"),
+                                quality=q)
 
 
 def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> DeviceRates:

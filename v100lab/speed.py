@@ -262,6 +262,10 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
     t_strict = sum(w.bytes_read / rates[k].peak_bandwidth for k, w in work.items())
     pp_total, pp_bound = _pp_total(spec, placement, by, rates, cfg, n_prompt)
     for k, r in rates.items():
+        if k in active and r.profile_note and not r.source.startswith("uncalibrated"):
+            notes.append(f"{k}: {r.profile_note}")      # the host profile's age and quality
+        if k in active:
+            notes += [f"{k}: warning: {w}" for w in r.profile_warnings]
         if k in active and r.source.startswith("uncalibrated"):
             notes.append(f"{k}: {r.source}")
         elif k in active and r.threads_note:

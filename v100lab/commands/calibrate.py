@@ -13,7 +13,7 @@ import sys
 from v100lab import calibration
 from v100lab.devices import host_profile_path
 from v100lab.errors import ConfigError, V100labError
-from v100lab.rates import stored_calibration
+from v100lab.rates import describe_host_rates, stored_calibration
 from v100lab.render import term_text
 
 NAME = "calibrate"
@@ -27,6 +27,9 @@ def add_arguments(p):
                    help="comma-separated thread counts to calibrate (default: 1 and all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
     p.add_argument("--show", action="store_true", help="print the stored calibration and exit")
+    p.add_argument("--force", action="store_true",
+                   help="store the calibration even when it fails the quality bounds (too many noisy points, a fit "
+                        "residual above 25 %%); the profile is marked and every prediction says so")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -73,12 +76,17 @@ def run(args) -> int:
         if not 1 <= args.repetitions <= MAX_REPETITIONS:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
         say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
-        cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say)
+        cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say,
+                                    force=args.force)
     if args.json:
         json.dump({"profile": str(host_profile_path()), "speed_calibration": cal}, sys.stdout, indent=2)
         print()
         return 0
     for line in _summary(cal):
         print(line)
+    hp = describe_host_rates(cal)
+    print(term_text(hp.line, limit=400))
+    for w in hp.warnings:
+        print(f"warning: {term_text(w, limit=400)}")
     print(f"stored in {host_profile_path()} (used by --device host)")
     return 0

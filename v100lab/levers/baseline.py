@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from v100lab import memory
+from v100lab import memory, rates
 from v100lab.harness import environment
 from v100lab.errors import RunFailed
 from v100lab.render import publish_headline
@@ -60,6 +60,9 @@ def run_environment():
               "native": "llama.cpp's -march=native"}.get(env.get("build_flags_source") or "", "")),
             ("GPU", env.get("gpu") or "none (a CPU build)", "ggml devices"),
             ("OS, Python", f"{env.get('os')}, Python {env.get('python')}", "")]
+    hp = rates.describe_host_rates()   # what every --device host prediction rests on
+    rows.append(("host speed profile", hp.line, "v100lab calibrate" if hp.calibrated else "an assumption"))
+    rows += [("warning", w, "host speed profile") for w in hp.warnings]
     return pd.DataFrame(rows, columns=["fact", "value", "note"])
 
 

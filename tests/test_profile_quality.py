@@ -1,0 +1,168 @@
+"""The host profile's provenance and quality: what every host prediction says about its rates (age, fit
+residuals, the llama.cpp build and CPU it was made with), the warnings when those differ from the ones in
+use, and calibration's refusal to store a profile that fails its quality bounds.
+
+Profiles are written into a temporary cache (``fresh_cache``); the refusal is tested on a real, tiny
+calibration (``small_calibration``) whose thresholds make any real measurement "too noisy"."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from v100lab import calibration, devices, rates
+from v100lab.errors import RunFailed
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
+
+
+def _calibration(current, **over):
+    """A stored calibration as calibrate() writes it, made 3 h before NOW with this machine's build and CPU."""
+    costs = {t: 2e-10 for t in ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")}
+    cal = {
+        "version": calibration.CALIBRATION_VERSION, "measured_at": "2026-12-01T09:00:00Z",
+        "llama_cpp_python": current["build"]["llama_cpp_python"], "build_commit": "0c1e570",
+        "build": {**current["build"], "build_commit": "0c1e570"}, "cpu": dict(current["cpu"]),
+        "points": [{"config": f"p{i}", "threads": 1, "tg_tps": 100.0, "tg_cv": cv} for i, cv in
+                   enumerate((0.02, 0.03, 0.15, 0.01))],
+        "threads": {"1": {"bandwidth_gbs": 20.0, "efficiency": 1.0, "tg_s_per_weight": costs, "attn_s_per_op": 1e-11,
+                          "attn_tail_s_per_op": 0.0, "overhead_token_s": 0.0, "overhead_layer_s": 1e-5,
+                          "pp_s_per_weight": {t: c / 10 for t, c in costs.items()}, "pp_overhead_s": 0.0,
+                          "pp_attn_s_per_op": 1e-12, "tg_fit_rel_err": [0.12, -0.03, 0.05, 0.01],
+                          "pp_fit_rel_err": [0.02, -0.04]}},
+    }
+    cal.update(over)
+    return cal
+
+
+def _store(cal):
+    """A host profile measured on this machine (so --device host uses it) holding ``cal``."""
+    fp = devices.host_fingerprint()
+    devices.write_host_profile({"id": "host", "name": "host CPU (test)", "kind": "cpu", "memory_gib": 8.0,
+                                "bandwidth_gbs": 20.0, "fingerprint": fp, rates.PROFILE_KEY: cal})
+
+
+# ---- the description -----------------------------------------------------------------------------
+
+def test_age_and_quality_from_a_stored_profile(fresh_cache):
+    current = rates.current_build_facts()
+    _store(_calibration(current))
+    d = rates.describe_host_rates(now=NOW)
+    assert d.calibrated and d.warnings == ()
+    assert d.line.startswith("host calibration of 2026-12-01 09:00 UTC (3 h old)")
+    assert "max residual 12 % (tg, 1 thread(s); median 4 %)" in d.line
+    assert "1 of 4 points noisy" in d.line and "llama.cpp 0c1e570" in d.line
+    assert d.max_residual == pytest.approx(0.12) and d.age_s == pytest.approx(3 * 3600)
+    # an older profile (local time with an offset, no quality, build or CPU recorded) is still described
+    _store({"measured_at": "2026-11-28T12:00:00+0000", "threads": {"1": {"tg_fit_rel_err": [0.3, 0.1]}}})
+    d = rates.describe_host_rates(now=NOW)
+    assert "(3 days old)" in d.line and "max residual 30 % (tg" in d.line and d.warnings == ()
+
+
+def test_uncalibrated_host_says_what_is_assumed(fresh_cache):
+    d = rates.describe_host_rates(now=NOW)
+    assert not d.calibrated and d.line.startswith("uncalibrated host: assumed 70%")
+
+
+def test_another_build_or_cpu_is_a_warning_naming_which(fresh_cache):
+    current = rates.current_build_facts()
+    other_build = {**current["build"], "llama_cpp_python": "0.0.1", "build_flags": "-DGGML_NATIVE=ON"}
+    d = rates.describe_host_rates(_calibration(current, build=other_build, llama_cpp_python="0.0.1"), now=NOW)
+    assert len(d.warnings) == 1
+    assert "another llama.cpp build" in d.warnings[0] and "llama-cpp-python 0.0.1 → " in d.warnings[0]
+    assert "build flags differ" in d.warnings[0]
+    other_cpu = {**current["cpu"], "model": "Some Other CPU", "flags": "sse4_2"}
+    d = rates.describe_host_rates(_calibration(current, cpu=other_cpu), now=NOW)
+    assert len(d.warnings) == 1 and "another CPU" in d.warnings[0]
+    assert "CPU model 'Some Other CPU' →" in d.warnings[0]
+    # a rebuild of the same version (another libggml-cpu) is a different build too
+    if current["build"]["ggml_cpu_sha256"]:
+        rebuilt = {**current["build"], "ggml_cpu_sha256": "000000000000"}
+        d = rates.describe_host_rates(_calibration(current, build=rebuilt), now=NOW)
+        assert len(d.warnings) == 1 and "libggml-cpu 000000000000 →" in d.warnings[0]
+
+
+def test_host_predictions_carry_the_description(fresh_cache):
+    from v100lab import speed
+    from v100lab.config import RunConfig
+    from v100lab.skeleton import skeleton_spec
+
+    current = rates.current_build_facts()
+    _store(_calibration(current, cpu={**current["cpu"], "model": "Some Other CPU"}))
+    pred = speed.predict(skeleton_spec("llama2-7b", "Q4_0"), ["host"], RunConfig(n_ctx=2048, n_threads=1))
+    assert any(n.startswith("host: host calibration of ") for n in pred.notes)
+    assert any(n.startswith("host: warning: the host profile was made on another CPU") for n in pred.notes)
+
+
+def test_plan_shows_age_quality_and_warnings(fresh_cache):
+    current = rates.current_build_facts()
+    _store(_calibration(current, build={**current["build"], "llama_cpp_python": "0.0.1"}, llama_cpp_python="0.0.1",
+                        measured_at=(dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=3))
+                        .strftime("%Y-%m-%dT%H:%M:%SZ")))
+    r = subprocess.run([sys.executable, "-m", "v100lab", "plan", "skeleton:llama2-7b:Q4_0", "--device", "host",
+                        "-t", "1", "-c", "2048"], capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(ln.startswith("note: host: host calibration of ") and "(3 h old)" in ln and "max residual 12 %" in ln
+               for ln in lines), r.stdout
+    assert any(ln.startswith("note: host: warning: the host profile was made with another llama.cpp build "
+                             "(llama-cpp-python 0.0.1 → ") for ln in lines), r.stdout
+
+
+def test_notebook_run_environment_shows_the_profile(fresh_cache):
+    from v100lab.levers.baseline import run_environment
+
+    current = rates.current_build_facts()
+    _store(_calibration(current, cpu={**current["cpu"], "cpu_count": 999}))
+    df = run_environment()
+    row = df[df["fact"] == "host speed profile"].iloc[0]
+    assert row["value"].startswith("host calibration of ") and "max residual 12 %" in row["value"]
+    warn = df[(df["fact"] == "warning") & (df["note"] == "host speed profile")]
+    assert len(warn) == 1 and "cores '999' →" in warn.iloc[0]["value"]
+
+
+def test_tune_notes_carry_the_description(fresh_cache):
+    from v100lab.advisor import tune
+
+    current = rates.current_build_facts()
+    _store(_calibration(current))
+    res = tune("skeleton:llama2-7b:Q4_0", "host", min_ctx=2048)
+    assert any(n.startswith("host: host calibration of ") for n in res.notes)
+
+
+# ---- refusing a bad profile ------------------------------------------------------------------------
+
+def test_quality_refusal_rule():
+    q = {"noisy_points": 2, "measured_points": 8, "noisy_cv": 0.1, "max_residual": 0.25, "max_residual_fit": "tg",
+         "max_residual_threads": 2}
+    assert calibration._quality_refusal(q, 0.25, 0.25) is None                 # at the bounds: stored
+    why = calibration._quality_refusal({**q, "noisy_points": 3, "max_residual": 0.3}, 0.25, 0.25)
+    assert "3 of 8 points still noisy" in why and "misses a point by 30.0 % (tg, 2 thread(s)" in why
+
+
+@pytest.mark.slow
+def test_calibrate_refuses_a_noisy_machine_then_force_stores_it(fresh_cache, small_calibration, monkeypatch):
+    small_calibration([("F16", 0, True), ("Q4_0", 0, True), ("F16", 256, False)])
+    monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)   # noisy is what this test wants
+    # a cv threshold of 0: every real measurement is "noisy", even after its rerun
+    with pytest.raises(RunFailed) as err:
+        calibration.calibrate(threads=[1], repetitions=2, rerun_above_cv=0.0)
+    msg = str(err.value)
+    assert "not stored" in msg and "3 of 3 points still noisy" in msg and "--force" in msg
+    assert rates.PROFILE_KEY not in (devices.read_host_profile() or {})
+
+    cal = calibration.calibrate(threads=[1], repetitions=2, rerun_above_cv=0.0, force=True)
+    stored = devices.read_host_profile()[rates.PROFILE_KEY]
+    assert stored == json.loads(json.dumps(cal))
+    assert stored["forced"] is True and "3 of 3 points" in stored["quality"]["refused"]
+    q = stored["quality"]
+    assert q["noisy_points"] == 3 and q["threads"]["1"]["tg_points"] == 3 and "tg_max_residual" in q["threads"]["1"]
+    assert stored["measured_at"].endswith("Z")
+    assert stored["build"]["llama_cpp_python"] and stored["cpu"]["model"] == rates.current_build_facts()["cpu"]["model"]
+    d = rates.describe_host_rates()
+    assert "stored with --force" in d.line and "3 of 3 points noisy" in d.line and d.warnings == ()
