@@ -18,6 +18,13 @@ import logging
 import platform
 import sys
 import time
+from pathlib import Path
+
+from v100lab import calibration, devices, loadgen, rates, serving, zoo
+from v100lab.backends.server import find_llama_server
+from v100lab.buildflags import host_cpu
+from v100lab.config import RunConfig
+from v100lab.header import read_spec
 
 
 def _version(dist: str) -> str:
@@ -53,10 +60,6 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
 
-    from v100lab import loadgen, zoo
-    from v100lab.backends.server import find_llama_server
-    from v100lab.buildflags import host_cpu
-    from v100lab.config import RunConfig
 
     levels = loadgen.parse_concurrency(args.concurrency)
     n_par = args.parallel or max(lv.concurrency for lv in levels)
@@ -80,11 +83,7 @@ def main() -> int:
     profile = None
     batching = None
     if args.predict:
-        from v100lab import calibration, devices, rates
-
         if args.calibration:
-            from pathlib import Path
-
             cal_path = Path(args.calibration)
             if cal_path.exists():
                 cal = json.loads(cal_path.read_text())
@@ -97,10 +96,6 @@ def main() -> int:
                       f"(written to {cal_path}; the host profile is not changed)")
             profile = {**(devices.read_host_profile() or {}), calibration.PROFILE_KEY: cal}
         if args.batching:
-            from pathlib import Path
-
-            from v100lab import serving
-
             b_path = Path(args.batching)
             if b_path.exists():
                 batching = json.loads(b_path.read_text())
@@ -125,8 +120,6 @@ def main() -> int:
     print("client vs llama-server's own timings and /metrics:")
     print(loadgen.format_side_by_side(run.levels))
     if args.predict:
-        from v100lab import serving
-        from v100lab.header import read_spec
 
         fixed = p_len.kind == g_len.kind == "fixed"
         phases = "together" if fixed else "staggered"
