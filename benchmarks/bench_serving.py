@@ -27,6 +27,19 @@ from v100lab.config import RunConfig
 from v100lab.header import read_spec
 
 
+def _cached_or_measured(path: Path, label: str, done: str, measure, threads: int, aside: str = "") -> dict:
+    """The figures in ``path`` when it exists (a rerun measures nothing again), else ``measure()`` written there."""
+    if path.exists():
+        data = json.loads(path.read_text())
+        print(f"{label}: {path} (measured {data.get('measured_at')})")
+        return data
+    t1 = time.monotonic()
+    data = measure()
+    path.write_text(json.dumps(data, default=str))
+    print(f"{done} at {threads} thread(s) in {time.monotonic() - t1:.0f} s (written to {path}{aside})")
+    return data
+
+
 def _version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -84,28 +97,14 @@ def main() -> int:
     batching = None
     if args.predict:
         if args.calibration:
-            cal_path = Path(args.calibration)
-            if cal_path.exists():
-                cal = json.loads(cal_path.read_text())
-                print(f"calibration: {cal_path} (measured {cal.get('measured_at')})")
-            else:
-                t1 = time.monotonic()
-                cal = calibration.calibrate(threads=[args.threads], store=False)
-                cal_path.write_text(json.dumps(cal, default=str))
-                print(f"calibrated this host at {args.threads} thread(s) in {time.monotonic() - t1:.0f} s "
-                      f"(written to {cal_path}; the host profile is not changed)")
+            cal = _cached_or_measured(Path(args.calibration), "calibration", "host calibrated",
+                                      lambda: calibration.calibrate(threads=[args.threads], store=False),
+                                      args.threads, "; the host profile is not changed")
             profile = {**(devices.read_host_profile() or {}), calibration.PROFILE_KEY: cal}
         if args.batching:
-            b_path = Path(args.batching)
-            if b_path.exists():
-                batching = json.loads(b_path.read_text())
-                print(f"batched-decode calibration: {b_path} (measured {batching.get('measured_at')})")
-            else:
-                t1 = time.monotonic()
-                batching = calibration.calibrate_batching(threads=[args.threads], store=False)
-                b_path.write_text(json.dumps(batching))
-                print(f"batched decode calibrated at {args.threads} thread(s) in {time.monotonic() - t1:.0f} s "
-                      f"(written to {b_path})")
+            batching = _cached_or_measured(Path(args.batching), "batched-decode calibration",
+                                           "batched decode calibrated", lambda: calibration.calibrate_batching(threads=[args.threads], store=False),
+                                           args.threads)
             for tname, curve in sorted(batching["threads"][str(args.threads)]["curves"].items()):
                 print(f"  {tname}: step(B)/step(1) " + ", ".join(f"B={b}: {v:.2f}" for b, v in curve.items()))
         elif rates.stored_calibration() is None:
