@@ -102,9 +102,9 @@ def main() -> int:
                                       args.threads, "; the host profile is not changed")
             profile = {**(devices.read_host_profile() or {}), calibration.PROFILE_KEY: cal}
         if args.batching:
-            batching = _cached_or_measured(Path(args.batching), "batched-decode calibration",
-                                           "batched decode calibrated", lambda: calibration.calibrate_batching(threads=[args.threads], store=False),
-                                           args.threads)
+            batching = _cached_or_measured(
+                Path(args.batching), "batched-decode calibration", "batched decode calibrated",
+                lambda: calibration.calibrate_batching(threads=[args.threads], store=False), args.threads)
             for tname, curve in sorted(batching["threads"][str(args.threads)]["curves"].items()):
                 print(f"  {tname}: step(B)/step(1) " + ", ".join(f"B={b}: {v:.2f}" for b, v in curve.items()))
         elif rates.stored_calibration() is None:
