@@ -30,7 +30,7 @@ import psutil
 import yaml
 
 from v100lab.errors import DeviceError
-from v100lab.safeio import cache_dir, read_text_bounded
+from v100lab.safeio import cache_dir, read_json_dict, read_text_bounded
 
 log = logging.getLogger(__name__)
 
@@ -247,15 +247,7 @@ def host_fingerprint() -> dict[str, Any]:
 
 def read_host_profile() -> dict[str, Any] | None:
     """The cached host profile as a dict (all fields, also those other tools added), or None."""
-    path = host_profile_path()
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable host profile %s: %s", path, exc)
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_dict(host_profile_path(), "host profile")
 
 
 def write_host_profile(updates: Mapping[str, Any]) -> Path:

@@ -20,6 +20,8 @@ error class itself can use it.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
 import re
@@ -28,6 +30,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+log = logging.getLogger(__name__)
 
 ELLIPSIS = "…"
 _CHUNK = 1 << 20
@@ -265,3 +269,16 @@ def cache_dir() -> Path:
     path = Path(root).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def read_json_dict(path: Path, what: str) -> dict | None:
+    """A small JSON file this package wrote (a profile, a stored calibration) as a dict; None when it does not
+    exist, is not a JSON object, or cannot be read (then a warning naming ``what`` and the reason)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s %s: %s", what, path, exc)
+        return None
+    return data if isinstance(data, dict) else None

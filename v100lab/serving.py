@@ -47,7 +47,6 @@ per-slot bookkeeping, and a prompt split over several steps when it is longer th
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -57,7 +56,7 @@ from v100lab import speed
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.rates import effective_threads, nearest_type
-from v100lab.safeio import cache_dir
+from v100lab.safeio import cache_dir, read_json_dict
 from v100lab.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -321,15 +320,8 @@ def batching_path():
 
 def stored_batching() -> dict[str, Any] | None:
     """The stored :func:`v100lab.calibration.calibrate_batching` result (None when this host has none, or it is unreadable)."""
-    p = batching_path()
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("%s: unreadable batched-decode calibration (%s); ignored", p, exc)
-        return None
-    if not isinstance(data, dict) or data.get("version") != BATCH_CALIBRATION_VERSION:
+    data = read_json_dict(batching_path(), "batched-decode calibration")
+    if data is None or data.get("version") != BATCH_CALIBRATION_VERSION:
         return None
     return data
 
