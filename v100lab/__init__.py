@@ -30,7 +30,8 @@ third-party dependency (llama_cpp, httpx, pandas, matplotlib, ...).
    < ``calibration`` (measure this host, fit, store the profile)
 6. the seed — ``seed`` (the blog's claims, the staircase, the verdict)
 7. the workbook — ``render`` (escaped display) < ``scenario`` (the params schema) < ``plots`` <
-   ``advisor`` (tune), ``doctor`` (log diagnosis) < ``levers`` (one sweep per lever → tidy rows) <
+   ``advisor`` (tune), ``doctor`` (log diagnosis) < ``workload_advice`` (tune for a workload: slots, context
+   per slot, cache types under an SLO) < ``levers`` (one sweep per lever → tidy rows) <
    ``batch_runner`` (papermill per scenario × notebook, HTML reports, the index) < ``fleet`` (the same batch
    fanned out on a Ray cluster)
 8. the ``v100lab`` command — ``commands`` (one module per subcommand) < ``cli`` (the dispatcher) < ``__main__``

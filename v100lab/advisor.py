@@ -354,6 +354,24 @@ def _expert_offload(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Can
     return replace(best, note=f"expert offload: {flag} keeps those experts in host memory, every layer on the GPU")
 
 
+def _fitted(m: _Model, devices: list, cfg: RunConfig, depth: int, gpu: bool, partial: bool = True) -> Candidate:
+    """``cfg`` with every layer on the GPU, or — when the GPU cannot hold every layer — a MoE's experts in host
+    memory first, then the most layers that fit (``partial=False``: no such fallback, the full offload as it is)."""
+    c = _evaluate(m, devices, cfg, depth)
+    deficit = _gpu_deficit(c)
+    if not (gpu and partial and deficit > 0):
+        return c
+    part = _expert_offload(m, devices, cfg, depth) if m.spec.expert_count else None
+    if part is None or not part.fits:
+        base = cfg.with_(cpu_moe=True) if m.spec.expert_count else cfg
+        fitted, _ = memory.fit_gpu_layers(m.spec, devices, base, margin=True)
+        part = replace(_evaluate(m, devices, fitted, depth),
+                       note=f"partial offload: --gpu-layers {fitted.n_gpu_layers} is the most that fits"
+                            + (" with every expert on the CPU" if base.cpu_moe else ""))
+    part = replace(part, full_offload_deficit_bytes=deficit)
+    return part if part.fits or part.distance < c.distance else replace(c, full_offload_deficit_bytes=deficit)
+
+
 def _gpu_deficit(c: Candidate) -> int:
     """Bytes the GPUs lack (with their margins) for this candidate's layers."""
     return sum(b.shortfall_bytes for b in c.blockers if b.kind == "memory" and b.device != memory.HOST)
@@ -488,22 +506,7 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
         if m.spec.n_ctx_train and seq > m.spec.n_ctx_train:
             notes.append(f"--min-ctx {min_ctx}: {memory.ctx_train_warning(m.spec, seq)}")
             break
-    cands: list[Candidate] = []
-    for m in models:
-        for cfg in _configs(gpu, n_ctx, parallel):
-            c = _evaluate(m, devices, cfg, depth)
-            deficit = _gpu_deficit(c)
-            if gpu and deficit > 0:      # the GPU cannot hold every layer: a MoE's experts first, then layers
-                part = _expert_offload(m, devices, cfg, depth) if m.spec.expert_count else None
-                if part is None or not part.fits:
-                    base = cfg.with_(cpu_moe=True) if m.spec.expert_count else cfg
-                    fitted, _ = memory.fit_gpu_layers(m.spec, devices, base, margin=True)
-                    part = replace(_evaluate(m, devices, fitted, depth),
-                                   note=f"partial offload: --gpu-layers {fitted.n_gpu_layers} is the most that fits"
-                                        + (" with every expert on the CPU" if base.cpu_moe else ""))
-                part = replace(part, full_offload_deficit_bytes=deficit)
-                c = part if part.fits or part.distance < c.distance else replace(c, full_offload_deficit_bytes=deficit)
-            cands.append(c)
+    cands = [_fitted(m, devices, cfg, depth, gpu) for m in models for cfg in _configs(gpu, n_ctx, parallel)]
     if not any(c.fits for c in cands):
         raise NothingFits(_no_fit(model, dev, devices, models, cands, min_ctx, notes))
     bpw = {m.quant: m.spec.bits_per_weight for m in models}
