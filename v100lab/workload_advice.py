@@ -25,7 +25,7 @@ what serving changes and predicts each candidate with :func:`v100lab.serving.pre
 raises :class:`~v100lab.advisor.NothingFits` with the closest one and what would have to change. Among those
 that fit, the ones whose predicted TTFT and TPOT are within the limits come first and the highest predicted
 output tok/s (vLLM's output token throughput: prompts included) wins, a tie (:data:`~v100lab.advisor.TIE`)
-going to the better quant, then the less quantized cache, then fewer slots, then the lower TTFT. When no
+going to the better quant, then the less quantized cache, then the lower TTFT, then fewer slots. When no
 candidate that fits meets the SLO, the closest one (the least worst ratio of predicted to limit) is returned
 with ``slo_met`` false and :meth:`WorkloadResult.slo_message` saying by how much and why.
 
@@ -432,13 +432,13 @@ def _largest_ubatch_that_fits(m, devices, cfgs: Sequence[RunConfig], depth: int)
 
 
 def _key_met(p: ServingPlan, bpw) -> tuple:
-    return advisor._quality_key(p.candidate, bpw) + (p.slots, p.ttft_ms, p.config.n_ubatch != 512,
+    return advisor._quality_key(p.candidate, bpw) + (p.ttft_ms, p.slots, p.config.n_ubatch != 512,
                                                      -p.candidate.margin_bytes)
 
 
 def _choose(plans: Sequence[ServingPlan], bpw: Mapping[str, float]) -> ServingPlan:
     """Among the plans that fit: those that meet the SLO, the highest output tok/s (within TIE: quality, then
-    fewer slots, then lower TTFT); when none meets it, the least excess (within TIE: output tok/s, quality)."""
+    the lower TTFT, then fewer slots); when none meets it, the least excess (within TIE: output tok/s, quality)."""
     pool = [p for p in plans if p.fits]
     met = [p for p in pool if p.slo_met]
     if met:
