@@ -224,3 +224,13 @@ def test_single_stream_tune_keeps_its_defaults(capsys):
     assert main(["tune", "skeleton:qwen35-27b:Q4_0", "--device", "v100-16gb", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert "workload" not in doc and doc["config"]["n_parallel"] == 1 and doc["min_ctx"] == 4096
+
+
+def test_many_users_queue_behind_the_slots_that_fit_whole():
+    """64 users on 16 GB: the closest plan keeps every layer on the card and queues; the reason says so."""
+    r = advise("qwen35-27b", "v100-16gb", Workload(users=64, ttft_ms=5000, tpot_ms=100), quants=["Q4_0"])
+    b = r.best
+    assert not r.slo_met and b.fits and b.slots < 64 and b.serving.queue_ms > 0
+    assert b.candidate.offloaded_layers == b.candidate.n_layer_total
+    assert max(p.slots for p in r.per_slots()) == 64          # 64 slots fit only as a partial offload
+    assert f"only up to -np {b.slots}" in r.slo_message() and "waiting for one of" in r.slo_message()

@@ -400,6 +400,10 @@ def _why_missed(r: WorkloadResult) -> str:
         if w.phases == "staggered" and s.batch.batch > 1:
             why.append(f"the other {s.batch.batch - 1} prompts stall each answer once ({s.t_pp_s * 1e3:.0f} ms each)")
         parts.append(f"TPOT {s.tpot_ms:.1f} ms > {w.tpot_ms:g} ms (" + ", ".join(why) + ")")
+    whole = [p.slots for p in r.plans if p.fits and p.candidate.offloaded_layers >= p.candidate.n_layer_total]
+    if s.queue_ms > 0 and whole and max(whole) < w.users and any(
+            p.fits and p.slots > max(whole) for p in r.plans):
+        parts.append(f"every layer stays on {r.device} only up to -np {max(whole)}: more slots put layers on the CPU")
     most = max((p.slots for p in r.plans if p.fits), default=0)
     if most < w.users and not r.best.slo_met:
         over = [p for p in r.plans if p.slots > most and p.candidate.blockers]
