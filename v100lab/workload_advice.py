@@ -33,7 +33,8 @@ Arrival: ``phases="staggered"`` (default; requests at random phases, as real use
 stalls the other slots' decoding once) or ``"together"`` (a benchmark's closed loop of equal requests,
 in lockstep). Not modelled: :mod:`v100lab.serving`'s list (sampling and HTTP per token, per-slot bookkeeping,
 a prompt longer than ``--batch-size`` split over steps), and ``--kv-unified`` (one buffer of ``--ctx-size``
-cells for every slot: the same memory for the same total, so it is left to the reader: a note says so).
+cells for every slot: the same full-attention cells for the same total, so it is left to the reader: a note
+says so).
 """
 
 from __future__ import annotations
@@ -509,17 +510,16 @@ def advise(model: str, device, workload: Workload, *, quants: Sequence[str] | No
     bpw = {m.quant: m.spec.bits_per_weight for m in models}
     best = _choose(plans, bpw)
     m_best = next(m for m in models if m.quant == best.quant)
-    for p in plans:
-        if p.serving is not None:
-            notes += [f"serving: {x}" for x in p.serving.batch.notes if f"serving: {x}" not in notes]
+    notes += [f"serving: {x}" for x in best.serving.batch.notes]     # e.g. no batched-decode calibration for a CPU
     bc = best.candidate
     if gpu and not any(d.id == "host" for d in devices) and (bc.offloaded_layers < bc.n_layer_total or bc.config.cpu_moe
                                                             or bc.config.n_cpu_moe):
         hp = rates.describe_host_rates()      # what stays on the CPU runs at this machine's rates
         notes += [f"host (the CPU layers): {hp.line}"] + [f"host: warning: {x}" for x in hp.warnings]
     if w.users > 1:
-        notes.append("--kv-unified (one buffer of --ctx-size cells shared by every slot) needs the same memory for the "
-                     "same --ctx-size; this search gives each slot its own share")
+        notes.append("--kv-unified (one buffer of --ctx-size cells shared by every slot, each able to use more than "
+                     "its share) holds the same full-attention cells for the same --ctx-size; this search gives each "
+                     "slot its own share")
     argv = ("llama-server", "-m", m_best.file_arg, *best.config.to_server_argv())
     ordered = _order(plans)
     ordered = [best] + [p for p in ordered if p is not best]
