@@ -121,3 +121,25 @@ def test_selftest_fails_with_the_signal_and_the_rebuild_command(monkeypatch):
     assert not report.passed
     assert "SIGSEGV" in report.message and "v100lab.buildflags" in report.message
     assert report.steps[0].status == "crashed"
+
+
+# ---- GGML_F16_STEP of a build (ggml-cpu simd-mappings.h), which decides the f16 kernels' scalar tail
+
+def test_f16_step_follows_the_safe_flags_not_the_cpu():
+    # the AMX host's safe build names AVX-512 but never -mavx512fp16: step 64 although the CPU has avx512_fp16
+    spr = text("sapphire-rapids-amx.txt")
+    flags = buildflags.parse_cpuinfo(spr).flags
+    assert "avx512_fp16" in flags
+    amx = " ".join(buildflags.safe_cmake_args(spr))
+    assert buildflags.f16_simd_step(amx, flags, "x86_64") == 64
+    # the same CPU with llama.cpp's native build compiles __AVX512FP16__ in: step 128
+    assert buildflags.f16_simd_step("-DGGML_NATIVE=ON", flags, "x86_64") == 128
+    # an AVX2-only build on that CPU (a stand-in for an older one): 32, so head_dim 96 has no tail there
+    avx2 = amx.replace("-DGGML_AVX512=ON", "-DGGML_AVX512=OFF")
+    assert buildflags.f16_simd_step(avx2, flags, "x86_64") == 32
+
+
+def test_f16_step_of_a_native_build_on_other_cpus():
+    assert buildflags.f16_simd_step(None, {"avx", "avx2", "fma"}, "x86_64") == 32
+    assert buildflags.f16_simd_step("", {"sse4_2"}, "x86_64") == 16
+    assert buildflags.f16_simd_step(None, (), "aarch64") == 32

@@ -146,6 +146,42 @@ def write_record(cmake_args: str, source: str, prefix: str | None = None) -> Pat
     return path
 
 
+# ----------------------------------------------------------------------------------------- kernel facts
+def _option_on(cmake_args: str, option: str) -> bool | None:
+    """``-DOPTION=ON`` → True, ``=OFF`` → False, not named → None (the last mention wins, as in CMake)."""
+    found = None
+    for m in re.finditer(rf"-D{option}=(\w+)", cmake_args or ""):
+        found = m.group(1).upper() in ("ON", "1", "TRUE", "YES")
+    return found
+
+
+def f16_simd_step(cmake_args: str | None, cpu_flags=(), machine: str | None = None) -> int:
+    """``GGML_F16_STEP`` of a llama.cpp CPU build: the elements ggml's f16 vector kernels (``ggml_vec_dot_f16``,
+    ``ggml_vec_mad_f16``, used per KV cell by CPU flash attention) process per SIMD step; the rest of a row is
+    a scalar loop. Mirrors ggml/src/ggml-cpu/simd-mappings.h: AVX-512 with ``__AVX512FP16__`` 128, AVX-512 64,
+    AVX/AVX2 32, NEON with FP16 32, SSE3 16. ``cmake_args``: the build's flags (:func:`read_record`); a native
+    build (``GGML_NATIVE`` on or not named) compiles for ``cpu_flags``, the host's."""
+    machine = (machine or platform.machine()).lower()
+    flags = set(cpu_flags)
+    if machine not in ("x86_64", "amd64", "i686", "i386"):
+        return 32 if machine in ("aarch64", "arm64") else 16
+    native = _option_on(cmake_args or "", "GGML_NATIVE")
+    if native is not False:               # -march=native: the host's features
+        if "avx512f" in flags:
+            return 128 if "avx512_fp16" in flags else 64
+        return 32 if "avx" in flags else 16
+    if _option_on(cmake_args, "GGML_AVX512"):
+        return 64                         # the named options never include -mavx512fp16
+    if _option_on(cmake_args, "GGML_AVX2") or _option_on(cmake_args, "GGML_AVX"):
+        return 32
+    return 16
+
+
+def f16_simd_step_in_use() -> int:
+    """:func:`f16_simd_step` of the build ``scripts/setup.sh`` recorded, on this CPU (no record: a native build)."""
+    return f16_simd_step(read_record().get("cmake_args"), host_cpu().flags)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v100lab.buildflags",
                                  description="print the safe llama.cpp CMAKE_ARGS for this host, or record a build")

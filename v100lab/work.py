@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from v100lab import buildflags
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.llama_context import F32, kv_cell_bytes, kv_cells_read, recurrent_state_floats
 from v100lab.spec import ModelSpec, TensorInfo
 
-# ggml-cpu simd-mappings.h, AVX512: GGML_F16_STEP 64. ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU
-# flash-attention kernel per KV cell) run SIMD over the largest multiple of the step and a scalar loop over
-# the rest, so a head_dim of 96 costs far more per element than 64 or 256. (AVX2 builds: step 32.)
-F16_SIMD_STEP = 64
+# ggml-cpu simd-mappings.h: ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU flash-attention kernel per KV
+# cell) run SIMD over the largest multiple of GGML_F16_STEP and a scalar loop over the rest, so on an AVX-512
+# build (step 64) a head_dim of 96 costs far more per element than 64 or 256; on an AVX2 build (step 32) it
+# does not. The step is the build's (buildflags.f16_simd_step), read once per process.
+F16_SIMD_STEP = buildflags.f16_simd_step_in_use()
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,10 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
     return out
 
 
-def head_tail(head_dim: int) -> int:
-    """Elements of a head past the last full SIMD step (scalar in ggml's f16 vector kernels)."""
-    return head_dim % F16_SIMD_STEP
+def head_tail(head_dim: int, step: int | None = None) -> int:
+    """Elements of a head past the last full SIMD step (scalar in ggml's f16 vector kernels); ``step``: the
+    build's GGML_F16_STEP (default: the build in use)."""
+    return head_dim % (step or F16_SIMD_STEP)
 
 
 def _input_device(placement: Mapping[str, Placed]) -> str:
