@@ -143,3 +143,15 @@ def test_f16_step_of_a_native_build_on_other_cpus():
     assert buildflags.f16_simd_step(None, {"avx", "avx2", "fma"}, "x86_64") == 32
     assert buildflags.f16_simd_step("", {"sse4_2"}, "x86_64") == 16
     assert buildflags.f16_simd_step(None, (), "aarch64") == 32
+
+
+def test_last_level_cache_is_the_highest_data_level(tmp_path):
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+                                             (3, "Unified", "307200K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert buildflags.last_level_cache_bytes(str(tmp_path)) == 300 * 2**20
+    assert buildflags.last_level_cache_bytes(str(tmp_path / "missing")) is None

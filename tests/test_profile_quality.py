@@ -80,6 +80,11 @@ def test_another_build_or_cpu_is_a_warning_naming_which(fresh_cache):
     d = rates.describe_host_rates(_calibration(current, cpu=other_cpu), now=NOW)
     assert len(d.warnings) == 1 and "another CPU" in d.warnings[0]
     assert "CPU model 'Some Other CPU' →" in d.warnings[0]
+    # the same CPU model string on another host under the VM: the last-level cache gives it away
+    moved = {**current["cpu"], "llc_bytes": 32 * 2**20}
+    d = rates.describe_host_rates(_calibration(current, cpu=moved),
+                                  current={**current, "cpu": {**current["cpu"], "llc_bytes": 300 * 2**20}}, now=NOW)
+    assert len(d.warnings) == 1 and "last-level cache 32 MiB → 300 MiB" in d.warnings[0]
     # a rebuild of the same version (another libggml-cpu) is a different build too
     if current["build"]["ggml_cpu_sha256"]:
         rebuilt = {**current["build"], "ggml_cpu_sha256": "000000000000"}

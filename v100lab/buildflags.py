@@ -117,6 +117,29 @@ def host_cpu() -> CpuInfo:
     return cpu
 
 
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of the CPU's last-level cache as Linux reports it (sysfs ``index*/size`` of the highest ``level``),
+    or None where it is not readable. A VM reports its host's cache — shared with the host's other guests — and
+    a VM moved to another host can report another size with the same CPU model string."""
+    best: tuple[int, int] | None = None
+    for idx in sorted(Path(root).glob("index*")):
+        try:
+            level = int((idx / "level").read_text().strip())
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        m = re.fullmatch(r"(\d+)\s*([KMG]?)", size)
+        if not m:
+            continue
+        b = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+        if best is None or level > best[0]:
+            best = (level, b)
+    return best[1] if best else None
+
+
 def host_cmake_args() -> list[str]:
     """:func:`safe_cmake_args` for this machine."""
     return safe_cmake_args(read_cpuinfo(), platform.machine())

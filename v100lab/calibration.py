@@ -67,6 +67,11 @@ CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_
 # 64 elements (v100lab.work.F16_SIMD_STEP), which makes such heads several times dearer per element.
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
+# The per-layer cost on its own: the deep model's layers, 6 instead of 24. Deep and shallow differ only in
+# 18 identical layers, so their difference is 18 × (the layer's weights + the per-layer graph cost: ~20
+# small ops and their thread barriers) — without it the per-layer overhead is confounded with the weight
+# costs of the wide model and the fit pins it at zero (issue 18).
+CALIB_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
 CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "Q4_K": "Q4_K_M", "Q4_0": "Q4_0",
                "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q3_K": "Q3_K_M", "Q2_K": "Q2_K"}
@@ -107,6 +112,7 @@ class CalPoint:
 def calibration_points() -> list[CalPoint]:
     pts = [CalPoint("calib-wide", CALIB_WIDE, t) for t in CALIB_TYPES]
     pts += [CalPoint("calib-deep", CALIB_DEEP, "F16"), CalPoint("calib-deep", CALIB_DEEP, "Q4_0")]
+    pts += [CalPoint("calib-shallow", CALIB_SHALLOW, "F16"), CalPoint("calib-shallow", CALIB_SHALLOW, "Q4_0")]
     pts += [CalPoint("calib-deep", CALIB_DEEP, "F16", depth=d, prompt=False) for d in CALIB_DEPTHS]
     pts += [CalPoint("calib-deep96", CALIB_DEEP96, "F16", depth=d, prompt=False) for d in (0,) + CALIB_DEPTHS]
     return pts
@@ -138,7 +144,8 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
     """Build (once; cached) every calibration model: (label, type) → path."""
     out = {}
     for label, synth, types in (("calib-wide", CALIB_WIDE, tuple(CALIB_TYPES)), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
-                                ("calib-deep96", CALIB_DEEP96, ("F16",))):
+                                ("calib-deep96", CALIB_DEEP96, ("F16",)),
+                                ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0"))):
         f16 = zoo.synthetic_path(synth)
         for t in types:
             if progress:
@@ -149,7 +156,7 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
-    return {CALIB_WIDE.stem, CALIB_DEEP.stem, CALIB_DEEP96.stem}
+    return {CALIB_WIDE.stem, CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem}
 
 
 # ------------------------------------------------------------------------------------------------

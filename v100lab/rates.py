@@ -209,7 +209,8 @@ def current_build_facts() -> dict[str, Any]:
     return {"build": {"llama_cpp_python": lcp, "build_flags": rec.get("cmake_args"),
                       "build_flags_source": rec.get("source"), "ggml_cpu_sha256": ggml_cpu_digest()},
             "cpu": {"model": cpu.model, "flags": " ".join(cpu.relevant_flags), "cpu_count": fp["cpu_count"],
-                    "machine": fp["machine"], "hostname": fp["hostname"]}}
+                    "machine": fp["machine"], "hostname": fp["hostname"],
+                    "llc_bytes": buildflags.last_level_cache_bytes()}}
 
 
 def _abs_errs(values) -> list[float]:
@@ -352,6 +353,9 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
         old, new = cpu.get(key), cur_c.get(key)
         if old and new and old != new:
             diff.append(f"{what} '{old}' → '{new}'")
+    old, new = cpu.get("llc_bytes"), cur_c.get("llc_bytes")
+    if old and new and old != new:   # same model string, another host under the VM: other cache, other speeds
+        diff.append(f"last-level cache {old / 2**20:g} MiB → {new / 2**20:g} MiB")
     old_f, new_f = set(str(cpu.get("flags") or "").split()), set(str(cur_c.get("flags") or "").split())
     if old_f and new_f and old_f != new_f:
         gone, added = sorted(old_f - new_f), sorted(new_f - old_f)
