@@ -7,9 +7,9 @@ isolated in-process backend of :mod:`v100lab.harness`):
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
   the host profile stores (:func:`measure_host`);
 * decode and prompt time per token of *calibration models only*: a synthetic llama (8 layers, n_embd 1024)
-  quantized to every type of the ladder, and a deep, narrow one (24 layers, n_embd 256) at depths 0, 1024
-  and 2048 — the first gives each weight type its cost, the second the per-layer overhead and the cost of
-  attention over the KV cache;
+  quantized to every type of the ladder, a deep, narrow one (24 layers, n_embd 256) at depths 0, 1024
+  and 2048, and the same with 6 layers — the first gives each weight type its cost, deep against shallow the
+  per-layer overhead, the depths the cost of attention over the KV cache;
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_token + overhead_layer × layers + Σ_type weights_type × cost_type + attention_ops × cost_attention``
   (weighted by 1/t, i.e. relative error), and the same for prompt processing per token.
