@@ -41,19 +41,26 @@ VALIDATION = (
     + [("gemma3-270m", 2, d, d == 0) for d in (0, 1024, 4096)] + [("gemma3-270m", 1, 0, True)]
 )
 
+# (issue 17, item 3) one model per architecture beyond llama, at the usual mix: a hybrid (gated delta net +
+# full attention), routed experts, sliding-window attention — depths 0-4096, 1 and 2 threads
+ARCH_VALIDATION = tuple(
+    (alias, th, d, d == 0)
+    for alias in ("synth-qwen35-500m:Q4_K_M", "synth-qwen3moe-500m:Q4_K_M", "synth-gemma3-500m:Q4_K_M")
+    for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0)))
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def host_part(quick: bool, repetitions: int) -> dict:
+def host_part(quick: bool, repetitions: int, validation=VALIDATION) -> dict:
     cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
     stems = calibration.calibration_stems()
     host = get_device("host")
     rows = []
-    configs = VALIDATION[::3] if quick else VALIDATION
+    configs = validation[::3] if quick else validation
     for alias, threads, depth, with_pp in configs:
         path = zoo.resolve(alias)
         if any(path.name.startswith(s) for s in stems):
@@ -70,7 +77,8 @@ def host_part(quick: bool, repetitions: int) -> dict:
             if meas is None:
                 continue
             mt = 1.0 / meas.s_per_token
-            rows.append({"model": alias, "file_type": spec.file_type, "threads": threads, "depth": depth,
+            rows.append({"model": alias, "arch": spec.architecture, "file_type": spec.file_type, "threads": threads,
+                         "depth": depth,
                          "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
                          "cv": round(meas.cv, 4), "predicted_tps": round(pred, 2), "error": pred / mt - 1,
                          "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
@@ -86,6 +94,12 @@ def host_part(quick: bool, repetitions: int) -> dict:
             out[f"{test}_median_abs_error"] = statistics.median(errs)
             out[f"{test}_worst_abs_error"] = max(errs)
             out[f"{test}_n"] = len(errs)
+        for arch in sorted({r["arch"] for r in rows}):
+            errs = [abs(r["error"]) for r in rows if r["test"].startswith(test) and r["arch"] == arch]
+            if errs:
+                out.setdefault("by_arch", {}).setdefault(arch, {}).update(
+                    {f"{test}_median_abs_error": statistics.median(errs), f"{test}_worst_abs_error": max(errs),
+                     f"{test}_n": len(errs)})
     return out
 
 
@@ -101,6 +115,10 @@ def print_host(res: dict) -> None:
         if f"{test}_n" in res:
             print(f"\n{test}: median |error| {100 * res[f'{test}_median_abs_error']:.1f} %, worst "
                   f"{100 * res[f'{test}_worst_abs_error']:.1f} % over {res[f'{test}_n']} configurations")
+    for arch, a in (res.get("by_arch") or {}).items():
+        print(f"- {arch}: " + "; ".join(f"{t} median {100 * a[f'{t}_median_abs_error']:.1f} %, worst "
+                                         f"{100 * a[f'{t}_worst_abs_error']:.1f} % ({a[f'{t}_n']})"
+                                         for t in ("tg", "pp") if f"{t}_n" in a))
     print()
 
 
@@ -189,7 +207,8 @@ def print_seed(res: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", default="host,apple,seed", help="comma-separated: host, apple, seed")
+    ap.add_argument("--part", default="host,apple,seed",
+                    help="comma-separated: host, arch (issue 17: hybrid, MoE, SWA models on this host), apple, seed")
     ap.add_argument("--quick", action="store_true", help="every third host configuration only")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--json", help="also write the results to this JSON file")
@@ -199,6 +218,9 @@ def main(argv=None) -> int:
     if "host" in parts:
         res["host"] = host_part(args.quick, args.repetitions)
         print_host(res["host"])
+    if "arch" in parts:
+        res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION)
+        print_host(res["arch"])
     if "apple" in parts:
         res["apple"] = apple_part()
         print_apple(res["apple"])
