@@ -490,6 +490,7 @@ class GpuFit:
     tg_fp32_flop_per_weight: float = 0.0     # decode CUDA-core work per weight, in FP32-FLOP equivalents
     overhead_layer_fa_s: float = 0.0         # added per layer per token when flash attention is on (< 0: saves)
     pp_quant_peak: str = "fp16"              # quantized types' prompt efficiency is of this peak: fp16 | fp32
+    pp_cublas_quant_efficiency: float | None = None   # Volta: quantized prompts through cuBLAS, of the FP16 peak
 
 
 APPLE_CFG = RunConfig(flash_attn="on", n_ctx=4096)   # FA: cells read = cells used (the 2023 build padded n_kv to 32)
@@ -548,9 +549,22 @@ def fit_gpu_rows(df, kind: str = "apple") -> GpuFit:
 # ------------------------------------------------------------------------------------------------
 
 CUDA_CSV = "cuda_llama7b.csv"
+CUBLAS_QUANT_KEY = "quantized via cuBLAS"     # fit_cuda_rows' key for Volta's quantized prompt rows
 # weight types whose decode matmul is not llama.cpp's MMVQ (quantized x q8_1 dot products) but the float path
 # (ggml/src/ggml-cuda/ggml-cuda.cu, ggml_cuda_mul_mat: mmvf / cuBLAS for F16, BF16, F32 weights)
 CUDA_FLOAT_TYPES = ("F16", "BF16", "F32")
+
+
+def cuda_prompt_cublas_for_quantized(device) -> bool:
+    """Whether llama.cpp multiplies a prompt's quantized weights with cuBLAS (dequantised to F16, tensor-core GEMM)
+    instead of MMQ: ggml/src/ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq — an NVIDIA card with FP16 tensor cores but
+    without Turing's int8 mma (Volta, compute capability 7.0/7.2) uses MMQ only for batches below
+    MMQ_DP4A_MAX_BATCH_SIZE (64, mmq.cuh); a pp512 ubatch is larger."""
+    try:
+        cc = float(device.compute_capability or 0)
+    except ValueError:
+        return False
+    return 7.0 <= cc < 7.5
 
 
 def load_cuda_table():
@@ -617,7 +631,9 @@ def fit_cuda_rows(df) -> GpuFit:
 
     Prompt, per weight type: eff_pp = ideal / measured time of a pp512, the ideal being the FLOPs (layers x 512,
     output once, causal attention) at a peak chosen by kernel family: quantized types (MMQ: int8 mma on Turing+,
-    dp4a before) scale with the FP32 (CUDA-core) rate, float types (cuBLAS) with the FP16 tensor peak."""
+    dp4a before) scale with the FP32 (CUDA-core) rate, float types (cuBLAS) with the FP16 tensor peak. Volta runs
+    quantized prompts through cuBLAS too (:func:`cuda_prompt_cublas_for_quantized`): one efficiency of the FP16
+    peak for those rows; with no Volta row in ``df`` Volta falls back to the MMQ rule."""
     import numpy as np  # heavy: only the fits need it
 
     float_family = bool((df["quant"].isin(CUDA_FLOAT_TYPES) & (df["test"] == "tg128")).any())
@@ -632,9 +648,11 @@ def fit_cuda_rows(df) -> GpuFit:
             y.append(1.0 / float(row["tps"]))
         else:
             quant = str(row["quant"])
-            peak = _tensor_tflops(dev) if quant in CUDA_FLOAT_TYPES else _fp32_tflops(dev)
+            cublas = quant in CUDA_FLOAT_TYPES or cuda_prompt_cublas_for_quantized(dev)
+            peak = _tensor_tflops(dev) if cublas else _fp32_tflops(dev)
             ideal = _pp_ideal_seconds(spec, n_prompt) / (peak * 1e12)
-            pp_e.setdefault(quant, []).append(ideal / (n_prompt / float(row["tps"])))
+            key = quant if quant in CUDA_FLOAT_TYPES or not cublas else CUBLAS_QUANT_KEY
+            pp_e.setdefault(key, []).append(ideal / (n_prompt / float(row["tps"])))
     X, y = np.array(X), np.array(y)
     used = np.abs(X).sum(axis=0) > 0
     coef = np.zeros(X.shape[1])
@@ -642,13 +660,14 @@ def fit_cuda_rows(df) -> GpuFit:
     coef[used], *_ = np.linalg.lstsq(X[:, used] * wts[:, None], y * wts, rcond=None)
     inv_q, inv_f, k, o_layer, o_fa = (float(c) for c in coef)
     pp = {q: float(math.exp(statistics.fmean(math.log(v) for v in vals))) for q, vals in pp_e.items()}
+    cublas_q = pp.pop(CUBLAS_QUANT_KEY, None)
     quantized = [v for q, v in pp.items() if q not in CUDA_FLOAT_TYPES]
     default = float(math.exp(statistics.fmean(math.log(v) for v in quantized))) if quantized else min(pp.values())
     cards = df["device"].nunique()
     return GpuFit(kind="gpu", efficiency=1.0 / inv_q, overhead_layer_s=max(o_layer, 0.0),
                   pp_efficiency=MappingProxyType(pp), pp_default_efficiency=default, n_rows=len(df),
                   efficiency_f16=(1.0 / inv_f) if inv_f > 0 else None, tg_fp32_flop_per_weight=max(k, 0.0),
-                  overhead_layer_fa_s=o_fa, pp_quant_peak="fp32",
+                  overhead_layer_fa_s=o_fa, pp_quant_peak="fp32", pp_cublas_quant_efficiency=cublas_q,
                   source=f"CUDA class fitted on {len(df)} published llama-bench rows of {cards} cards "
                          "(data/cuda_llama7b.csv: llama.cpp CUDA scoreboard, discussion #15013, and PR #4766)")
 
@@ -680,6 +699,10 @@ def gpu_rates(device, fit: GpuFit, cfg: RunConfig | None = None) -> DeviceRates:
     qflops = _fp32_tflops(device) * 1e12 if fit.pp_quant_peak == "fp32" else flops
     pp = {t: 2.0 / (e * (flops if t in CUDA_FLOAT_TYPES else qflops)) for t, e in fit.pp_efficiency.items()}
     default = 2.0 / (fit.pp_default_efficiency * qflops)
+    if fit.pp_cublas_quant_efficiency and cuda_prompt_cublas_for_quantized(device):
+        # Volta: every quantized type's prompt matmuls are cuBLAS GEMMs on the FP16 tensor peak
+        default = 2.0 / (fit.pp_cublas_quant_efficiency * flops)
+        pp = {t: (c if t in CUDA_FLOAT_TYPES else default) for t, c in pp.items()}
     by_type = {t: fit.efficiency_f16 for t in CUDA_FLOAT_TYPES} if fit.efficiency_f16 else {}
     o_layer = fit.overhead_layer_s
     if fit.overhead_layer_fa_s and cfg is not None and resolve_flash_attn(cfg):

@@ -444,7 +444,7 @@ def cuda_rows(split: str = "leave-one-card-out"):
     ``split="leave-one-card-out"``: each card's rows are predicted by a CUDA-class fit on every other card's
     rows (:func:`v100lab.rates.fit_cuda_rows`) — the honest figure. ``split="none"``: one fit on every row
     (in-sample; shown only to size the optimism)."""
-    import pandas as pd   # heavy: only this table needs it
+    import pandas as pd  # heavy: only this table needs it
 
     if split not in ("leave-one-card-out", "none"):
         raise ConfigError(f"cuda_rows: split must be 'leave-one-card-out' or 'none', got '{split}'")
