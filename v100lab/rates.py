@@ -580,8 +580,9 @@ def load_cuda_table():
 
 def cuda_bench_config(test: str, fa: int) -> tuple[RunConfig, int, int]:
     """llama-bench's context for one test: (RunConfig, depth the decode is predicted at, n_prompt).
-    tools/llama-bench/llama-bench.cpp sizes the context to the test (n_ctx = n_prompt + n_gen); tg128's tokens sit
-    at depths 0..127, so decode is predicted at the mean depth, 64."""
+    tools/llama-bench/llama-bench.cpp sizes the context to the test (n_ctx = n_prompt + n_gen; here at least 256,
+    the KV padding, which changes no cell read); tg128's tokens sit at depths 0..127, so decode is predicted at the
+    mean depth, 64."""
     n_prompt, n_gen = (512, 0) if test == "pp512" else (0, 128)
     if test not in ("pp512", "tg128"):
         raise ConfigError(f"CUDA table: test must be pp512 or tg128, got '{test}'")
