@@ -197,7 +197,8 @@ def print_seed(res: dict) -> None:
         verdict = "**impossible** (above the physical ceiling)" if s["impossible"] else "possible"
         print(f"| {stage} | {s['quant']} | {cl} | {s['predicted']:.1f} | {s['weights_ceiling_tg_tps']:.1f} | "
               f"{s['physical_ceiling_tg_tps']:.1f} | {verdict} | {s['note']} |")
-    print("\nIndependent published V100 rows:\n")
+    print("\nIndependent published V100 rows (role \"calibration\": the same figure is a row of the CUDA class's fit, "
+          "data/cuda_llama7b.csv, so it is reproduced, not validated):\n")
     print("| row | role | published | predicted | error |")
     print("|---|---|--:|--:|--:|")
     for a in res["anchors"]:

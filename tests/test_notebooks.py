@@ -419,8 +419,11 @@ def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
     floor = cat[cat["metric"] == "overhead_floor_tg_tps"].set_index("value")["result"]
     pred = cat[(cat["metric"] == "tg_tps") & (cat["source"] == "predicted")].set_index("value")["result"]
     ceil = cat[cat["metric"] == "weights_ceiling_tg_tps"].set_index("value")["result"]
-    assert ceil["h200"] > 5 * ceil["t4"] and pred["h200"] < 1.5 * pred["t4"], "bandwidth is not what limits it"
-    assert all(pred[d] >= 0.8 * floor[d] for d in ("t4", "h200")), "both sit on their overhead limit"
+    # the CUDA class fitted on published rows (rates.fit_cuda_rows) puts the T4 about half on its bandwidth, half on
+    # its launch overhead for this 135M model; the H200, with 15x the bandwidth, on its overhead limit
+    bw_ratio = ceil["h200"] / ceil["t4"]
+    assert bw_ratio > 5 and pred["h200"] / pred["t4"] < bw_ratio / 3, "bandwidth is not what limits it"
+    assert pred["h200"] >= 0.8 * floor["h200"], "the big card sits on its overhead limit"
 
 
 def test_the_tuned_command_names_its_model_by_a_path_a_reader_can_use():

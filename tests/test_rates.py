@@ -8,8 +8,6 @@ import pytest
 from v100lab import rates, speed
 from v100lab.config import RunConfig
 from v100lab.devices import Device, device_from_mapping, get_device
-from v100lab.seed import load_seed_claims
-
 
 # ---- CPUs: a stored calibration -------------------------------------------------------------------
 
@@ -60,13 +58,67 @@ def test_apple_rows_leave_one_chip_out_is_a_real_split():
         speed.apple_rows("random")
 
 
-def test_cuda_class_borrows_apple_efficiency_and_anchor_overhead():
-    apple, cuda = rates.gpu_class_fit("apple"), rates.gpu_class_fit("gpu")
-    assert cuda.efficiency == apple.efficiency
-    assert "anchor" in cuda.source
-    claims = load_seed_claims()
-    roles = {a["id"]: a["role"] for a in claims["anchors"]}
-    assert "validation" in roles.values()          # at least one published row is kept out of the fit
+def test_cuda_table_rows_have_sources_and_known_cards():
+    df = rates.load_cuda_table()
+    assert len(df) >= 40 and df["device"].nunique() >= 15
+    assert set(df["test"]) == {"pp512", "tg128"} and set(df["fa"]) <= {0, 1}
+    assert (df["tps"] > 0).all()
+    assert df["source_url"].str.match(r"^https://github\.com/ggml-org/llama\.cpp/(discussions|pull)/\d+$").all()
+    assert df["read_from"].fillna("").str.len().gt(0).all()
+    for card in df["device"].unique():
+        dev = get_device(card)                    # every card is in the catalog, with its own source
+        assert dev.kind == "gpu" and dev.source_url.startswith("https://") and dev.fp32_tflops, card
+
+
+def _loco_error(d, test, fa=None):
+    e = d[(d["test"] == test) & ((d["fa"] == fa) if fa is not None else True)]["error"].abs()
+    return float(e.median()), len(e)
+
+
+def test_cuda_class_leave_one_card_out():
+    """Judged on cards the fit did not see. Tolerances from the published spread: two cards of the same chip
+    and bandwidth differ by 0-2 % (Quadro RTX 6000/8000, RTX 4090/4090 D), one card's own rows by build and
+    host (the scoreboard thread reports +12 % on an RTX 3060 after closing desktop GPU users), so a model
+    of bandwidth, kernels and overheads should sit within 8 % at the median for decode (about 5 % today).
+    Prompt speed depends on sustained clocks under the power limit, which no spec sheet gives: 15 % (12 % today)."""
+    loco, ins = speed.cuda_rows(), speed.cuda_rows("none")
+    assert all(f == f"all cards but {c}" for c, f in zip(loco["device"], loco["fit_on"]))
+    assert not np.allclose(loco["predicted"].values, ins["predicted"].values)
+    for fa in (0, 1):
+        med, n = _loco_error(loco, "tg128", fa)
+        assert n >= 5 and med <= 0.08, (fa, med)
+    med, n = _loco_error(loco, "pp512")
+    assert n >= 20 and med <= 0.15, med
+    with pytest.raises(Exception, match="split"):
+        speed.cuda_rows("random")
+
+
+def test_cuda_class_fit_terms_are_physical():
+    fit = rates.gpu_class_fit("gpu")
+    assert 0.5 < fit.efficiency <= 1.0 and fit.efficiency_f16 and 0.5 < fit.efficiency_f16 <= 1.0
+    assert fit.overhead_layer_s > 0 and fit.tg_fp32_flop_per_weight > 0
+    assert fit.overhead_layer_fa_s < 0          # flash attention fuses KQ, softmax and KQV: fewer kernels per layer
+    assert fit.n_rows == len(rates.load_cuda_table()) and "15013" in fit.source
+    assert rates.gpu_class_fit("apple").efficiency_f16 is None     # the Apple class is untouched
+
+
+def test_v100_predictions_stay_sane():
+    """v100-16gb against the published V100 row (the scoreboard's Tesla V100, 900 GB/s like every V100): decode
+    within 10 % (in the fit, and also when the V100 is left out); FA on faster than off, as published; prompt
+    within -45 %..+10 %: llama.cpp runs quantized prompts on Volta through cuBLAS, not MMQ (mmq.cu,
+    ggml_cuda_should_use_mmq), a kernel path no other published card takes, so it is predicted low."""
+    df = rates.load_cuda_table()
+    v = df[df["device"] == "v100-32gb"].set_index(["test", "fa"])["tps"]
+    spec = rates.arch_spec("llama2-7b", "Q4_0")
+    got = {}
+    for fa in (0, 1):
+        cfg, depth, n_prompt = rates.cuda_bench_config("tg128", fa)
+        got[fa] = speed.predict(spec, ["v100-16gb"], cfg, depth=depth, n_prompt=n_prompt)
+        assert got[fa].tg_tps == pytest.approx(v[("tg128", fa)], rel=0.10)
+    assert got[1].tg_tps > got[0].tg_tps
+    assert -0.45 <= got[0].pp_tps / v[("pp512", 0)] - 1 <= 0.10
+    loco = speed.cuda_rows()
+    assert loco[(loco["device"] == "v100-32gb") & (loco["test"] == "tg128")]["error"].abs().max() <= 0.10
 
 
 def test_pascal_prompt_rate_uses_fp32_where_fp16_is_slower():
@@ -76,9 +128,11 @@ def test_pascal_prompt_rate_uses_fp32_where_fp16_is_slower():
                     fp32_tflops=11.8)
     fast16 = Device(id="v", name="V100-like", kind="gpu", memory_gib=16, bandwidth_gbs=900, fp16_tflops=112,
                     fp32_tflops=14)
-    r = rates.gpu_rates(pascal, fit)
-    assert r.pp_default_s_per_weight == pytest.approx(2.0 / (fit.pp_default_efficiency * 11.8e12))
-    assert rates.gpu_rates(fast16, fit).pp_default_s_per_weight == pytest.approx(2.0 / (fit.pp_default_efficiency * 112e12))
+    r = rates.gpu_rates(pascal, fit, RunConfig())
+    assert r.pp_cost("F16") == pytest.approx(2.0 / (fit.pp_efficiency["F16"] * 11.8e12))
+    assert rates.gpu_rates(fast16, fit).pp_cost("F16") == pytest.approx(2.0 / (fit.pp_efficiency["F16"] * 112e12))
+    # quantized types (MMQ) are rated on the FP32 rate on every card
+    assert rates.gpu_rates(fast16, fit).pp_default_s_per_weight == pytest.approx(2.0 / (fit.pp_default_efficiency * 14e12))
     assert rates.rates_for(pascal, RunConfig()) == r          # rates_for uses the same function
     with pytest.raises(Exception, match="fp16_tflops"):
         rates.gpu_rates(Device(id="x", name="x", kind="gpu", memory_gib=8, bandwidth_gbs=100), fit)

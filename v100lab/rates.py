@@ -8,9 +8,9 @@
   (:data:`UNCALIBRATED_CPU_EFFICIENCY` of its bandwidth).
 * **GPU classes.** Apple Silicon: efficiency (fraction of bandwidth reached in decode), per-layer overhead and
   prompt-processing efficiency per weight type (fraction of the GPU's FP16 ALU peak) are fitted on the
-  published llama-bench rows in ``data/apple_silicon_llama7b.csv``. CUDA cards borrow Apple's bandwidth
-  efficiency; their per-layer overhead and prompt efficiency come from two published V100 rows
-  (``data/seed_claims.yaml``, ``anchors``), which therefore cannot validate anything.
+  published llama-bench rows in ``data/apple_silicon_llama7b.csv``. CUDA cards: a class of their own, fitted on
+  the published CUDA llama-bench rows in ``data/cuda_llama7b.csv`` (:func:`fit_cuda_rows`; judged
+  leave-one-card-out by ``benchmarks/bench_gpu_class.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from v100lab import buildflags, memory
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device, host_fingerprint, read_host_profile
 from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import bits_per_weight, causal_cells
+from v100lab.llama_context import bits_per_weight, causal_cells, resolve_flash_attn
 from v100lab.skeleton import skeleton_spec
 from v100lab.work import single_device_work
 
@@ -70,6 +70,9 @@ class DeviceRates:
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
     profile_note: str = ""                    # the host: its profile's age and quality (describe_host_rates)
     profile_warnings: tuple[str, ...] = ()    # the host: the profile was made with another build or CPU
+    efficiency_by_type: Mapping[str, float] = field(default_factory=dict)   # GPUs: decode efficiency per weight
+                                              # type where its kernel family differs (CUDA: F16/BF16/F32)
+    tg_add_s_per_weight: float = 0.0          # GPUs: decode time per weight added to the memory time (CUDA-core work)
 
     @property
     def peak_bandwidth(self) -> float:
@@ -80,6 +83,10 @@ class DeviceRates:
     @property
     def effective_bandwidth(self) -> float:
         return self.bandwidth_gbs * 1e9 * self.efficiency
+
+    def bandwidth_for(self, type_name: str) -> float:
+        """Bytes/s that decode reaches on weights of ``type_name`` (its kernel family's efficiency)."""
+        return self.bandwidth_gbs * 1e9 * self.efficiency_by_type.get(type_name, self.efficiency)
 
     def tg_cost(self, type_name: str) -> float | None:
         """Seconds per weight of ``type_name`` in decode, or None when the device has no compute term
@@ -135,7 +142,7 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
             hp = describe_host_rates(cal, device=device, stored=False)
             r = replace(r, profile_note=hp.line, profile_warnings=hp.warnings)
         return replace(r, source=f"{r.source}; {note}", threads_note=note) if note else r
-    return gpu_rates(device, gpu_class_fit(device.kind))
+    return gpu_rates(device, gpu_class_fit(device.kind), cfg)
 
 
 def effective_threads(cfg: RunConfig, device, profile: Mapping[str, Any] | None = None) -> tuple[int, str]:
@@ -417,7 +424,7 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
 
 
 # ------------------------------------------------------------------------------------------------
-# GPU classes: the Apple Silicon table and the CUDA anchors
+# GPU classes: the Apple Silicon table
 # ------------------------------------------------------------------------------------------------
 
 APPLE_CSV = "apple_silicon_llama7b.csv"
@@ -482,6 +489,12 @@ class GpuFit:
     pp_overhead_s: float = 0.0
     n_rows: int = 0
     source: str = ""
+    # CUDA class only (the Apple class leaves these at their defaults):
+    efficiency_f16: float | None = None      # decode efficiency of F16/BF16/F32 weights (cuBLAS/MMV, not MMVQ)
+    tg_fp32_flop_per_weight: float = 0.0     # decode CUDA-core work per weight, in FP32-FLOP equivalents
+    overhead_layer_fa_s: float = 0.0         # added per layer per token when flash attention is on (< 0: saves)
+    pp_quant_peak: str = "fp16"              # quantized types' prompt efficiency is of this peak: fp16 | fp32
+    pp_cublas_quant_efficiency: float | None = None   # Volta: quantized prompts through cuBLAS, of the FP16 peak
 
 
 APPLE_CFG = RunConfig(flash_attn="on", n_ctx=4096)   # FA: cells read = cells used (the 2023 build padded n_kv to 32)
@@ -535,67 +548,183 @@ def fit_gpu_rows(df, kind: str = "apple") -> GpuFit:
 
 
 
+# ------------------------------------------------------------------------------------------------
+# the CUDA class: fitted on published CUDA llama-bench rows (data/cuda_llama7b.csv)
+# ------------------------------------------------------------------------------------------------
+
+CUDA_CSV = "cuda_llama7b.csv"
+CUBLAS_QUANT_KEY = "quantized via cuBLAS"     # fit_cuda_rows' key for Volta's quantized prompt rows
+# weight types whose decode matmul is not llama.cpp's MMVQ (quantized x q8_1 dot products) but the float path
+# (ggml/src/ggml-cuda/ggml-cuda.cu, ggml_cuda_mul_mat: mmvf / cuBLAS for F16, BF16, F32 weights)
+CUDA_FLOAT_TYPES = ("F16", "BF16", "F32")
+
+
+def cuda_prompt_cublas_for_quantized(device) -> bool:
+    """Whether llama.cpp multiplies a prompt's quantized weights with cuBLAS (dequantised to F16, tensor-core GEMM)
+    instead of MMQ: ggml/src/ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq — an NVIDIA card with FP16 tensor cores but
+    without Turing's int8 mma (Volta, compute capability 7.0/7.2) uses MMQ only for batches below
+    MMQ_DP4A_MAX_BATCH_SIZE (64, mmq.cuh); a pp512 ubatch is larger."""
+    try:
+        cc = float(device.compute_capability or 0)
+    except ValueError:
+        return False
+    return 7.0 <= cc < 7.5
+
+
+def load_cuda_table():
+    """The published CUDA llama-bench rows (``data/cuda_llama7b.csv``, header comment lines skipped) as a DataFrame."""
+
+    import pandas as pd  # heavy, optional until a table is asked for
+
+    text = "".join(line + "\n" for line in data_text(CUDA_CSV).splitlines() if not line.startswith("#"))
+    df = pd.read_csv(io.StringIO(text), dtype={"build": str})
+    df["fa"] = df["fa"].astype(int)
+    return df
+
+
+def cuda_bench_config(test: str, fa: int) -> tuple[RunConfig, int, int]:
+    """llama-bench's context for one test: (RunConfig, depth the decode is predicted at, n_prompt).
+    tools/llama-bench/llama-bench.cpp sizes the context to the test (n_ctx = n_prompt + n_gen; here at least 256,
+    the KV padding, which changes no cell read); tg128's tokens sit at depths 0..127, so decode is predicted at the
+    mean depth, 64."""
+    n_prompt, n_gen = (512, 0) if test == "pp512" else (0, 128)
+    if test not in ("pp512", "tg128"):
+        raise ConfigError(f"CUDA table: test must be pp512 or tg128, got '{test}'")
+    cfg = RunConfig(flash_attn="on" if int(fa) else "off", n_ctx=max(256, n_prompt + n_gen))
+    return cfg, (APPLE_TG_DEPTH if n_gen else 0), (n_prompt or 512)
+
+
+def _tensor_tflops(device) -> float:
+    """The FP16 matmul peak (tensor cores where the card has them), or FP32 where FP16 is slower (Pascal)."""
+    t16, t32 = device.fp16_tflops or 0.0, device.fp32_tflops or 0.0
+    peak = max(t16, t32)
+    if not peak:
+        raise ConfigError(f"device '{device.id}': no fp16_tflops/fp32_tflops, cannot predict prompt speed")
+    return peak
+
+
+def _fp32_tflops(device) -> float:
+    return float(device.fp32_tflops or _tensor_tflops(device))
+
+
+def _cuda_decode_features(spec, cfg, depth, device, float_family: bool) -> list[float]:
+    """One row of the decode design matrix (seconds per unit of each parameter):
+    [MMVQ bytes / bandwidth, float-kernel bytes / bandwidth, weights / FP32 FLOP/s, layers + 1, (layers + 1) x FA]."""
+    w = single_device_work(spec, cfg, depth, device)
+    bw = device.bandwidth_gbs * 1e9
+    fbytes = sum(tw.n_bytes for t, tw in w.weights.items() if t in CUDA_FLOAT_TYPES) if float_family else 0.0
+    n_w = sum(tw.n_weights for tw in w.weights.values())
+    layers = spec.n_layer - (spec.nextn_layers or 0) + 1.0
+    return [(w.bytes_read - fbytes) / bw, fbytes / bw, n_w / (_fp32_tflops(device) * 1e12), layers,
+            layers * (1.0 if resolve_flash_attn(cfg) else 0.0)]
+
+
+def fit_cuda_rows(df) -> GpuFit:
+    """Fit the CUDA class on published llama-bench rows (``load_cuda_table()`` or a subset: leave-one-card-out
+    passes all cards but one). Decode, one weighted least-squares fit on 1/tg (relative error)::
+
+        t_token = bytes_MMVQ / (eff_q x BW) + bytes_F16 / (eff_f16 x BW) + k x weights / FP32_rate
+                + (layers + 1) x (o_layer + FA x o_fa)
+
+    eff_q/eff_f16: the bandwidth efficiency of the two kernel families (quantized MMVQ, float cuBLAS/MMV), so the
+    efficiency a card reaches depends on how its bytes per token split between them; k: CUDA-core work per weight
+    (dequantisation, q8_1 quantisation of activations), which makes small-SM cards slower than their bandwidth
+    says; o_layer: launch overhead per layer per token (every published row is a 32-layer model, so a constant per
+    token and a per-layer term cannot be told apart: it is charged per layer, as llama.cpp launches a fixed set of
+    kernels per layer); o_fa: the change per layer with flash attention on (one fused kernel instead of KQ, softmax
+    and KQV). Without F16 rows eff_f16 = eff_q; without FA-on rows o_fa = 0.
+
+    Prompt, per weight type: eff_pp = ideal / measured time of a pp512, the ideal being the FLOPs (layers x 512,
+    output once, causal attention) at a peak chosen by kernel family: quantized types (MMQ: int8 mma on Turing+,
+    dp4a before) scale with the FP32 (CUDA-core) rate, float types (cuBLAS) with the FP16 tensor peak. Volta runs
+    quantized prompts through cuBLAS too (:func:`cuda_prompt_cublas_for_quantized`): one efficiency of the FP16
+    peak for those rows; with no Volta row in ``df`` Volta falls back to the MMQ rule."""
+    import numpy as np  # heavy: only the fits need it
+
+    float_family = bool((df["quant"].isin(CUDA_FLOAT_TYPES) & (df["test"] == "tg128")).any())
+    X, y = [], []
+    pp_e: dict[str, list[float]] = {}
+    for _, row in df.iterrows():
+        dev = get_device(str(row["device"]))
+        spec = arch_spec(str(row["arch"]), str(row["quant"]))
+        cfg, depth, n_prompt = cuda_bench_config(str(row["test"]), int(row["fa"]))
+        if row["test"] == "tg128":
+            X.append(_cuda_decode_features(spec, cfg, depth, dev, float_family))
+            y.append(1.0 / float(row["tps"]))
+        else:
+            quant = str(row["quant"])
+            cublas = quant in CUDA_FLOAT_TYPES or cuda_prompt_cublas_for_quantized(dev)
+            peak = _tensor_tflops(dev) if cublas else _fp32_tflops(dev)
+            ideal = _pp_ideal_seconds(spec, n_prompt) / (peak * 1e12)
+            key = quant if quant in CUDA_FLOAT_TYPES or not cublas else CUBLAS_QUANT_KEY
+            pp_e.setdefault(key, []).append(ideal / (n_prompt / float(row["tps"])))
+    X, y = np.array(X), np.array(y)
+    used = np.abs(X).sum(axis=0) > 0
+    coef = np.zeros(X.shape[1])
+    wts = 1.0 / y
+    coef[used], *_ = np.linalg.lstsq(X[:, used] * wts[:, None], y * wts, rcond=None)
+    inv_q, inv_f, k, o_layer, o_fa = (float(c) for c in coef)
+    pp = {q: float(math.exp(statistics.fmean(math.log(v) for v in vals))) for q, vals in pp_e.items()}
+    cublas_q = pp.pop(CUBLAS_QUANT_KEY, None)
+    quantized = [v for q, v in pp.items() if q not in CUDA_FLOAT_TYPES]
+    default = float(math.exp(statistics.fmean(math.log(v) for v in quantized))) if quantized else min(pp.values())
+    cards = df["device"].nunique()
+    return GpuFit(kind="gpu", efficiency=1.0 / inv_q, overhead_layer_s=max(o_layer, 0.0),
+                  pp_efficiency=MappingProxyType(pp), pp_default_efficiency=default, n_rows=len(df),
+                  efficiency_f16=(1.0 / inv_f) if inv_f > 0 else None, tg_fp32_flop_per_weight=max(k, 0.0),
+                  overhead_layer_fa_s=o_fa, pp_quant_peak="fp32", pp_cublas_quant_efficiency=cublas_q,
+                  source=f"CUDA class fitted on {len(df)} published llama-bench rows of {cards} cards "
+                         "(data/cuda_llama7b.csv: llama.cpp CUDA scoreboard, discussion #15013, and PR #4766)")
+
+
 @lru_cache(maxsize=None)
 def gpu_class_fit(kind: str) -> GpuFit:
-    """Parameters of a device class. ``apple``: fitted on every comparable Apple row. ``gpu`` (CUDA):
-    Apple's decode efficiency; per-layer overhead and prompt efficiency set from the two V100 anchor rows
-    of ``seed_claims.yaml`` (so those rows validate nothing)."""
-    df = load_apple_table()
-    apple = fit_gpu_rows(df[df["comparable"]], "apple")
+    """Parameters of a device class. ``apple``: fitted on every comparable Apple row. ``gpu`` (CUDA): fitted on
+    every published CUDA row (:func:`fit_cuda_rows`); the V100 scoreboard rows are among them, so the V100 row
+    of ``seed_claims.yaml`` (the same figure) is reproduced, not validated."""
     if kind == "apple":
-        return apple
+        df = load_apple_table()
+        return fit_gpu_rows(df[df["comparable"]], "apple")
     if kind != "gpu":
         raise ConfigError(f"no GPU class parameters for device kind '{kind}'")
-    anchors = {a["id"]: a for a in published_anchors()}
-    tg_a, pp_a = anchors.get("v100-llama2-7b-q4_0-tg128"), anchors.get("v100-llama8b-q5_0-pp512")
-    o_layer = apple.overhead_layer_s
-    pp_eff = dict(apple.pp_efficiency)
-    default = apple.pp_default_efficiency
-    notes = []
-    if tg_a:
-        dev = get_device(tg_a["device"])
-        spec = arch_spec(tg_a["arch"], tg_a["quant"])
-        w = single_device_work(spec, RunConfig(flash_attn=tg_a.get("flash_attn", "off"), n_ctx=4096),
-                               APPLE_TG_DEPTH, dev)
-        t_mem = w.bytes_read / (apple.efficiency * dev.bandwidth_gbs * 1e9)
-        o_layer = max((1.0 / float(tg_a["tps"]) - t_mem) / (spec.n_layer + 1), 0.0)
-        notes.append(f"overhead from {tg_a['id']}")
-    if pp_a:
-        dev = get_device(pp_a["device"])
-        spec = arch_spec(pp_a["arch"], pp_a["quant"])
-        flops_s = _pp_ideal_seconds(spec) / (dev.fp16_tflops * 1e12)
-        # one figure for every type: the anchor is a single row
-        pp_eff = {}
-        default = flops_s / (512.0 / float(pp_a["tps"]))
-        notes.append(f"prompt efficiency from {pp_a['id']}")
-    return GpuFit(kind="gpu", efficiency=apple.efficiency, overhead_layer_s=o_layer,
-                  pp_efficiency=MappingProxyType(pp_eff), pp_default_efficiency=default, n_rows=apple.n_rows,
-                  source="CUDA class: bandwidth efficiency from the Apple fit; " + ", ".join(notes)
-                         + " (V100 anchors in seed_claims.yaml)")
+    return fit_cuda_rows(load_cuda_table())
 
 
-def gpu_rates(device, fit: GpuFit) -> DeviceRates:
+def gpu_rates(device, fit: GpuFit, cfg: RunConfig | None = None) -> DeviceRates:
     """DeviceRates of a GPU/Apple device under a class fit (:func:`gpu_class_fit`, or an explicit one:
-    leave-one-chip-out passes its own). Prompt speed scales with the FP16 peak, or the FP32 one where FP16
-    is slower (Pascal: llama.cpp avoids the crippled FP16 path)."""
+    leave-one-out passes its own). Prompt speed scales with the FP16 peak, or the FP32 one where FP16
+    is slower (Pascal: llama.cpp avoids the crippled FP16 path); the CUDA class rates quantized types on the
+    FP32 rate (``pp_quant_peak``). ``cfg``: flash attention on or off (the CUDA class's per-layer change)."""
     tflops = device.fp16_tflops or device.fp32_tflops
     if device.fp32_tflops and device.fp16_tflops and device.fp16_tflops < device.fp32_tflops:
         tflops = device.fp32_tflops
     if not tflops:
         raise ConfigError(f"device '{device.id}': no fp16_tflops/fp32_tflops, cannot predict prompt speed")
     flops = tflops * 1e12
-    pp = {t: 2.0 / (e * flops) for t, e in fit.pp_efficiency.items()}
-    default = 2.0 / (fit.pp_default_efficiency * flops)
+    qflops = _fp32_tflops(device) * 1e12 if fit.pp_quant_peak == "fp32" else flops
+    pp = {t: 2.0 / (e * (flops if t in CUDA_FLOAT_TYPES else qflops)) for t, e in fit.pp_efficiency.items()}
+    default = 2.0 / (fit.pp_default_efficiency * qflops)
+    if fit.pp_cublas_quant_efficiency and cuda_prompt_cublas_for_quantized(device):
+        # Volta: every quantized type's prompt matmuls are cuBLAS GEMMs on the FP16 tensor peak
+        default = 2.0 / (fit.pp_cublas_quant_efficiency * flops)
+        pp = {t: (c if t in CUDA_FLOAT_TYPES else default) for t, c in pp.items()}
+    by_type = {t: fit.efficiency_f16 for t in CUDA_FLOAT_TYPES} if fit.efficiency_f16 else {}
+    o_layer = fit.overhead_layer_s
+    if fit.overhead_layer_fa_s and cfg is not None and resolve_flash_attn(cfg):
+        o_layer = max(o_layer + fit.overhead_layer_fa_s, 0.0)
+    tg_add = fit.tg_fp32_flop_per_weight / (_fp32_tflops(device) * 1e12) if fit.tg_fp32_flop_per_weight else 0.0
+    attn = pp.get("F16", default) if fit.pp_quant_peak == "fp16" else default
     return DeviceRates(device_id=device.id, kind=device.kind, bandwidth_gbs=float(device.bandwidth_gbs),
                        efficiency=fit.efficiency, tg_s_per_weight=MappingProxyType({}), attn_s_per_op=0.0,
                        pp_s_per_weight=MappingProxyType(pp), pp_default_s_per_weight=default,
-                       pp_attn_s_per_op=pp.get("F16", default), overhead_token_s=fit.overhead_token_s,
-                       overhead_layer_s=fit.overhead_layer_s, pp_overhead_s=fit.pp_overhead_s,
-                       host_link_gbs=device.host_link_gbs, source=fit.source)
+                       pp_attn_s_per_op=attn, overhead_token_s=fit.overhead_token_s,
+                       overhead_layer_s=o_layer, pp_overhead_s=fit.pp_overhead_s,
+                       host_link_gbs=device.host_link_gbs, source=fit.source,
+                       efficiency_by_type=MappingProxyType(by_type), tg_add_s_per_weight=tg_add)
 
 
 def published_anchors() -> list[dict[str, Any]]:
-    """The independent published rows (``data/seed_claims.yaml``, ``anchors``) the CUDA class is set from."""
+    """The independent published V100 rows of ``data/seed_claims.yaml`` (``anchors``)."""
     import yaml  # third-party parser, needed only here and for the seed's claims
 
     return list(yaml.safe_load(data_text("seed_claims.yaml")).get("anchors") or [])

@@ -19,6 +19,9 @@ from v100lab.results import Observation
 from v100lab.speed import predict
 
 SEED_CLAIMS = "seed_claims.yaml"
+# said beside every predicted stage on a CUDA card: the class is fitted on published rows, the V100's among them
+CUDA_FIT_NOTE = ("CUDA rates fitted on published llama-bench rows, the V100 scoreboard row among them "
+                 "(data/cuda_llama7b.csv)")
 
 
 def load_seed_claims(path=None) -> dict[str, Any]:
@@ -78,7 +81,10 @@ def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_fi
                                     note="; ".join(x for x in (why, claims.get("source", "")) if x)))
         rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage",
                                 value=label, metric="tg_tps", result=pred.tg_tps, unit="tok/s", source="predicted",
-                                above_ceiling=pred.tg_tps > strict, note=f"bound: {pred.bound}; {note}".strip("; ")))
+                                above_ceiling=pred.tg_tps > strict,
+                                note="; ".join(x for x in (f"bound: {pred.bound}", note,
+                                                           CUDA_FIT_NOTE if get_device(device).kind == "gpu" else "")
+                                               if x)))
         for metric, val in (("weights_ceiling_tg_tps", plain), ("physical_ceiling_tg_tps", strict)):
             rows.append(Observation(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage",
                                     value=label, metric=metric, result=val, unit="tok/s", source="predicted",

@@ -131,7 +131,9 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
             if batch > 1 and curves is None:
                 notes.append(f"{k}: no batched-decode calibration (calibration.calibrate_batching): roofline assumed")
         for tname, tw in w.weights.items():
-            tm = tw.n_bytes / bw
+            # a GPU's CUDA-core work per weight (rates.fit_cuda_rows) adds to its read time, once per step
+            ta = tw.n_weights * r.tg_add_s_per_weight
+            tm = tw.n_bytes / r.bandwidth_for(tname) + ta
             c1 = r.tg_cost(tname)
             tc1 = tw.n_weights * c1 if c1 else 0.0
             tcb = batch * tw.n_weights * r.pp_cost(tname)
@@ -149,7 +151,8 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
             if tcb >= max(tm, tc1) or tc1 > tm:
                 cmp_part += max(tm, tc1, tcb)
             else:
-                mem_part += tm
+                mem_part += tm - ta
+                cmp_part += ta
         t_w += w.other_bytes / bw
         mem_part += w.other_bytes / bw
         tm = w.kv_bytes / bw

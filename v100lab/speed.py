@@ -36,8 +36,8 @@ from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device
 from v100lab.errors import ConfigError, V100labError
 from v100lab.llama_context import causal_cells, kv_cells, n_kv_cells, resolve_flash_attn
-from v100lab.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, fit_gpu_rows,
-                           gpu_rates, load_apple_table, rates_for)
+from v100lab.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
+                           fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
 from v100lab.spec import ModelSpec
 from v100lab.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
 
@@ -221,7 +221,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         bw = r.effective_bandwidth
         t_mem = t_cmp = 0.0
         for tname, tw in w.weights.items():
-            tm = tw.n_bytes / bw
+            tm = tw.n_bytes / r.bandwidth_for(tname)
             c = r.tg_cost(tname)
             tc = tw.n_weights * c if c else 0.0
             if c is not None and tname not in r.tg_s_per_weight and k in active:
@@ -231,6 +231,8 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             else:
                 t_mem += tm
         t_mem += w.other_bytes / bw + w.state_bytes / bw
+        # GPUs: CUDA-core work per weight (dequantisation, activation quantisation) on top of the memory time
+        t_cmp += sum(tw.n_weights for tw in w.weights.values()) * r.tg_add_s_per_weight
         tm, tc = w.kv_bytes / bw, w.attn_ops * r.attn_s_per_op + w.attn_tail_ops * r.attn_tail_s_per_op
         if tc > tm:
             t_cmp += tc
@@ -435,3 +437,33 @@ def apple_rows(split: str = "leave-one-chip-out"):
                         "source": row["source"]})
     return pd.DataFrame(out)
 
+
+def cuda_rows(split: str = "leave-one-card-out"):
+    """Predicted vs published CUDA rows (``data/cuda_llama7b.csv``), one row per published row.
+
+    ``split="leave-one-card-out"``: each card's rows are predicted by a CUDA-class fit on every other card's
+    rows (:func:`v100lab.rates.fit_cuda_rows`) — the honest figure. ``split="none"``: one fit on every row
+    (in-sample; shown only to size the optimism)."""
+    import pandas as pd  # heavy: only this table needs it
+
+    if split not in ("leave-one-card-out", "none"):
+        raise ConfigError(f"cuda_rows: split must be 'leave-one-card-out' or 'none', got '{split}'")
+    df = load_cuda_table()
+    full = fit_cuda_rows(df) if split == "none" else None
+    out = []
+    for card, rows in df.groupby("device", sort=False):
+        fit = full or fit_cuda_rows(df[df["device"] != card])
+        dev = get_device(str(card))
+        for _, row in rows.iterrows():
+            spec = arch_spec(str(row["arch"]), str(row["quant"]))
+            cfg, depth, n_prompt = cuda_bench_config(str(row["test"]), int(row["fa"]))
+            placed = {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
+            p = predict(spec, [dev], cfg, depth=depth, n_prompt=n_prompt, placement=placed,
+                        rates={dev.id: gpu_rates(dev, fit, cfg)})
+            pred = p.pp_tps if row["test"] == "pp512" else p.tg_tps
+            out.append({"device": dev.id, "quant": row["quant"], "fa": int(row["fa"]), "test": row["test"],
+                        "published": float(row["tps"]), "predicted": float(pred),
+                        "error": float(pred) / float(row["tps"]) - 1.0, "build": row["build"],
+                        "above_ceiling": bool(row["test"] == "tg128" and float(row["tps"]) > p.physical_ceiling_tg_tps),
+                        "fit_on": "all rows" if full else f"all cards but {dev.id}", "source": row["source_url"]})
+    return pd.DataFrame(out)

@@ -1,0 +1,77 @@
+"""The CUDA class judged leave-one-card-out on published llama-bench rows (issue 18, item 4).
+
+Each card's rows in ``v100lab/data/cuda_llama7b.csv`` are predicted by a CUDA-class fit on every other card's rows
+(:func:`v100lab.speed.cuda_rows`); the table says median and worst |error| per test and flash-attention setting,
+with the in-sample fit beside it for scale. Arithmetic only: nothing is loaded or timed, so no figure here depends
+on this machine.
+
+    python benchmarks/bench_gpu_class.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from v100lab import rates, speed
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def summary(df) -> list[dict]:
+    out = []
+    for (test, fa), g in df.groupby(["test", "fa"]):
+        e = g["error"].abs()
+        worst = g.loc[e.idxmax()]
+        out.append({"test": test, "fa": int(fa), "rows": len(g), "cards": int(g["device"].nunique()),
+                    "median_abs_error": float(e.median()), "worst_abs_error": float(e.max()),
+                    "worst_card": f"{worst['device']} {worst['quant']}"})
+    return out
+
+
+def run() -> dict:
+    loco, ins = speed.cuda_rows("leave-one-card-out"), speed.cuda_rows("none")
+    fit = rates.gpu_class_fit("gpu")
+    return {"fit": {"eff_mmvq": fit.efficiency, "eff_float": fit.efficiency_f16,
+                    "cuda_core_flop_per_weight": fit.tg_fp32_flop_per_weight,
+                    "overhead_layer_us": fit.overhead_layer_s * 1e6, "overhead_layer_fa_us": fit.overhead_layer_fa_s * 1e6,
+                    "pp_efficiency": dict(fit.pp_efficiency), "n_rows": fit.n_rows, "source": fit.source},
+            "loco": summary(loco), "in_sample": summary(ins), "rows": loco.to_dict("records")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    res = run()
+    f = res["fit"]
+    print(f"### CUDA class fit on all {f['n_rows']} rows\n")
+    print(f"decode: MMVQ (quantized) efficiency {f['eff_mmvq']:.3f} of peak bandwidth, float (F16) {f['eff_float']:.3f}; "
+          f"CUDA-core work {f['cuda_core_flop_per_weight']:.2f} FP32-FLOP per weight; launch overhead "
+          f"{f['overhead_layer_us']:.1f} µs per layer per token, {f['overhead_layer_fa_us']:+.1f} µs with flash attention; "
+          "prompt efficiency (quantized: of the FP32 rate; F16: of the FP16 tensor peak) "
+          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f["pp_efficiency"].items())) + ".\n")
+    print("| split | test | fa | median abs error | worst | worst row | rows | cards |")
+    print("|---|---|--:|--:|--:|---|--:|--:|")
+    for name, label in (("loco", "leave-one-card-out (judged)"), ("in_sample", "in-sample (not judged)")):
+        for s in res[name]:
+            print(f"| {label} | {s['test']} | {s['fa']} | {100 * s['median_abs_error']:.1f} % | "
+                  f"{100 * s['worst_abs_error']:.1f} % | {s['worst_card']} | {s['rows']} | {s['cards']} |")
+    print("\nEvery row, leave-one-card-out:\n")
+    print("| card | quant | fa | test | published t/s | predicted t/s | error | build |")
+    print("|---|---|--:|---|--:|--:|--:|---|")
+    for r in res["rows"]:
+        build = "" if r["build"] != r["build"] else str(r["build"])   # NaN: no build given
+        print(f"| {r['device']} | {r['quant']} | {r['fa']} | {r['test']} | {r['published']:.2f} | {r['predicted']:.2f} "
+              f"| {_pct(r['error'])} | {build} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
