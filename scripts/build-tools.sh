@@ -23,10 +23,10 @@ tools=(llama-server llama-bench llama-batched-bench)
 say() { echo "build-tools: $*" >&2; }
 
 [ -x "$vpy" ] || { say "no Python in $venv (run scripts/setup.sh first)"; exit 1; }
-# what is installed: llama-cpp-python's version, its lib directory (relative to bin/: the binaries' RPATH), the
-# ggml commit it was built from, and the build flags setup.sh recorded
-read -r lcp_version libdir lib_commit < <("$vpy" - <<'EOF'
-import ctypes, pathlib, llama_cpp
+# what is installed: llama-cpp-python's version, its lib directory (and that directory relative to VENV/bin: the
+# binaries' RPATH, so they load VENV's libraries wherever VENV is), and the ggml commit it was built from
+read -r lcp_version libdir rel lib_commit < <("$vpy" - "$venv" <<'EOF'
+import ctypes, os, pathlib, sys, llama_cpp
 lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
 try:
     f = ctypes.CDLL(str(lib / "libggml-base.so")).ggml_commit
@@ -34,11 +34,12 @@ try:
     commit = f().decode().split("-")[0] or "unknown"
 except (OSError, AttributeError):
     commit = "unknown"
-print(llama_cpp.__version__, lib, commit)
+print(llama_cpp.__version__, lib, os.path.relpath(lib, os.path.join(sys.argv[1], "bin")), commit)
 EOF
 ) || { say "llama-cpp-python is not importable in $venv"; exit 1; }
+# the build flags setup.sh recorded for that library (the tools run its kernels; the flags key the cache)
 args="$("$vpy" -c 'import sys; from v100lab.buildflags import read_record; print(read_record(sys.argv[1]).get("cmake_args", ""))' "$venv")"
-rpath="\$ORIGIN/$(realpath --relative-to="$venv/bin" "$libdir")"
+rpath="\$ORIGIN/$rel"
 
 # the source: llama-cpp-python's sdist (pip caches the download; the file itself is kept here too)
 srcdir="$cache/src"
@@ -50,8 +51,8 @@ if [ ! -f "$sdist" ]; then
     || { say "could not download llama-cpp-python $lcp_version's source"; exit 1; }
 fi
 
-# the cache entry: commit of the library (from ggml_commit) + hash of (flags, RPATH, this script's CMake file)
-key="$( (printf '%s\n%s\n' "$args" "$rpath"; cat scripts/llama-tools/CMakeLists.txt) | sha256sum | cut -c1-16)"
+# the cache entry: commit of the library (its ggml_commit) + hash of (version, flags, RPATH, the CMake file)
+key="$( (printf '%s\n%s\n%s\n' "$lcp_version" "$args" "$rpath"; cat scripts/llama-tools/CMakeLists.txt) | sha256sum | cut -c1-16)"
 entry="$cache/llama-tools/llama.cpp-$lib_commit-$key"
 record="$venv/etc/v100lab/llama-tools.json"
 
@@ -97,7 +98,9 @@ if [ ! -f "$entry/build.json" ]; then
     for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$entry.tmp/bin/"; done
     "$vpy" -c 'import json, sys
 keys = ("llama_cpp_commit", "llama_cpp_python", "cmake_args", "rpath", "build_s", "nproc")
-print(json.dumps(dict(zip(keys, sys.argv[1:])), indent=1))' \
+rec = dict(zip(keys, sys.argv[1:]))
+rec.update(build_s=int(rec["build_s"]), nproc=int(rec["nproc"]) if rec["nproc"].isdigit() else None)
+print(json.dumps(rec, indent=1))' \
       "$lib_commit" "$lcp_version" "$args" "$rpath" "$secs" "$(nproc 2>/dev/null || echo '?')" >"$entry.tmp/build.json"
     rm -rf "$entry" && mv "$entry.tmp" "$entry" && rm -f "$entry.failed"
     say "built in ${secs}s: $entry"

@@ -84,7 +84,7 @@ class SelfTestReport:
                  f"CPU:             {self.cpu_model or '?'}",
                  f"CPU flags:       {' '.join(self.cpu_flags) or '?'}"]
         for name, t in self.tools.items():
-            lines.append(f"{name + ':':17s}{format_tool(t)}")
+            lines.append(f"{name + ':':16s} {format_tool(t)}")
         for s in self.steps:
             speed = f"{s.tokens_per_s:8.1f} tok/s" if s.tokens_per_s else " " * 14
             lines.append(f"  {s.status:8s} {s.name:6s} {s.threads:2d} thread(s) {speed} {s.detail}".rstrip())
