@@ -2,7 +2,7 @@
 # llama.cpp's llama-server, llama-bench and llama-batched-bench from the SAME llama.cpp commit as the installed
 # llama-cpp-python, linked against its shared libraries (libllama, libggml*, libmtmd: the same compiled
 # kernels, built with the flags scripts/setup.sh recorded), so in-process and server numbers measure one build.
-# Only llama.cpp's common library and the three tools are compiled (~7 min on 2 cores; README, "The llama.cpp
+# Only llama.cpp's common library and the three tools are compiled (~6.3 CPU-minutes; README, "The llama.cpp
 # build"): ggml and libllama are not compiled again.
 #
 #   scripts/build-tools.sh [VENV]      (default: .venv of this checkout)
@@ -16,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 here="$PWD"
+[ -d "${1:-.venv}" ] || { echo "build-tools: no virtual environment at ${1:-.venv} (run scripts/setup.sh first)" >&2; exit 1; }
 venv="$(cd "${1:-.venv}" && pwd)"
 vpy="$venv/bin/python"
 cache="${V100LAB_CACHE:-$HOME/.cache/v100lab}"
@@ -75,9 +76,10 @@ if [ ! -f "$entry/build.json" ]; then
   work="$(mktemp -d "${TMPDIR:-/tmp}/v100lab-tools.XXXXXX")"
   trap 'rm -rf "$work"' EXIT
   log="$work/build.log"
-  say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; ~7 min on 2 cores the first time"
+  say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; about 6 CPU-minutes (3-4 min on 2 idle cores) the first time"
   start=$(date +%s)
-  if (
+  set +e   # (set -e does not work inside a subshell whose status `if` tests: run it plainly, then test)
+  (
     set -e
     tar xzf "$sdist" -C "$work"
     src="$work/llama_cpp_python-$lcp_version/vendor/llama.cpp"
@@ -92,7 +94,10 @@ if [ ! -f "$entry/build.json" ]; then
     cmake -S "$here/scripts/llama-tools" -B "$work/build" "${gen[@]}" -DLLAMA_SRC="$src" -DLLAMA_CPP_LIB="$libdir" \
       -DLLAMA_TOOLS_RPATH="$rpath" -DLLAMA_COMMIT_OVERRIDE="$src_commit"
     cmake --build "$work/build" --target "${tools[@]}" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
-  ) >"$log" 2>&1; then
+  ) >"$log" 2>&1
+  rc=$?
+  set -e
+  if [ "$rc" = 0 ]; then
     secs=$(( $(date +%s) - start ))
     rm -rf "$entry.tmp" && mkdir -p "$entry.tmp/bin"
     for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$entry.tmp/bin/"; done

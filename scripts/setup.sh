@@ -90,7 +90,7 @@ fi
 tail -n 1 .venv/selftest.log >&2
 
 # ---- llama.cpp's llama-server, llama-bench and llama-batched-bench from the same llama.cpp commit, linked
-# against the library just installed (scripts/build-tools.sh: ~7 min on 2 cores the first time, then from its
+# against the library just installed (scripts/build-tools.sh: ~6 CPU-minutes the first time, then from its
 # cache). Optional: without them the workbook says so and shows predictions where it would measure a server.
 scripts/build-tools.sh .venv || echo "setup: llama-server could not be built (see above); going on without it" >&2
 touch "$stamp"
