@@ -91,7 +91,7 @@ if [ ! -f "$entry/build.json" ]; then
     if [ "$lib_commit" != unknown ] && [ "${src_commit:0:7}" != "${lib_commit:0:7}" ]; then
       echo "the source is llama.cpp $src_commit but the installed library was built from $lib_commit"; exit 1
     fi
-    cmake -S "$here/scripts/llama-tools" -B "$work/build" "${gen[@]}" -DLLAMA_SRC="$src" -DLLAMA_CPP_LIB="$libdir" \
+    cmake -S "$here/scripts/llama-tools" -B "$work/build" ${gen[@]+"${gen[@]}"} -DLLAMA_SRC="$src" -DLLAMA_CPP_LIB="$libdir" \
       -DLLAMA_TOOLS_RPATH="$rpath" -DLLAMA_COMMIT_OVERRIDE="$src_commit"
     cmake --build "$work/build" --target "${tools[@]}" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
   ) >"$log" 2>&1
@@ -122,6 +122,7 @@ for t in "${tools[@]}"; do install -m 755 "$entry/bin/$t" "$venv/bin/$t"; done
 if ! version="$("$venv/bin/llama-server" --version 2>&1)"; then
   say "the installed llama-server does not start: $version"
   for t in "${tools[@]}"; do rm -f "$venv/bin/$t"; done
+  rm -f "$record"
   exit 1
 fi
 mkdir -p "$(dirname "$record")"
