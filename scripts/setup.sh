@@ -10,6 +10,8 @@
 #   CMAKE_ARGS=...   yours, as given (e.g. the CUDA build); kept on later runs until you give others
 #   V100LAB_NATIVE=1 llama.cpp's own default, -DGGML_NATIVE=ON (-march=native, AMX included)
 # Built wheels are cached per flag set by scripts/build-wheel.sh (pip's own cache does not know CMAKE_ARGS). Idempotent: a second run only checks a stamp. Usage: scripts/setup.sh [EXTRAS].
+# Last, llama.cpp's llama-server/llama-bench/llama-batched-bench of the same commit (scripts/build-tools.sh;
+# a failure there does not fail setup).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extras="${1:-}"
@@ -44,7 +46,7 @@ else
   args="$safe_args"; source=safe
 fi
 
-stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
 [ -f "$stamp" ] && exit 0
 
 # install_llama ARGS SOURCE: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per flag set)
@@ -83,7 +85,12 @@ if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
     exit 1
   fi
   args="$fallback"
-  stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+  stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
 fi
 tail -n 1 .venv/selftest.log >&2
+
+# ---- llama.cpp's llama-server, llama-bench and llama-batched-bench from the same llama.cpp commit, linked
+# against the library just installed (scripts/build-tools.sh: ~6 CPU-minutes the first time, then from its
+# cache). Optional: without them the workbook says so and shows predictions where it would measure a server.
+scripts/build-tools.sh .venv || echo "setup: llama-server could not be built (see above); going on without it" >&2
 touch "$stamp"

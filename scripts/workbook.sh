@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
+# llama-server of llama-cpp-python's own llama.cpp commit (setup builds it; here it is only checked: a build
+# that failed is not retried). Without it the notebooks say so and show predictions, labelled.
+scripts/build-tools.sh .venv || echo "workbook: no same-commit llama-server; server measurements are skipped" >&2
 if ! .venv/bin/python -c 'import sys; from v100lab.rates import stored_calibration; sys.exit(not stored_calibration())'; then
   echo "workbook: calibrating this machine once (v100lab calibrate)" >&2
   # a noisy machine is refused (nothing stored); the workbook then stores one anyway, its quality recorded

@@ -109,7 +109,8 @@ def test_selftest_passes_on_this_build_and_reports_it():
     assert [s.name for s in report.steps] == ["pp64", "tg4"]
     assert all(s.tokens_per_s and s.tokens_per_s > 0 for s in report.steps)
     assert report.build.get("system_info") and report.build.get("build_commit")
-    assert "PASS" in report.format()
+    assert set(report.tools) == {"llama-server", "llama-bench", "llama-batched-bench"}  # found or not, each said
+    assert "PASS" in report.format() and "llama-server:" in report.format()
 
 
 @pytest.mark.slow

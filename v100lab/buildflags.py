@@ -205,6 +205,22 @@ def f16_simd_step_in_use() -> int:
     return f16_simd_step(read_record().get("cmake_args"), host_cpu().flags)
 
 
+#: where ``scripts/build-tools.sh`` records the llama-server/llama-bench/llama-batched-bench it built and installed
+#: into the virtual environment's bin/ (same llama.cpp commit as llama-cpp-python, linked against its libraries)
+def tools_record_path(prefix: str | None = None) -> Path:
+    return Path(prefix or sys.prefix) / "etc" / "v100lab" / "llama-tools.json"
+
+
+def read_tools_record(prefix: str | None = None) -> dict:
+    """The recorded tools build (``llama_cpp_commit``, ``cmake_args``, ``bin_dir``, ``tools``, ``version``,
+    ``build_s``, ``cache_entry``), or {} when scripts/build-tools.sh has not installed any here."""
+    try:
+        data = json.loads(tools_record_path(prefix).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v100lab.buildflags",
                                  description="print the safe llama.cpp CMAKE_ARGS for this host, or record a build")

