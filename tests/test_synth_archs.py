@@ -38,7 +38,8 @@ def test_presets_are_aliases():
     assert len(set(stems)) == len(stems)
 
 
-@pytest.mark.parametrize("name", ["synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m"])
+@pytest.mark.parametrize("name", ["synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m",
+                                  "synth-deepseek2-500m"])
 def test_measurement_presets_are_about_half_a_billion(name, default_model):
     """The measurement sizes, from the skeleton (nothing built): 0.45-0.6 B parameters."""
     spec = skeleton_spec(synth.arch_spec_of(synth.ARCH_PRESETS[name]), "F16")

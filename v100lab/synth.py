@@ -255,6 +255,12 @@ ARCH_PRESETS: dict[str, ArchSynth] = {
     "synth-deepseek2-tiny": ArchSynth("deepseek2", n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                       head_dim=96, rope_dim=32, v_head_dim=64, kv_lora_rank=128, q_lora_rank=96,
                                       n_dense_lead=1, n_expert=8, n_expert_used=2, n_ff_exp=128, n_expert_shared=1),
+    # DeepSeek-V2-Lite's attention (16 heads, kv_lora_rank 512, rope 64, nope 128, v 128, one attn_q) and MoE
+    # layout (1 dense layer, then routed experts top-k with softmax gating and 2 shared experts), at half a billion
+    "synth-deepseek2-500m": ArchSynth("deepseek2", n_layer=7, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=1,
+                                      head_dim=192, rope_dim=64, v_head_dim=128, kv_lora_rank=512, q_lora_rank=0,
+                                      n_dense_lead=1, n_expert=32, n_expert_used=4, n_ff_exp=512, n_expert_shared=2,
+                                      gating="softmax"),
 }
 
 
