@@ -293,7 +293,11 @@ def test_mla_attention_phase_by_arithmetic(default_model):
     fa = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=n_kv), True)["attention"]
     assert fa == act + n_kv * u * 2
     no_fa = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=n_kv, flash_attn="off"), False)["attention"]
-    assert no_fa == n_kv * u * H * 4 + n_kv * u * 4 + act + s.kv_lora_rank * n_kv * 2
+    v_cont = s.kv_lora_rank * n_kv * 2           # larger than the query tensors' hole here: it counts
+    assert v_cont > H * (s.head_dim + 2 * s.kv_lora_rank + 2 * s.rope_dim) * u * 4
+    assert no_fa == n_kv * u * H * 4 + n_kv * u * 4 + act + v_cont
+    short = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=4096, flash_attn="off"), False)["attention"]
+    assert short == 4096 * u * H * 4 + 4096 * u * 4 + act     # 1 MiB of V copy fits in the 3.25 MiB hole
 
 
 def test_deepseek_v2_lite_skeleton():

@@ -59,6 +59,7 @@ from v100lab.llama_context import (
     resolve_flash_attn,
     row_size,
 )
+from v100lab.quantmix import n_dims
 from v100lab.results import Observation
 from v100lab.spec import ModelSpec
 
@@ -132,13 +133,16 @@ def _is_input(name: str) -> bool:
 # ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type (x86 with AVX2/AVX-512, the usual host of
 # a GPU): these weight types are re-laid out into interleaved 8x8 blocks in a separate "CPU_REPACK" buffer
 # when the tensor is a matrix multiplied on the CPU (not token_embd, read by GET_ROWS) with ne[1] % 8 == 0 —
-# a 2-D weight of MUL_MAT or a 3-D stack of experts of MUL_MAT_ID (extra_buffer_type::supports_op).
+# a 2-D weight of MUL_MAT or a 3-D stack of experts of MUL_MAT_ID (extra_buffer_type::supports_op:
+# ``ggml_n_dims(src0) == 2`` for MUL_MAT, ``== 3`` for MUL_MAT_ID). A 3-D weight of a plain MUL_MAT — deepseek2's
+# per-head attn_k_b / attn_v_b (src/llama-arch.cpp: GGML_OP_MUL_MAT) — stays in the mapped buffer.
 REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 
 
 def _repacked(t) -> bool:
-    return (t.type_name.upper() in REPACK_TYPES and len(t.shape) in (2, 3) and t.shape[1] % 8 == 0
-            and not _is_input(t.name))
+    dims = n_dims(t.shape)
+    return (t.type_name.upper() in REPACK_TYPES and (dims == 2 or (dims == 3 and "_exps." in t.name))
+            and t.shape[1] % 8 == 0 and not _is_input(t.name))
 
 
 def override_device(buft: str, gpu_ids: Sequence[str]) -> str:
@@ -248,7 +252,7 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
     * ``logits`` (device holding the output layer): logits ``n_vocab × u`` plus the final norm's input and
       output ``2 × n_embd × u`` (one more ``n_embd × u`` without flash attention or with a quantized cache —
       measured, a fragment the allocator cannot reuse; one more for qwen35-style models, which gather the
-      output rows after the final norm);
+      output rows after the final norm; five more for deepseek2, measured);
     * ``attention`` (each device with layers): without flash attention the scores ``KQ = n_kv × u × n_head``
       (soft_max runs in place) plus the F32 mask ``n_kv × u`` of each cache (full and SWA); with flash
       attention no scores are materialised and the F16 masks ``n_kv × u × 2`` are all that scales with n_ctx;
@@ -273,7 +277,7 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
       placed above the hole ``q`` leaves: ``(3·n_embd + q_lora_rank + n_head·(k_mla + 2·kv_lora_rank + 2·n_rot))
       × u``. Without flash attention the scores are ``n_kv × u × n_head`` over the one MQA head, and the V view of
       the K cache is made contiguous (``ggml_cont(ggml_transpose(v))`` in build_attn_mha: kv_lora_rank × n_kv
-      in the cache's type), which counts unless it fits in the hole of ``q``.
+      in the cache's type, per stream), which counts unless it fits in the hole the query tensors leave.
 
     The masks are graph inputs, alive in every layer: they count in the ffn and recurrent phases too (in the
     last layer's FFN the mask is dead, but its hole at the bottom of the buffer is where it was).
@@ -286,7 +290,10 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
     phases: dict[str, int] = {}
     if has_output:
         plain_cache = cfg.cache_type_k in ("f16", "bf16", "f32") and cfg.cache_type_v in ("f16", "bf16", "f32")
-        n_e = (2 if flash_attn and plain_cache else 3) + (1 if gated else 0)
+        # deepseek2 (MLA): 5 more — measured, not derived: llama.cpp's buffer leaves 4-6 n_embd × u of the last
+        # layer's fragments under the logits (n_embd 256 and 1024, flash attention on and off, f16 and quantized
+        # caches; benchmarks/RESULTS.md, the MLA section)
+        n_e = (2 if flash_attn and plain_cache else 3) + (1 if gated else 0) + (5 if spec.is_mla else 0)
         phases["logits"] = (spec.n_vocab * u + n_e * E * u) * F32
     if attn_layers:
         layers = [il for il in range(spec.n_layer)]
@@ -307,7 +314,8 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
             act = (3 * E + (spec.q_lora_rank or 0) + n_head * (k_mla + 2 * r + 2 * rope)) * u * F32
             # one copy per stream: the K view spans n_kv cells of each of the n_stream streams
             v_cont = row_size(cfg.cache_type_k, r) * n_kv * context_sizes(spec, cfg).n_stream if r and not flash_attn else 0
-            q_hole = n_head * k_mla * u * F32
+            # the query tensors above are all dead once the scores exist: one merged hole below KQ
+            q_hole = n_head * (k_mla + 2 * r + 2 * rope) * u * F32
             extra = v_cont if v_cont > q_hole else 0
         else:
             act = (3 * E + q_width + 2 * n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) * u * F32
