@@ -327,3 +327,15 @@ def test_mla_spec_errors_are_one_line(kw, match):
 
     with pytest.raises(V100labError, match=match):
         validate_arch({**load_arch("deepseek-v2-lite"), **kw})
+
+
+def test_mla_arch_spec_round_trips_through_the_header(default_model):
+    """skeleton.arch_spec_of a real deepseek2 file describes it again at another quant, tensor by tensor."""
+    from v100lab.skeleton import arch_spec_of
+
+    f16 = zoo.resolve("synth-deepseek2-tiny")
+    arch = arch_spec_of(read_spec(f16))
+    assert arch["expert_gating"] == "sigmoid" and arch["expert_probs_bias"] and arch["q_lora_rank"] == 96
+    real = read_spec(zoo.quantized_path(f16, "Q4_K_M"))
+    skel = skeleton_spec(arch, "Q4_K_M")
+    assert [(t.name, t.type_name, t.shape) for t in skel.tensors] == [(t.name, t.type_name, t.shape) for t in real.tensors]
