@@ -286,8 +286,8 @@ def validation_markdown(rows, refusals, recurrent: bool = False) -> str:
             f"Largest |error|: weights {100 * worst['weights']:.3f} %, KV {100 * worst['kv_cache']:.3f} %, {rs_worst}"
             f"compute {100 * worst['compute']:.2f} %, total {100 * worst['total']:.2f} %."]
     if refusals:
-        out += ["", "Configurations llama.cpp must refuse (quantized V cache without flash attention; MLA with "
-                "different K and V cache types):", ""]
+        out += ["", ("Configurations llama.cpp must refuse (quantized V cache without flash attention; MLA with "
+                     "different K and V cache types):"), ""]
         for alias, kw, warned, outcome in refusals:
             out.append(f"- {alias} {_label(kw)}: plan warns: {'yes' if warned else 'NO'}; llama.cpp: {outcome}")
     return "\n".join(out)
