@@ -10,7 +10,7 @@ Part 2 (item 7): the qwen35 27B and Gemma-3-27B skeletons on a Tesla V100 16 GB 
 2048/4096/8192 with f16 and q8_0 KV, how many layer slots spill to the CPU, and the largest context.
 
 Part 3: the other architectures, for real — synthetic qwen35 (hybrid: gated delta net +
-full attention), qwen35moe, qwen3moe (experts) and gemma3 (SWA) models of the zoo (v100lab.synth), tiny and
+full attention), qwen35moe, qwen3moe (experts), gemma3 (SWA) and deepseek2 (MLA) models of the zoo (v100lab.synth), tiny and
 ~0.5 B, F16 and quantized by llama.cpp; the recurrent state (RS buffer) is checked on its own. Then "stress"
 models (not in the zoo) sized so that each compute phase the default vocabulary's logits would hide dominates:
 the gated-delta-net layer, dense and MoE FFNs. Last, every built rung of the ~0.5 B ladders against its skeleton,
@@ -111,6 +111,41 @@ ARCH_CONFIGS: list[tuple[str, dict]] = [
     ("synth-gemma3-500m:Q4_K_M", dict(n_ctx=8192, n_parallel=4, kv_unified=True)),
     ("synth-gemma3-500m:Q4_K_M", dict(n_ctx=4096, flash_attn="off", n_ubatch=128)),
 ]
+# deepseek2 (MLA: a K-only cache of the kv_lora_rank latent + the rotated key part; leading dense layer, routed and
+# shared experts): its own section of RESULTS.md
+MLA_CONFIGS: list[tuple[str, dict]] = [
+    ("synth-deepseek2-tiny", dict(n_ctx=4096)),
+    ("synth-deepseek2-tiny", dict(n_ctx=16384, flash_attn="off")),
+    ("synth-deepseek2-tiny", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
+    ("synth-deepseek2-tiny", dict(n_ctx=8192, n_ubatch=2048)),
+    ("synth-deepseek2-tiny", dict(n_ctx=8192, n_parallel=4)),
+    ("synth-deepseek2-tiny", dict(n_ctx=8192, n_parallel=4, kv_unified=True, flash_attn="off", n_ubatch=256)),
+    ("synth-deepseek2-tiny", dict(n_ctx=4096, cache_type_k="q8_0", cache_type_v="q8_0")),
+    ("synth-deepseek2-tiny:Q4_K_M", dict(n_ctx=8192, cache_type_k="q4_0", cache_type_v="q4_0", n_ubatch=256)),
+    ("synth-deepseek2-tiny:Q4_0", dict(n_ctx=16384, n_parallel=2, use_mmap=False)),
+    ("synth-deepseek2-500m", dict(n_ctx=4096)),
+    ("synth-deepseek2-500m", dict(n_ctx=32768)),
+    ("synth-deepseek2-500m", dict(n_ctx=16384, flash_attn="off", n_ubatch=512)),
+    ("synth-deepseek2-500m", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
+    ("synth-deepseek2-500m", dict(n_ctx=8192, n_parallel=4, n_ubatch=128)),
+    ("synth-deepseek2-500m", dict(n_ctx=16384, cache_type_k="q8_0", cache_type_v="q8_0", n_ubatch=1024)),
+    ("synth-deepseek2-500m:Q4_K_M", dict(n_ctx=8192, n_parallel=2, kv_unified=True)),
+    ("synth-deepseek2-500m:Q4_0", dict(n_ctx=8192, use_mmap=False, cache_type_k="q4_0", cache_type_v="q4_0")),
+    ("stress-mla", dict(n_ctx=4096)),
+    ("stress-mla", dict(n_ctx=8192, n_ubatch=256)),
+    ("stress-mla", dict(n_ctx=16384, flash_attn="off")),
+    ("stress-mla", dict(n_ctx=4096, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0")),
+    ("stress-mla-lite", dict(n_ctx=4096)),
+    ("stress-mla-lite", dict(n_ctx=4096, flash_attn="off")),
+    ("stress-ds-moe", dict(n_ctx=4096)),
+    ("stress-ds-moe", dict(n_ctx=16384, flash_attn="off")),
+    ("stress-ds-dense", dict(n_ctx=4096)),
+    ("stress-ds-dense", dict(n_ctx=16384, flash_attn="off", n_ubatch=256)),
+]
+# llama.cpp refuses an MLA context whose K and V cache types differ (llama_init_from_model)
+MLA_REFUSED: list[tuple[str, dict]] = [
+    ("synth-deepseek2-tiny", dict(n_ctx=2048, cache_type_k="q8_0", cache_type_v="f16")),
+]
 
 # Stress models: sized so that a compute phase other than the logits (which the default tokenizer's 49152-token
 # vocabulary makes dominant in every zoo model) is the peak. Not zoo aliases; written on demand by v100lab.synth.
@@ -134,6 +169,22 @@ STRESS: dict[str, synth.ArchSynth] = {
     "stress-moe-hybrid": synth.ArchSynth("qwen35moe", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
                                          head_dim=64, rope_dim=16, ssm_state=64, ssm_groups=2, ssm_heads=4,
                                          n_expert=16, n_expert_used=8, n_ff_exp=4096, n_ff_shexp=8192),
+    # MLA with DeepSeek-V3's attention (128 heads, kv_lora_rank 512, rope 64, nope 128, v 128; q through a
+    # bottleneck): the per-head query tensors dominate; -lite: 64 heads and one attn_q (V2-Lite's form)
+    "stress-mla": synth.ArchSynth("deepseek2", n_layer=2, n_embd=256, n_ff=512, n_head=128, n_head_kv=1,
+                                  head_dim=192, rope_dim=64, v_head_dim=128, kv_lora_rank=512, q_lora_rank=64,
+                                  n_dense_lead=1, n_expert=4, n_expert_used=2, n_ff_exp=128, n_expert_shared=1),
+    "stress-mla-lite": synth.ArchSynth("deepseek2", n_layer=2, n_embd=256, n_ff=512, n_head=64, n_head_kv=1,
+                                       head_dim=192, rope_dim=64, v_head_dim=128, kv_lora_rank=512, q_lora_rank=0,
+                                       n_dense_lead=1, n_expert=4, n_expert_used=2, n_ff_exp=128, n_expert_shared=1,
+                                       gating="softmax"),
+    # deepseek2's FFNs: routed experts top-8 of 16 of 4096 with 2 shared, and a leading dense FFN of 24576
+    "stress-ds-moe": synth.ArchSynth("deepseek2", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
+                                     head_dim=96, rope_dim=32, v_head_dim=64, kv_lora_rank=128, q_lora_rank=96,
+                                     n_dense_lead=1, n_expert=16, n_expert_used=8, n_ff_exp=4096, n_expert_shared=2),
+    "stress-ds-dense": synth.ArchSynth("deepseek2", n_layer=2, n_embd=256, n_ff=24576, n_head=4, n_head_kv=1,
+                                       head_dim=96, rope_dim=32, v_head_dim=64, kv_lora_rank=128, q_lora_rank=96,
+                                       n_dense_lead=1, n_expert=4, n_expert_used=2, n_ff_exp=128, n_expert_shared=1),
 }
 STRESS_CONFIGS: list[tuple[str, dict]] = [
     ("stress-gdn", dict(n_ctx=4096)),
@@ -162,6 +213,7 @@ STRESS_CONFIGS: list[tuple[str, dict]] = [
     ("stress-moe-hybrid", dict(n_ctx=8192, n_ubatch=128, n_parallel=2)),
 ]
 LADDER_500M = ("synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m")
+LADDER_MLA = ("synth-deepseek2-500m",)
 
 
 def model_path(name: str):
@@ -195,7 +247,7 @@ def run_validation(configs=CONFIGS, refused=REFUSED):
         checks, facts, p = check_against_llama(path, cfg, spec)
         rows.append((alias, kw, checks, facts))
     for alias, kw in refused:
-        path = zoo.resolve(alias)
+        path = model_path(alias)
         cfg = RunConfig(**kw)
         warned = any("refuses" in w for w in plan(read_spec(path), [], cfg, with_max_ctx=False).warnings)
         try:
@@ -234,7 +286,8 @@ def validation_markdown(rows, refusals, recurrent: bool = False) -> str:
             f"Largest |error|: weights {100 * worst['weights']:.3f} %, KV {100 * worst['kv_cache']:.3f} %, {rs_worst}"
             f"compute {100 * worst['compute']:.2f} %, total {100 * worst['total']:.2f} %."]
     if refusals:
-        out += ["", "Configurations llama.cpp must refuse (quantized V cache without flash attention):", ""]
+        out += ["", ("Configurations llama.cpp must refuse (quantized V cache without flash attention; MLA with "
+                     "different K and V cache types):"), ""]
         for alias, kw, warned, outcome in refusals:
             out.append(f"- {alias} {_label(kw)}: plan warns: {'yes' if warned else 'NO'}; llama.cpp: {outcome}")
     return "\n".join(out)
@@ -319,15 +372,22 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-claims", action="store_true")
     ap.add_argument("--skip-archs", action="store_true", help="leave out part 3 (the other architectures)")
     ap.add_argument("--only-archs", action="store_true", help="part 3 only")
+    ap.add_argument("--only-mla", action="store_true", help="the deepseek2 (MLA) rows of part 3 only")
     args = ap.parse_args(argv)
     import llama_cpp
 
     t0 = time.time()
     print(f"machine: {platform.machine()}, {platform.system()}; llama-cpp-python {llama_cpp.__version__}; "
           f"date {time.strftime('%Y-%m-%d')}; {cpu_and_build()}")
-    if args.only_archs:
+    if args.only_archs or args.only_mla:
         args.skip_validation = args.skip_claims = True
     if not args.skip_archs:
+        rows, refusals = run_validation(MLA_CONFIGS, refused=MLA_REFUSED)
+        print(f"\n### MLA (deepseek2): {len(rows)} configurations (zoo and stress models)\n")
+        print(validation_markdown(rows, refusals))
+        print("\n### The deepseek2 ~0.5 B ladder against its skeleton\n")
+        print(ladder_markdown(LADDER_MLA))
+    if not args.skip_archs and not args.only_mla:
         rows, _ = run_validation(ARCH_CONFIGS, refused=[])
         print(f"\n### Other architectures: {len(rows)} configurations (zoo models)\n")
         print(validation_markdown(rows, [], recurrent=True))

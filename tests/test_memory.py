@@ -90,8 +90,13 @@ def test_recurrent_state_is_f32_per_sequence_and_independent_of_n_ctx():
 
 
 def test_mla_caches_k_only():
-    s = toy_spec(kv_lora_rank=512, rope_dimension_count=64)
+    # deepseek2 as the converter writes it: MQA with key_length kv_lora_rank + rope; is_mla() by the *_mla keys
+    s = toy_spec(kv_lora_rank=512, rope_dimension_count=64, key_length_mla=192, value_length_mla=128,
+                 head_dim_k=576, head_dim_v=512, n_head_kv_arr=1)
     assert llama_context.kv_layer_bytes(s, RunConfig(n_ctx=256), 0) == (512 + 64) * 2 * 256
+    # a legacy file (one attn_kv_b, no *_mla keys) is plain multi-head attention: K and V
+    legacy = toy_spec(kv_lora_rank=512, rope_dimension_count=64, head_dim_k=192, head_dim_v=128, n_head_kv_arr=4)
+    assert llama_context.kv_layer_bytes(legacy, RunConfig(n_ctx=256), 0) == 4 * (192 + 128) * 2 * 256
 
 
 # ---- placement -----------------------------------------------------------------------------------

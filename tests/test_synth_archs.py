@@ -1,5 +1,5 @@
-"""Synthetic models of other architectures: the hybrid qwen35, qwen35moe, qwen3moe and
-gemma3 with SWA, written with random weights and the default model's tokenizer.
+"""Synthetic models of other architectures: the hybrid qwen35, qwen35moe, qwen3moe,
+gemma3 with SWA and deepseek2 with MLA, written with random weights and the default model's tokenizer.
 
 Each tiny model must load and generate in llama.cpp (in a worker process), its quant ladder must come from
 llama.cpp's quantizer and match the skeleton of the same architecture tensor by tensor, and the memory plan must
@@ -12,11 +12,11 @@ import pytest
 
 from v100lab import llama_context, memcheck, memory, synth, zoo
 from v100lab.config import RunConfig
-from v100lab.errors import ModelNotFoundError, V100labError
+from v100lab.errors import ModelNotFoundError, RunFailed, V100labError
 from v100lab.header import read_spec
 from v100lab.skeleton import skeleton_spec, validate_arch
 
-TINY = ("synth-qwen35-tiny", "synth-qwen35moe-tiny", "synth-qwen3moe-tiny", "synth-gemma3-tiny")
+TINY = ("synth-qwen35-tiny", "synth-qwen35moe-tiny", "synth-qwen3moe-tiny", "synth-gemma3-tiny", "synth-deepseek2-tiny")
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
 
@@ -38,7 +38,8 @@ def test_presets_are_aliases():
     assert len(set(stems)) == len(stems)
 
 
-@pytest.mark.parametrize("name", ["synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m"])
+@pytest.mark.parametrize("name", ["synth-qwen35-500m", "synth-qwen3moe-500m", "synth-gemma3-500m",
+                                  "synth-deepseek2-500m"])
 def test_measurement_presets_are_about_half_a_billion(name, default_model):
     """The measurement sizes, from the skeleton (nothing built): 0.45-0.6 B parameters."""
     spec = skeleton_spec(synth.arch_spec_of(synth.ARCH_PRESETS[name]), "F16")
@@ -72,7 +73,17 @@ def test_header_reads_each_architecture(tiny):
     s = synth.ARCH_PRESETS[alias]
     spec = read_spec(path)
     assert spec.architecture == s.architecture and spec.file_type == "F16"
-    assert spec.n_layer == s.n_layer and spec.head_dim_k == s.head_dim
+    assert spec.n_layer == s.n_layer
+    if s.mla:
+        # MLA stored as MQA (conversion/deepseek.py): one KV head of kv_lora_rank + rope, per-head sizes in *_mla
+        assert spec.is_mla and spec.n_head_kv(0) == 1
+        assert (spec.head_dim_k, spec.head_dim_v) == (s.kv_lora_rank + s.rope_dim, s.kv_lora_rank)
+        assert (spec.key_length_mla, spec.value_length_mla) == (s.head_dim, s.v_head_dim)
+        assert (spec.q_lora_rank, spec.n_layer_dense_lead, spec.n_expert_shared) == \
+            (s.q_lora_rank, s.n_dense_lead, s.n_expert_shared)
+        assert [spec.is_moe_layer(il) for il in range(s.n_layer)] == [il >= s.n_dense_lead for il in range(s.n_layer)]
+    else:
+        assert spec.head_dim_k == s.head_dim and not spec.is_mla
     assert spec.n_vocab == read_spec(zoo.resolve("default")).n_vocab
     if s.hybrid:
         # llama.cpp qwen35.cpp load_arch_hparams: is_recr(i) = (i + 1) % full_attention_interval != 0
@@ -116,7 +127,9 @@ def _compare(real_path, arch: dict, quant: str):
     assert skel.weight_bytes == real.weight_bytes and skel.layer_bytes == real.layer_bytes
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv_arr", "head_dim_k", "n_vocab", "sliding_window",
                   "swa_layers", "recurrent_layers", "expert_count", "expert_used_count", "n_ff_exp", "n_ff_shexp",
-                  "ssm_inner_size", "ssm_state_size", "ssm_group_count", "ssm_time_step_rank", "ssm_conv_kernel"):
+                  "ssm_inner_size", "ssm_state_size", "ssm_group_count", "ssm_time_step_rank", "ssm_conv_kernel",
+                  "kv_lora_rank", "key_length_mla", "value_length_mla", "q_lora_rank", "n_expert_shared",
+                  "n_layer_dense_lead", "is_mla"):
         assert getattr(skel, field) == getattr(real, field), field
 
 
@@ -172,6 +185,8 @@ VALIDATION = [
     ("synth-qwen3moe-tiny", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
     ("synth-gemma3-tiny:Q4_K_M", dict(n_ctx=16384)),
     ("synth-gemma3-tiny", dict(n_ctx=8192, n_parallel=4, swa_full=True, flash_attn="off", n_ubatch=256)),
+    ("synth-deepseek2-tiny", dict(n_ctx=16384, flash_attn="off")),
+    ("synth-deepseek2-tiny:Q4_K_M", dict(n_ctx=8192, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0")),
 ]
 
 
@@ -231,3 +246,96 @@ def test_mtp_layer_is_neither_loaded_nor_cached(default_model):
     assert a.devices["host"].recurrent_bytes == b.devices["host"].recurrent_bytes
     assert memory.weights_by_device(with_mtp, {i: "host" for i in range(66)}, use_mmap=False)["host"] == \
         memory.weights_by_device(without, {i: "host" for i in range(65)}, use_mmap=False)["host"]
+
+
+# ---- MLA (deepseek2): the K-only latent cache, against llama.cpp ----------------------------------
+
+MLA_KV = [dict(n_ctx=4096), dict(n_ctx=8192, flash_attn="off"), dict(n_ctx=4096, n_parallel=3),
+          dict(n_ctx=8192, cache_type_k="q8_0", cache_type_v="q8_0"),
+          dict(n_ctx=4096, cache_type_k="q4_0", cache_type_v="q4_0", n_parallel=2, kv_unified=True)]
+
+
+@pytest.mark.parametrize("kw", MLA_KV, ids=[" ".join(f"{k}={v}" for k, v in kw.items()) for kw in MLA_KV])
+def test_mla_kv_bytes_per_token_equal_llama_cpp_buffer(kw, default_model):
+    """llama.cpp caches the compressed latent and the rotated key part (kv_lora_rank + n_rot) per layer per token
+    as K, and no V (src/llama-kv-cache.cpp, has_v = !is_mla): its KV buffer is that per token × cells × streams."""
+    path = zoo.resolve("synth-deepseek2-tiny")
+    s = synth.ARCH_PRESETS["synth-deepseek2-tiny"]
+    cfg = RunConfig(**kw)
+    spec = read_spec(path)
+    per_token = llama_context.kv_bytes_per_token(spec, cfg.cache_type_k, cfg.cache_type_v)
+    assert per_token == s.n_layer * llama_context.row_size(cfg.cache_type_k, s.kv_lora_rank + s.rope_dim)
+    checks, facts, _ = memcheck.check_against_llama(path, cfg)
+    cs = llama_context.context_sizes(spec, cfg)
+    assert checks["kv_cache"].predicted_bytes == per_token * cs.n_ctx_seq * cs.n_stream
+    assert checks["kv_cache"].within(0.001), checks["kv_cache"]
+    assert {k.layers for k in facts.kv_caches} == {s.n_layer}
+
+
+def test_mla_refuses_different_k_and_v_types(default_model):
+    """llama_init_from_model: 'model does not support different K and V cache types' for is_mla(); the plan
+    says so beforehand."""
+    path = zoo.resolve("synth-deepseek2-tiny")
+    cfg = RunConfig(n_ctx=2048, cache_type_k="q8_0", cache_type_v="f16")
+    p = memory.plan(read_spec(path), [], cfg, with_max_ctx=False)
+    assert any("refuses" in w and "MLA" in w for w in p.warnings)
+    with pytest.raises(RunFailed):
+        memcheck.check_against_llama(path, cfg)
+
+
+def test_mla_attention_phase_by_arithmetic(default_model):
+    """The MLA attention phase (memory.compute_bytes_by_phase): q, absorbed q_nope, q_pe and Qcur per head; without
+    flash attention the scores over one MQA head and the contiguous V copy of the latent cache."""
+    spec = _tiny_spec("synth-deepseek2-tiny")
+    s = synth.ARCH_PRESETS["synth-deepseek2-tiny"]
+    u, n_kv, E, H = 512, 16384, spec.n_embd, spec.n_head
+    act = (3 * E + s.q_lora_rank + H * (s.head_dim + 2 * s.kv_lora_rank + 2 * s.rope_dim)) * u * 4
+    fa = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=n_kv), True)["attention"]
+    assert fa == act + n_kv * u * 2
+    no_fa = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=n_kv, flash_attn="off"), False)["attention"]
+    v_cont = s.kv_lora_rank * n_kv * 2           # larger than the query tensors' hole here: it counts
+    assert v_cont > H * (s.head_dim + 2 * s.kv_lora_rank + 2 * s.rope_dim) * u * 4
+    assert no_fa == n_kv * u * H * 4 + n_kv * u * 4 + act + v_cont
+    short = memory.compute_bytes_by_phase(spec, RunConfig(n_ctx=4096, flash_attn="off"), False)["attention"]
+    assert short == 4096 * u * H * 4 + 4096 * u * 4 + act     # 1 MiB of V copy fits in the 3.25 MiB hole
+
+
+def test_deepseek_v2_lite_skeleton():
+    """The shipped DeepSeek-V2-Lite spec: 15.7 B parameters, 27 layers of which 26 MoE, 576 cached values per layer
+    per token (K only), the lite form without q_lora_rank (one attn_q)."""
+    spec = skeleton_spec("deepseek-v2-lite", "Q4_K_M")
+    assert 15.6e9 < spec.n_params < 15.8e9
+    assert spec.is_mla and spec.q_lora_rank is None and spec.tensor("blk.0.attn_q.weight") is not None
+    assert spec.tensor("blk.0.ffn_up.weight") is not None and spec.tensor("blk.1.ffn_up_exps.weight").shape == (2048, 1408, 64)
+    assert spec.tensor("blk.1.ffn_up_shexp.weight").shape == (2048, 2 * 1408)
+    assert llama_context.kv_bytes_per_token(spec) == 27 * 576 * 2
+    # attn_k_b / attn_v_b are 3-D (one matrix per head); quantized like other matrices, with ne0 fallbacks
+    assert spec.tensor("blk.0.attn_k_b.weight").shape == (128, 512, 16)
+    assert spec.tensor("blk.0.attn_v_b.weight").type_name == "Q4_K"
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(n_head_kv=2), "stored as MQA"),
+    (dict(head_dim_k=512), "stored as MQA"),
+    (dict(head_dim_k_mla=64), "must exceed rope_dimension_count"),
+    (dict(n_layer=30), "needs 'q_lora_rank'"),
+    (dict(expert_gating="relu"), "expert_gating"),
+    (dict(kv_lora_rank=0), "positive integer 'kv_lora_rank'"),
+])
+def test_mla_spec_errors_are_one_line(kw, match):
+    from v100lab.skeleton import load_arch
+
+    with pytest.raises(V100labError, match=match):
+        validate_arch({**load_arch("deepseek-v2-lite"), **kw})
+
+
+def test_mla_arch_spec_round_trips_through_the_header(default_model):
+    """skeleton.arch_spec_of a real deepseek2 file describes it again at another quant, tensor by tensor."""
+    from v100lab.skeleton import arch_spec_of
+
+    f16 = zoo.resolve("synth-deepseek2-tiny")
+    arch = arch_spec_of(read_spec(f16))
+    assert arch["expert_gating"] == "sigmoid" and arch["expert_probs_bias"] and arch["q_lora_rank"] == 96
+    real = read_spec(zoo.quantized_path(f16, "Q4_K_M"))
+    skel = skeleton_spec(arch, "Q4_K_M")
+    assert [(t.name, t.type_name, t.shape) for t in skel.tensors] == [(t.name, t.type_name, t.shape) for t in real.tensors]

@@ -194,11 +194,16 @@ def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
 
 
 def kv_widths(spec: ModelSpec, il: int) -> tuple[int, int]:
-    """(K width, V width) per cell of layer il: ``n_embd_k_gqa``, ``n_embd_v_gqa`` (src/llama-hparams.cpp). MLA
-    (kv_lora_rank) caches the compressed latent plus the RoPE part in K and no V (src/llama-kv-cache.cpp,
-    llama_kv_cache::llama_kv_cache: ``has_v = !is_mla``)."""
-    if spec.kv_lora_rank:
-        return spec.kv_lora_rank + (spec.rope_dimension_count or 0), 0
+    """(K width, V width) per cell of layer il: ``n_embd_k_gqa``, ``n_embd_v_gqa`` (src/llama-hparams.cpp).
+
+    MLA (``hparams.is_mla()``: attention.key_length_mla and value_length_mla both set) keeps a K tensor only —
+    src/llama-kv-cache.cpp, llama_kv_cache::llama_kv_cache: ``has_v = !is_mla``, K is
+    ``ggml_new_tensor_3d(ctx, type_k, n_embd_k_gqa, kv_size, n_stream)``. For deepseek2 the converter writes
+    head_count_kv 1 and key_length = kv_lora_rank + qk_rope_head_dim, so a cell holds the compressed latent and the
+    rotated part (src/models/deepseek2.cpp graph: ``Kcur = concat(kv_cmpr, k_pe)``, ``Vcur = kv_cmpr``, V read
+    as a view of K). A legacy DeepSeek file (one attn_kv_b, no *_mla keys) is plain multi-head K and V."""
+    if spec.is_mla:
+        return spec.n_embd_k_gqa(il), 0
     return spec.n_embd_k_gqa(il), spec.n_embd_v_gqa(il)
 
 

@@ -57,7 +57,9 @@ from v100lab.llama_context import (
     pad,
     recurrent_bytes,
     resolve_flash_attn,
+    row_size,
 )
+from v100lab.quantmix import n_dims
 from v100lab.results import Observation
 from v100lab.spec import ModelSpec
 
@@ -131,13 +133,16 @@ def _is_input(name: str) -> bool:
 # ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type (x86 with AVX2/AVX-512, the usual host of
 # a GPU): these weight types are re-laid out into interleaved 8x8 blocks in a separate "CPU_REPACK" buffer
 # when the tensor is a matrix multiplied on the CPU (not token_embd, read by GET_ROWS) with ne[1] % 8 == 0 —
-# a 2-D weight of MUL_MAT or a 3-D stack of experts of MUL_MAT_ID (extra_buffer_type::supports_op).
+# a 2-D weight of MUL_MAT or a 3-D stack of experts of MUL_MAT_ID (extra_buffer_type::supports_op:
+# ``ggml_n_dims(src0) == 2`` for MUL_MAT, ``== 3`` for MUL_MAT_ID). A 3-D weight of a plain MUL_MAT — deepseek2's
+# per-head attn_k_b / attn_v_b (src/llama-arch.cpp: GGML_OP_MUL_MAT) — stays in the mapped buffer.
 REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 
 
 def _repacked(t) -> bool:
-    return (t.type_name.upper() in REPACK_TYPES and len(t.shape) in (2, 3) and t.shape[1] % 8 == 0
-            and not _is_input(t.name))
+    dims = n_dims(t.shape)
+    return (t.type_name.upper() in REPACK_TYPES and (dims == 2 or (dims == 3 and "_exps." in t.name))
+            and t.shape[1] % 8 == 0 and not _is_input(t.name))
 
 
 def override_device(buft: str, gpu_ids: Sequence[str]) -> str:
@@ -247,7 +252,7 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
     * ``logits`` (device holding the output layer): logits ``n_vocab × u`` plus the final norm's input and
       output ``2 × n_embd × u`` (one more ``n_embd × u`` without flash attention or with a quantized cache —
       measured, a fragment the allocator cannot reuse; one more for qwen35-style models, which gather the
-      output rows after the final norm);
+      output rows after the final norm; five more for deepseek2, measured);
     * ``attention`` (each device with layers): without flash attention the scores ``KQ = n_kv × u × n_head``
       (soft_max runs in place) plus the F32 mask ``n_kv × u`` of each cache (full and SWA); with flash
       attention no scores are materialised and the F16 masks ``n_kv × u × 2`` are all that scales with n_ctx;
@@ -257,7 +262,8 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
     * ``ffn``: residual, normed input and FFN input ``3 × n_embd × u`` (gemma2/3: 4) plus gate, up and their
       product ``3 × n_ff × u``; MoE (src/llama-graph.cpp build_moe_ffn): ``(4·n_embd + 2·n_expert +
       3·n_ff_exp·n_expert_used) × u`` — router logits and probabilities, and the up, gate and SwiGLU outputs of
-      the selected experts (qwen35moe: plus ``n_embd·n_expert_used``);
+      the selected experts (qwen35moe: plus ``n_embd·n_expert_used``); a model with leading dense layers
+      (deepseek2) takes the larger of its dense and MoE FFNs;
     * ``recurrent`` (gated delta net, src/models/qwen35.cpp build_layer_attn_linear with the fused
       GATED_DELTA_NET op): per token the gate z (d_inner), the conv input and output (2 × conv channels,
       conv channels = d_inner + 2·key dim) and the normalised q and k ``(d_inner + 2·conv + 2·key + 4·n_embd)
@@ -265,7 +271,16 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
       written by the op) and of its conv state — unless both fit in the hole the conv input leaves
       (``conv × u`` floats), which ggml-alloc reuses.
 
-    The masks are graph inputs, alive in every layer: they count in the ffn and recurrent phases too.
+    * MLA (deepseek2, src/models/deepseek2.cpp graph with ``is_mla()``): per token and head the query ``q``
+      (key_length_mla), the absorbed ``q_nope·k_b`` (kv_lora_rank), the rotated ``q_pe`` (n_rot) and their
+      concatenation ``Qcur`` (kv_lora_rank + n_rot) — the graph reads ``q`` last for ``q_pe``, so ``Qcur`` is
+      placed above the hole ``q`` leaves: ``(3·n_embd + q_lora_rank + n_head·(k_mla + 2·kv_lora_rank + 2·n_rot))
+      × u``. Without flash attention the scores are ``n_kv × u × n_head`` over the one MQA head, and the V view of
+      the K cache is made contiguous (``ggml_cont(ggml_transpose(v))`` in build_attn_mha: kv_lora_rank × n_kv
+      in the cache's type, per stream), which counts unless it fits in the hole the query tensors leave.
+
+    The masks are graph inputs, alive in every layer: they count in the ffn and recurrent phases too (in the
+    last layer's FFN the mask is dead, but its hole at the bottom of the buffer is where it was).
     ``n_kv`` is the cache size one sequence sees in the reserve graph (cells per stream). The constants were
     pinned on llama.cpp's own compute buffer sizes (benchmarks/bench_memory.py, RESULTS.md)."""
     u = context_sizes(spec, cfg).n_ubatch
@@ -275,7 +290,10 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
     phases: dict[str, int] = {}
     if has_output:
         plain_cache = cfg.cache_type_k in ("f16", "bf16", "f32") and cfg.cache_type_v in ("f16", "bf16", "f32")
-        n_e = (2 if flash_attn and plain_cache else 3) + (1 if gated else 0)
+        # deepseek2 (MLA): 5 more — measured, not derived: llama.cpp's buffer leaves 4-6 n_embd × u of the last
+        # layer's fragments under the logits (n_embd 256 and 1024, flash attention on and off, f16 and quantized
+        # caches; benchmarks/RESULTS.md, the MLA section)
+        n_e = (2 if flash_attn and plain_cache else 3) + (1 if gated else 0) + (5 if spec.is_mla else 0)
         phases["logits"] = (spec.n_vocab * u + n_e * E * u) * F32
     if attn_layers:
         layers = [il for il in range(spec.n_layer)]
@@ -289,22 +307,37 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
         masks = mask_cells * u * (2 if flash_attn else F32)
         n_kv = full if has_full else swa
         q_width = n_head * spec.head_dim_k * (2 if gated else 1)
-        act = (3 * E + q_width + 2 * n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) * u * F32
+        extra = 0
+        if spec.is_mla:
+            r, rope = spec.kv_lora_rank or 0, spec.rope_dimension_count or 0
+            k_mla = spec.key_length_mla or 0
+            act = (3 * E + (spec.q_lora_rank or 0) + n_head * (k_mla + 2 * r + 2 * rope)) * u * F32
+            # one copy per stream: the K view spans n_kv cells of each of the n_stream streams
+            v_cont = row_size(cfg.cache_type_k, r) * n_kv * context_sizes(spec, cfg).n_stream if r and not flash_attn else 0
+            # the query tensors above are all dead once the scores exist: one merged hole below KQ
+            q_hole = n_head * (k_mla + 2 * r + 2 * rope) * u * F32
+            extra = v_cont if v_cont > q_hole else 0
+        else:
+            act = (3 * E + q_width + 2 * n_kv_heads * (spec.head_dim_k + spec.head_dim_v)) * u * F32
         if flash_attn:
             phases["attention"] = masks + act
         else:
-            phases["attention"] = n_kv * u * n_head * F32 + masks + act
-        if spec.expert_count:
+            phases["attention"] = n_kv * u * n_head * F32 + masks + act + extra
+        moe_layers = [il for il in layers if spec.is_moe_layer(il)]
+        dense_layers = [il for il in layers if not spec.is_moe_layer(il)]
+        ffn = []
+        if moe_layers:
             used = max(1, spec.expert_used_count)
-            n_ff_exp = spec.n_ff_exp or max((spec.n_ff_at(il) for il in layers), default=0) // used
+            n_ff_exp = spec.n_ff_exp or max((spec.n_ff_at(il) for il in moe_layers), default=0) // used
             per_tok = 4 * E + 2 * spec.expert_count + 3 * n_ff_exp * used
             if spec.n_ff_shexp or spec.architecture == "qwen35moe":
                 per_tok += E * used
-            phases["ffn"] = per_tok * u * F32 + masks
-        else:
-            n_ff = max((spec.n_ff_at(il) for il in layers), default=0)
+            ffn.append(per_tok * u * F32 + masks)
+        if dense_layers:
+            n_ff = max((spec.n_ff_at(il) for il in dense_layers), default=0)
             n_e = 4 if spec.architecture in ("gemma2", "gemma3") else 3
-            phases["ffn"] = (n_e * E + 3 * n_ff) * u * F32 + masks
+            ffn.append((n_e * E + 3 * n_ff) * u * F32 + masks)
+        phases["ffn"] = max(ffn, default=masks)
         if spec.recurrent_layers and spec.ssm_inner_size:
             d_inner = spec.ssm_inner_size
             key = (spec.ssm_group_count or 0) * (spec.ssm_state_size or 0)
@@ -462,6 +495,10 @@ def _plan(spec: ModelSpec, devices: list[Device], cfg: RunConfig) -> MemoryPlan:
         if k != HOST and not m.fits:
             warnings.append(f"{k}: needs {m.total_bytes / 2**30:.2f} GiB of {m.capacity_bytes / 2**30:.2f} GiB "
                             f"({(m.total_bytes - m.capacity_bytes) / 2**20:.0f} MiB over)")
+    if spec.is_mla and cfg.cache_type_k != cfg.cache_type_v:
+        warnings.append(f"cache_type_k {cfg.cache_type_k} and cache_type_v {cfg.cache_type_v} differ: llama.cpp refuses "
+                        "this context for an MLA model ('model does not support different K and V cache types', "
+                        "llama_init_from_model); give both the same type")
     if cfg.kv_quantized_v and cfg.flash_attn == "off":
         warnings.append(f"cache_type_v {cfg.cache_type_v} with flash attention off: llama.cpp refuses this "
                         "context ('quantized V cache requires flash_attn'); use -fa on or auto")

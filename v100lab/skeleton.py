@@ -5,7 +5,8 @@ Planning the seed's 27B should not need its 16 GB file. An *architecture spec* (
 people browsing the repository) holds the hyperparameters a GGUF header would; this module
 
 * lays out the tensors llama.cpp's loader expects for that architecture (llama, mistral, qwen2,
-  qwen3, gemma2, gemma3, and the hybrid qwen35 with Gated DeltaNet layers), with the shapes of
+  qwen3, gemma2, gemma3, the hybrid qwen35 with Gated DeltaNet layers, the MoE qwen3moe / qwen35moe, and
+  deepseek2 with multi-head latent attention), with the shapes of
   ``llama_model::load_tensors`` (src/models/<arch>.cpp in llama.cpp);
 * gives each tensor the type llama-quantize would (:mod:`v100lab.quantmix`);
 * serialises a real GGUF v3 header (metadata + tensor infos, no tensor data): a *skeleton*.
@@ -63,14 +64,29 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "expert_used_count": (int, False),
     "expert_ff": (int, False),
     "expert_shared_ff": (int, False),
+    # deepseek2 (MLA): the converter's form — n_head_kv 1, head_dim_k = kv_lora_rank + rope_dimension_count,
+    # head_dim_v = kv_lora_rank; head_dim_k_mla / head_dim_v_mla the per-head sizes after decompression
+    "q_lora_rank": (int, False),
+    "kv_lora_rank": (int, False),
+    "head_dim_k_mla": (int, False),
+    "head_dim_v_mla": (int, False),
+    "leading_dense_blocks": (int, False),
+    "expert_shared_count": (int, False),
+    "expert_gating": (str, False),
+    "expert_weights_scale": ((int, float), False),
+    "expert_weights_norm": (bool, False),
+    "expert_probs_bias": (bool, False),
     "source_type": (str, False),
     "assumption": (str, False),
     "sources": (list, False),
 }
 _SSM_KEYS = ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen35", "qwen3moe", "qwen35moe")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen35", "qwen3moe", "qwen35moe", "deepseek2")
 HYBRID_ARCHS = ("qwen35", "qwen35moe")     # gated delta net + full attention every n-th layer
-MOE_ARCHS = ("qwen3moe", "qwen35moe")      # routed experts (qwen35moe: plus one shared expert)
+MOE_ARCHS = ("qwen3moe", "qwen35moe", "deepseek2")   # routed experts (qwen35moe, deepseek2: plus shared experts)
+MLA_ARCHS = ("deepseek2",)                 # multi-head latent attention (absorbed attn_k_b / attn_v_b)
+# src/llama-hparams.h llama_expert_gating_func_type (gguf-py ExpertGatingFuncType)
+EXPERT_GATING = {"softmax": 1, "sigmoid": 2}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -143,6 +159,8 @@ def validate_arch(arch: Mapping, where: str = "architecture spec") -> dict:
         if out["expert_used_count"] > out["expert_count"]:
             raise ConfigError(f"{where}: 'expert_used_count' {out['expert_used_count']} exceeds 'expert_count' "
                               f"{out['expert_count']}")
+    if out["architecture"] in MLA_ARCHS:
+        _validate_mla(out, where)
     sec = out.get("rope_sections")
     if sec is not None and (len(sec) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                                       for x in sec)):
@@ -155,6 +173,39 @@ def validate_arch(arch: Mapping, where: str = "architecture spec") -> dict:
     if src not in ("F16", "BF16", "F32"):
         raise ConfigError(f"{where}: source_type must be F16, BF16 or F32, got {src}")
     return out
+
+
+def _is_lite(a: Mapping) -> bool:
+    """src/models/deepseek2.cpp load_arch_hparams: the "lite" variants (26 or 27 layers, or 48 with a 128256-token
+    vocabulary) have no q_lora_rank key (one attn_q matrix); every other deepseek2 file must carry it."""
+    return a["n_layer"] in (26, 27) or (a["n_layer"] == 48 and a["n_vocab"] == 128256)
+
+
+def _validate_mla(out: dict, where: str) -> None:
+    """deepseek2 in the form this build's converter writes (conversion/deepseek.py DeepseekV2Model: MLA as MQA,
+    the absorbed attn_k_b / attn_v_b): the checks llama.cpp's loader makes, as one-line errors."""
+    for k in ("kv_lora_rank", "head_dim_k_mla", "head_dim_v_mla", "rope_dimension_count", "expert_shared_count"):
+        if not isinstance(out.get(k), int) or isinstance(out.get(k), bool) or out[k] < (0 if k == "expert_shared_count" else 1):
+            raise ConfigError(f"{where}: deepseek2 needs a positive integer '{k}'")
+    rope, r = out["rope_dimension_count"], out["kv_lora_rank"]
+    if out["head_dim_k_mla"] - rope < 1:
+        # src/models/deepseek2.cpp load_arch_tensors: GGML_ASSERT(n_embd_head_qk_nope >= 1)
+        raise ConfigError(f"{where}: head_dim_k_mla {out['head_dim_k_mla']} must exceed rope_dimension_count {rope}")
+    if out["n_head_kv"] != 1 or out.get("head_dim_k") != r + rope or out.get("head_dim_v") != r:
+        raise ConfigError(f"{where}: deepseek2 with MLA is stored as MQA: n_head_kv 1, head_dim_k = kv_lora_rank + "
+                          f"rope_dimension_count ({r + rope}), head_dim_v = kv_lora_rank ({r})")
+    q = out.get("q_lora_rank")
+    if q is None and not _is_lite(out):
+        raise ConfigError(f"{where}: deepseek2 with {out['n_layer']} layers needs 'q_lora_rank' (llama.cpp reads "
+                          "attention.q_lora_rank unless the model is a 26/27-layer 'lite' one; 0: one attn_q matrix)")
+    if q is not None and q < 0:
+        raise ConfigError(f"{where}: 'q_lora_rank' must be >= 0, got {q}")
+    lead = out.get("leading_dense_blocks", 0)
+    if not 0 <= lead <= out["n_layer"]:
+        raise ConfigError(f"{where}: 'leading_dense_blocks' {lead} must be between 0 and n_layer {out['n_layer']}")
+    g = out.get("expert_gating")
+    if g is not None and g not in EXPERT_GATING:
+        raise ConfigError(f"{where}: 'expert_gating' must be one of {', '.join(EXPERT_GATING)}, got '{g}'")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -198,6 +249,9 @@ def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
         b = f"blk.{il}."
         kv = _kv(a, il)
         out.append((b + "attn_norm.weight", (E,), "f32"))
+        if arch in MLA_ARCHS:
+            out += _mla_layer(a, il)
+            continue
         if arch in HYBRID_ARCHS:
             # llama.cpp src/models/qwen35.cpp (qwen35moe.cpp) load_arch_tensors, load_block_trunk
             out.append((b + "post_attention_norm.weight", (E,), "f32"))
@@ -257,6 +311,44 @@ def tensor_layout(a: dict) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def _mla_layer(a: dict, il: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """One deepseek2 layer after attn_norm: llama.cpp src/models/deepseek2.cpp load_arch_tensors with
+    ``is_mla()`` (the split, absorbed attn_k_b / attn_v_b of newer conversions; a legacy attn_kv_b file is not
+    described here), the leading dense layers' FFN, then routed experts (optional exp_probs_b selection bias)
+    and ``expert_shared_count`` shared experts of ``expert_ff`` each."""
+    b = f"blk.{il}."
+    E, F, H = a["n_embd"], a["n_ff"], a["n_head"]
+    rope, r = a["rope_dimension_count"], a["kv_lora_rank"]
+    k_mla, v_mla = a["head_dim_k_mla"], a["head_dim_v_mla"]
+    q = a.get("q_lora_rank") or 0
+    out: list[tuple[str, tuple[int, ...], str]] = []
+    if q > 0:
+        out += [(b + "attn_q_a_norm.weight", (q,), "f32")]
+    out += [(b + "attn_kv_a_norm.weight", (r,), "f32")]
+    if q > 0:
+        out += [(b + "attn_q_a.weight", (E, q), "matrix"), (b + "attn_q_b.weight", (q, H * k_mla), "matrix")]
+    else:
+        out += [(b + "attn_q.weight", (E, H * k_mla), "matrix")]
+    out += [(b + "attn_kv_a_mqa.weight", (E, r + rope), "matrix"),
+            (b + "attn_k_b.weight", (k_mla - rope, r, H), "matrix"),
+            (b + "attn_v_b.weight", (r, v_mla, H), "matrix"),
+            (b + "attn_output.weight", (H * v_mla, E), "matrix"),
+            (b + "ffn_norm.weight", (E,), "f32")]
+    if il < a.get("leading_dense_blocks", 0):
+        return out + [(b + "ffn_gate.weight", (E, F), "matrix"), (b + "ffn_down.weight", (F, E), "matrix"),
+                      (b + "ffn_up.weight", (E, F), "matrix")]
+    X, Fx, S = a["expert_count"], a["expert_ff"], a["expert_shared_count"]
+    out.append((b + "ffn_gate_inp.weight", (E, X), "f32"))       # never quantized (tensor_allows_quantization)
+    if a.get("expert_probs_bias"):
+        out.append((b + "exp_probs_b.bias", (X,), "f32"))
+    out += [(b + "ffn_down_exps.weight", (Fx, E, X), "matrix"), (b + "ffn_gate_exps.weight", (E, Fx, X), "matrix"),
+            (b + "ffn_up_exps.weight", (E, Fx, X), "matrix")]
+    if S:
+        out += [(b + "ffn_gate_shexp.weight", (E, Fx * S), "matrix"), (b + "ffn_down_shexp.weight", (Fx * S, E), "matrix"),
+                (b + "ffn_up_shexp.weight", (E, Fx * S), "matrix")]
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # metadata
 # ------------------------------------------------------------------------------------------------
@@ -310,6 +402,22 @@ def arch_metadata(a: dict, file_type: str,
                           ("expert_shared_ff", "expert_shared_feed_forward_length")):
         if a.get(key) is not None:
             md.append((p + gguf_key, a[key], VT.UINT32))
+    if arch in MLA_ARCHS:
+        # the keys conversion/deepseek.py DeepseekV2Model.set_gguf_parameters writes (src/models/deepseek2.cpp
+        # load_arch_hparams reads them; q_lora_rank is absent in a "lite" model)
+        md.append((p + "leading_dense_block_count", a.get("leading_dense_blocks", 0), VT.UINT32))
+        if a.get("q_lora_rank") is not None:
+            md.append((p + "attention.q_lora_rank", a["q_lora_rank"], VT.UINT32))
+        md += [(p + "attention.kv_lora_rank", a["kv_lora_rank"], VT.UINT32),
+               (p + "attention.key_length_mla", a["head_dim_k_mla"], VT.UINT32),
+               (p + "attention.value_length_mla", a["head_dim_v_mla"], VT.UINT32),
+               (p + "expert_shared_count", a["expert_shared_count"], VT.UINT32)]
+        if a.get("expert_weights_scale") is not None:
+            md.append((p + "expert_weights_scale", float(a["expert_weights_scale"]), VT.FLOAT32))
+        if a.get("expert_weights_norm"):
+            md.append((p + "expert_weights_norm", True, VT.BOOL))
+        if a.get("expert_gating") is not None:
+            md.append((p + "expert_gating_func", EXPERT_GATING[a["expert_gating"]], VT.UINT32))
     md += [(p + "vocab_size", a["n_vocab"], VT.UINT32),
            ("general.quantization_version", 2, VT.UINT32),
            ("general.file_type", int(ft), VT.UINT32)]
@@ -468,4 +576,23 @@ def arch_spec_of(spec: ModelSpec) -> dict | None:
             a["expert_ff"] = spec.n_ff_exp
         if spec.n_ff_shexp:
             a["expert_shared_ff"] = spec.n_ff_shexp
+    if spec.architecture in MLA_ARCHS:
+        if not spec.is_mla:
+            return None      # a legacy deepseek2 file (one attn_kv_b): no layout here
+        md = spec.metadata
+        p = f"{spec.architecture}."
+        a.update(kv_lora_rank=spec.kv_lora_rank, head_dim_k_mla=spec.key_length_mla,
+                 head_dim_v_mla=spec.value_length_mla, leading_dense_blocks=spec.n_layer_dense_lead,
+                 expert_shared_count=spec.n_expert_shared)
+        if spec.q_lora_rank is not None:
+            a["q_lora_rank"] = spec.q_lora_rank
+        if md.get(p + "expert_weights_scale") is not None:
+            a["expert_weights_scale"] = float(md[p + "expert_weights_scale"])
+        if md.get(p + "expert_weights_norm"):
+            a["expert_weights_norm"] = True
+        gating = {v: k for k, v in EXPERT_GATING.items()}.get(md.get(p + "expert_gating_func"))
+        if gating:
+            a["expert_gating"] = gating
+        if any(t.name.endswith("exp_probs_b.bias") for t in spec.tensors):
+            a["expert_probs_bias"] = True
     return a

@@ -62,15 +62,19 @@ class ModelSpec:
     swa_layers: tuple[int, ...] = ()
     recurrent_layers: tuple[int, ...] = ()   # layers with recurrent state (SSM / linear attention), no KV
     nextn_layers: int = 0                    # MTP layers at the end (not used for plain decoding)
-    # MLA (DeepSeek-style): K cache holds kv_lora_rank + rope dims, no V cache
+    # MLA (DeepSeek-style): attention.key_length_mla / value_length_mla are the per-head sizes after
+    # decompression; with both set (llama_hparams::is_mla) the K cache holds kv_lora_rank + rope dims, no V cache
     kv_lora_rank: int | None = None
     key_length_mla: int | None = None
     value_length_mla: int | None = None
+    q_lora_rank: int | None = None      # attention.q_lora_rank (0 or absent: one attn_q matrix)
     # MoE
     expert_count: int = 0
     expert_used_count: int = 0
     n_ff_exp: int = 0          # expert_feed_forward_length (0: llama.cpp uses n_ff / n_expert_used)
     n_ff_shexp: int = 0        # expert_shared_feed_forward_length (qwen35moe's shared expert; 0: none or n_ff)
+    n_expert_shared: int = 0   # expert_shared_count (deepseek2: shared expert width n_ff_exp × this)
+    n_layer_dense_lead: int = 0   # leading_dense_block_count (deepseek2: the first layers have a dense FFN)
     # recurrent / hybrid (mamba, gated delta net): ssm.* fields
     ssm_conv_kernel: int | None = None
     ssm_state_size: int | None = None
@@ -103,6 +107,17 @@ class ModelSpec:
     def n_embd_v_gqa(self, il: int) -> int:
         """llama_hparams::n_embd_v_gqa: value width per token in layer il."""
         return self.head_dim_v * self.n_head_kv(il)
+
+    @property
+    def is_mla(self) -> bool:
+        """llama_hparams::is_mla (src/llama-hparams.cpp): key_length_mla and value_length_mla both non-zero —
+        MLA with the absorbed k_b / v_b matrices, a K-only cache of ``key_length`` (= kv_lora_rank + n_rot) per
+        cell. A legacy DeepSeek file (one attn_kv_b, no *_mla keys) is plain multi-head attention."""
+        return bool(self.key_length_mla) and bool(self.value_length_mla)
+
+    def is_moe_layer(self, il: int) -> bool:
+        """Whether layer il routes experts (deepseek2: not the first n_layer_dense_lead layers)."""
+        return self.expert_count > 0 and il >= self.n_layer_dense_lead
 
     def is_swa(self, il: int) -> bool:
         return il in self.swa_layers

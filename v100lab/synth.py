@@ -8,7 +8,11 @@ model's tokenizer, that this llama.cpp build loads and generates with:
   sequence) on three of every four layers, gated full attention (KV cache) on every fourth;
 * ``qwen35moe`` — the same hybrid with routed experts and one shared expert per layer;
 * ``qwen3moe`` — full attention, routed experts (top-k of n_expert per token);
-* ``gemma3`` — sliding-window attention on five of every six layers, tied embeddings.
+* ``gemma3`` — sliding-window attention on five of every six layers, tied embeddings;
+* ``deepseek2`` — multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): a compressed KV latent of
+  ``kv_lora_rank`` plus a shared rotated key part is all the cache holds (K only), queries through a
+  ``q_lora_rank`` bottleneck, the absorbed ``attn_k_b`` / ``attn_v_b`` of newer conversions; leading dense
+  layers, then routed experts (sigmoid gating with a selection bias, as DeepSeek-V3) and a shared expert.
 
 One layout serves skeletons and synthetic files: an :class:`ArchSynth` becomes an architecture spec
 (:func:`v100lab.skeleton.validate_arch`'s schema), and the file's tensors and metadata are exactly
@@ -44,7 +48,7 @@ from v100lab.worker import call_isolated
 # Bump when the way these files are written changes: every cached file of this module is rebuilt.
 ARCH_WRITER_VERSION = 1
 
-SYNTH_ARCHS = ("qwen35", "qwen35moe", "qwen3moe", "gemma3")
+SYNTH_ARCHS = ("qwen35", "qwen35moe", "qwen3moe", "gemma3", "deepseek2")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,14 @@ class ArchSynth:
     rotated part of it (0: all of it). Hybrids: ``ssm_state`` (head size of the linear attention, = d_state),
     ``ssm_groups`` (key heads), ``ssm_heads`` (value heads, = time_step_rank); d_inner = ssm_state × ssm_heads.
     MoE: ``n_expert`` routed experts of width ``n_ff_exp``, ``n_expert_used`` per token; ``n_ff_shexp`` the
-    shared expert's width (qwen35moe). ``sliding_window``: gemma3's window (0: no SWA)."""
+    shared expert's width (qwen35moe). ``sliding_window``: gemma3's window (0: no SWA).
+
+    deepseek2 (MLA): ``head_dim`` is the per-head query/key size after decompression (qk_nope + qk_rope,
+    ``key_length_mla``), ``rope_dim`` its rotated part (qk_rope_head_dim), ``v_head_dim`` the value head
+    (``value_length_mla``); ``kv_lora_rank`` the cached latent, ``q_lora_rank`` the query bottleneck (0: one
+    attn_q); ``n_head_kv`` must be 1 (MLA is stored as MQA). ``n_dense_lead`` leading dense layers (width
+    ``n_ff``), then ``n_expert`` routed experts of ``n_ff_exp`` and ``n_expert_shared`` shared ones; ``gating``
+    "sigmoid" (with an exp_probs_b selection bias, DeepSeek-V3) or "softmax" (V2)."""
 
     architecture: str
     n_layer: int
@@ -77,6 +88,12 @@ class ArchSynth:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    v_head_dim: int = 0
+    n_dense_lead: int = 0
+    n_expert_shared: int = 0
+    gating: str = "sigmoid"
     seed: int = 0
 
     def __post_init__(self):
@@ -103,6 +120,16 @@ class ArchSynth:
         if self.moe:
             if self.n_expert <= 0 or not 0 < self.n_expert_used <= self.n_expert or self.n_ff_exp <= 0:
                 raise V100labError("synthetic model: MoE needs n_expert > 0, 0 < n_expert_used <= n_expert, n_ff_exp > 0")
+        if self.mla:
+            if self.n_head_kv != 1:
+                raise V100labError("synthetic model: deepseek2 (MLA) is stored as MQA, n_head_kv must be 1")
+            if min(self.kv_lora_rank, self.v_head_dim, self.rope_dim) <= 0 or self.rope_dim >= self.head_dim:
+                raise V100labError("synthetic model: deepseek2 needs positive kv_lora_rank, v_head_dim and rope_dim, "
+                                   "and rope_dim below head_dim (qk_nope = head_dim - rope_dim >= 1)")
+            if self.q_lora_rank < 0 or not 0 <= self.n_dense_lead < self.n_layer:
+                raise V100labError("synthetic model: deepseek2 needs q_lora_rank >= 0 and 0 <= n_dense_lead < n_layer")
+            if self.gating not in ("sigmoid", "softmax"):
+                raise V100labError(f"synthetic model: gating '{self.gating}' is not sigmoid or softmax")
         if self.architecture == "gemma3" and self.sliding_window < 0:
             raise V100labError("synthetic model: sliding_window must be >= 0")
 
@@ -112,7 +139,11 @@ class ArchSynth:
 
     @property
     def moe(self) -> bool:
-        return self.architecture in ("qwen3moe", "qwen35moe")
+        return self.architecture in ("qwen3moe", "qwen35moe", "deepseek2")
+
+    @property
+    def mla(self) -> bool:
+        return self.architecture == "deepseek2"
 
     @property
     def stem(self) -> str:
@@ -122,10 +153,14 @@ class ArchSynth:
             s += f"-R{self.rope_dim}"
         if self.hybrid:
             s += f"-S{self.ssm_state}g{self.ssm_groups}h{self.ssm_heads}c{self.ssm_conv}i{self.full_attention_interval}"
+        if self.mla:
+            s += f"-M{self.kv_lora_rank}q{self.q_lora_rank}v{self.v_head_dim}d{self.n_dense_lead}{self.gating[:3]}"
         if self.moe:
             s += f"-X{self.n_expert}u{self.n_expert_used}f{self.n_ff_exp}"
             if self.n_ff_shexp:
                 s += f"s{self.n_ff_shexp}"
+            if self.n_expert_shared:
+                s += f"S{self.n_expert_shared}"
         if self.sliding_window:
             s += f"-W{self.sliding_window}"
         if self.tied_embeddings:
@@ -138,9 +173,14 @@ class ArchSynth:
         if self.hybrid:
             n_full = sum(1 for il in range(self.n_layer) if (il + 1) % self.full_attention_interval == 0)
             bits.append(f"{self.n_layer - n_full} gated-delta-net + {n_full} full-attention layers")
+        if self.mla:
+            bits.append(f"MLA: kv_lora_rank {self.kv_lora_rank}, rope {self.rope_dim}, v_head {self.v_head_dim}, "
+                        f"q_lora_rank {self.q_lora_rank}; {self.n_dense_lead} dense layer(s) of {self.n_ff}")
         if self.moe:
             bits.append(f"{self.n_expert} experts of {self.n_ff_exp}, top-{self.n_expert_used}"
-                        + (f", shared expert {self.n_ff_shexp}" if self.n_ff_shexp else ""))
+                        + (f", shared expert {self.n_ff_shexp}" if self.n_ff_shexp else "")
+                        + (f", {self.n_expert_shared} shared expert(s)" if self.n_expert_shared else "")
+                        + (f", {self.gating} gating" if self.mla else ""))
         else:
             bits.append(f"n_ff {self.n_ff}")
         if self.sliding_window:
@@ -169,6 +209,14 @@ class ArchSynth:
                 a["expert_shared_ff"] = self.n_ff_shexp
         if self.sliding_window:
             a["sliding_window"] = self.sliding_window
+        if self.mla:
+            # the converter's MQA form (conversion/deepseek.py DeepseekV2Model.set_gguf_parameters)
+            a.update(n_head_kv=1, head_dim_k=self.kv_lora_rank + rope, head_dim_v=self.kv_lora_rank,
+                     head_dim_k_mla=self.head_dim, head_dim_v_mla=self.v_head_dim, kv_lora_rank=self.kv_lora_rank,
+                     q_lora_rank=self.q_lora_rank, leading_dense_blocks=self.n_dense_lead,
+                     expert_shared_count=self.n_expert_shared, expert_gating=self.gating,
+                     expert_weights_norm=True, expert_weights_scale=2.5 if self.gating == "sigmoid" else 1.0,
+                     expert_probs_bias=self.gating == "sigmoid")
         return a
 
 
@@ -202,6 +250,17 @@ ARCH_PRESETS: dict[str, ArchSynth] = {
                                    sliding_window=128, tied_embeddings=True),
     "synth-gemma3-500m": ArchSynth("gemma3", n_layer=18, n_embd=1024, n_ff=6912, n_head=4, n_head_kv=1,
                                    head_dim=256, sliding_window=512, tied_embeddings=True),
+    # DeepSeek-V3's shape in miniature: 1 dense layer then MoE layers, q and kv through low-rank bottlenecks
+    # (kv_lora_rank + rope = 160, a multiple of 32 so q8_0 / q4_0 caches apply, as V3's 512 + 64)
+    "synth-deepseek2-tiny": ArchSynth("deepseek2", n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
+                                      head_dim=96, rope_dim=32, v_head_dim=64, kv_lora_rank=128, q_lora_rank=96,
+                                      n_dense_lead=1, n_expert=8, n_expert_used=2, n_ff_exp=128, n_expert_shared=1),
+    # DeepSeek-V2-Lite's attention (16 heads, kv_lora_rank 512, rope 64, nope 128, v 128, one attn_q) and MoE
+    # layout (1 dense layer, then routed experts top-k with softmax gating and 2 shared experts), at half a billion
+    "synth-deepseek2-500m": ArchSynth("deepseek2", n_layer=7, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=1,
+                                      head_dim=192, rope_dim=64, v_head_dim=128, kv_lora_rank=512, q_lora_rank=0,
+                                      n_dense_lead=1, n_expert=32, n_expert_used=4, n_ff_exp=512, n_expert_shared=2,
+                                      gating="softmax"),
 }
 
 

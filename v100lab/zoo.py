@@ -8,7 +8,8 @@
 * ``synth-*`` — synthetic llama-architecture models with random F16 weights, written with the
   ``gguf`` package; the tokenizer comes from the default model, so llama.cpp loads them and generates.
 * ``synth-<arch>-*`` — synthetic models of other architectures (the hybrid ``qwen35``, ``qwen35moe``,
-  ``qwen3moe``, ``gemma3`` with SWA), written by :mod:`v100lab.synth`, e.g. ``synth-qwen35-500m``.
+  ``qwen3moe``, ``gemma3`` with SWA, ``deepseek2`` with MLA), written by :mod:`v100lab.synth`, e.g.
+  ``synth-qwen35-500m``.
 * ``ALIAS:QUANT`` (for example ``synth-tiny:Q4_K_M``) — a quant ladder rung made by llama.cpp's own
   quantizer (``llama_cpp.llama_model_quantize``).
 
