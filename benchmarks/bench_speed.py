@@ -42,10 +42,11 @@ VALIDATION = (
 )
 
 # (issue 17, item 3) one model per architecture beyond llama, at the usual mix: a hybrid (gated delta net +
-# full attention), routed experts, sliding-window attention — depths 0-4096, 1 and 2 threads
+# full attention), routed experts, sliding-window attention, MLA (deepseek2) — depths 0-4096, 1 and 2 threads
 ARCH_VALIDATION = tuple(
     (alias, th, d, d == 0)
-    for alias in ("synth-qwen35-500m:Q4_K_M", "synth-qwen3moe-500m:Q4_K_M", "synth-gemma3-500m:Q4_K_M")
+    for alias in ("synth-qwen35-500m:Q4_K_M", "synth-qwen3moe-500m:Q4_K_M", "synth-gemma3-500m:Q4_K_M",
+                  "synth-deepseek2-500m:Q4_K_M")
     for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0)))
 
 
