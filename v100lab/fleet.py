@@ -56,7 +56,9 @@ POLL_S = 1.0                       # how often the driver looks at starts, deadl
 LOCAL_CPUS = 1                     # a local instance runs one notebook at a time, like the local engine
 LOCAL_RESOURCES = {"bench": 1.0}   # ... and offers the one `bench` every box of a fleet should offer
 MAX_RETRIES = 1                    # a node that dies mid-run: one more try elsewhere
-REGISTRY_WAIT_S = 10.0             # the longest a task or the driver waits for the registry of starts
+REGISTRY_WAIT_S = 60.0             # the longest a task or the driver waits for the registry of starts (its
+                                   # start takes tens of seconds on a loaded box; a task that runs before its
+                                   # start is recorded shows up only when it ends)
 # The registry of starts asks for a sliver of the resource only the head node has (Ray Train's state actor
 # does the same). It must ask for *some* resource: Ray places an actor that needs none (num_cpus=0 and
 # nothing else) on a random node whatever its scheduling strategy, bar a hard node affinity
