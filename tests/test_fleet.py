@@ -233,9 +233,9 @@ def test_ctrl_c_cancels_the_tasks_and_keeps_what_returned(cluster, tmp_path):
 
 
 @needs_ray
-def test_a_node_killed_mid_run(cluster, tmp_path):
+def test_a_node_killed_mid_run(cluster, tmp_path, caplog):
     """The run on a node that dies is retried on the other node with the same resource; a run pinned to a
-    resource only the dead node had is failed with the reason."""
+    resource only the dead node had is failed with the reason. The registry of starts outlives the nodes."""
     c = cluster["cluster"]
     pool = [c.add_node(num_cpus=1, resources={"pool": 1}) for _ in range(2)]
     solo = c.add_node(num_cpus=1, resources={"solo": 1})
@@ -262,3 +262,4 @@ def test_a_node_killed_mid_run(cluster, tmp_path):
     survivor = next(x for x in pool if not x.node_id.startswith(killed[0]))
     assert retried.node.split()[-1] == survivor.node_id[:12]
     assert lost.status == "failed" and killed[1] in lost.reason and "died" in lost.reason and "solo 1" in lost.reason
+    assert "registry of starts is unreachable" not in caplog.text
