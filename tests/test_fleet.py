@@ -15,7 +15,15 @@ import pytest
 
 from v100lab import batch_runner, cli
 from v100lab.errors import ConfigError
-from v100lab.fleet import Demand, RayEngine, check_address, unmet
+from v100lab.fleet import (
+    Demand,
+    RayEngine,
+    _Starts,
+    check_address,
+    registry_options,
+    run_task,
+    unmet,
+)
 from v100lab.scenario import load_scenario
 
 try:
@@ -151,6 +159,42 @@ def test_a_scenario_no_node_can_run_fails_at_once(cluster, tmp_path):
     assert "gpu_h100" in (tmp_path / "out" / "index.html").read_text()
 
 
+@needs_ray
+def test_the_registry_of_starts_lives_on_the_head(cluster):
+    """The registry needs no CPU; an actor that needs no resource at all lands on a random node whatever its
+    (soft) scheduling strategy, and died with a killed worker node. Its options keep it on the head."""
+    head = cluster["cluster"].head_node.node_id
+
+    @ray.remote
+    class Where:
+        def node(self):
+            return ray.get_runtime_context().get_node_id()
+
+    actors = [Where.options(**registry_options()).remote() for _ in range(8)]
+    try:
+        assert ray.get([a.node.remote() for a in actors], timeout=120) == [head] * 8
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+@needs_ray
+def test_a_run_goes_on_when_the_registry_is_gone(cluster, tmp_path):
+    """The registry only informs the driver: a task that cannot report its start still runs its notebook."""
+    dead = ray.remote(_Starts).options(**registry_options()).remote()
+    ray.get(dead.snapshot.remote())
+    ray.kill(dead)
+    p = _params(tmp_path / "gone.yaml", "gone")
+    job = {"index": 0, "starts": dead, "params_name": p.name, "params_bytes": p.read_bytes(),
+           "notebook_name": "ok.ipynb", "notebook_bytes": (NB / "ok.ipynb").read_bytes(),
+           "parameters": {"scenario": "gone", "model": "default", "n_gen": 7, "n_prompt": 21},
+           "folder": "gone", "stem": "ok", "timeout": 120, "no_input": False, "node": "here 0123456789ab",
+           "worker": "w"}
+    out = run_task(job)
+    assert out["result"]["status"] == "ok", out["result"]["reason"]
+    assert "gone/ok.html" in out["files"] and out["node"] == "here 0123456789ab"
+
+
 def _free(resource: str) -> bool:
     """Whether a one-CPU task needing ``resource`` gets to run within a minute (nothing holds the node)."""
     probe = ray.remote(lambda: True).options(num_cpus=1, resources={resource: 1})
@@ -189,9 +233,9 @@ def test_ctrl_c_cancels_the_tasks_and_keeps_what_returned(cluster, tmp_path):
 
 
 @needs_ray
-def test_a_node_killed_mid_run(cluster, tmp_path):
+def test_a_node_killed_mid_run(cluster, tmp_path, caplog):
     """The run on a node that dies is retried on the other node with the same resource; a run pinned to a
-    resource only the dead node had is failed with the reason."""
+    resource only the dead node had is failed with the reason. The registry of starts outlives the nodes."""
     c = cluster["cluster"]
     pool = [c.add_node(num_cpus=1, resources={"pool": 1}) for _ in range(2)]
     solo = c.add_node(num_cpus=1, resources={"solo": 1})
@@ -218,3 +262,4 @@ def test_a_node_killed_mid_run(cluster, tmp_path):
     survivor = next(x for x in pool if not x.node_id.startswith(killed[0]))
     assert retried.node.split()[-1] == survivor.node_id[:12]
     assert lost.status == "failed" and killed[1] in lost.reason and "died" in lost.reason and "solo 1" in lost.reason
+    assert "registry of starts is unreachable" not in caplog.text

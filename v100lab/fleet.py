@@ -23,6 +23,9 @@ Faults:
   resources; when none has, or the retry dies too, the run is failed with the reason;
 * a run that takes longer than ``task_timeout`` seconds after it started is cancelled (``ray.cancel``
   with ``force=True`` kills its worker) and recorded as a timeout;
+* the registry of starts (a small actor: which run started where) lives on the head node and is restarted
+  by Ray if its process dies; it only informs the driver, so a run never fails because the registry is
+  unreachable (the start of a run then shows when its result arrives);
 * Ctrl-C cancels every task still out; the runs already returned were written as they arrived, and
   ``run_batch`` rewrites the index with them.
 
@@ -53,6 +56,15 @@ POLL_S = 1.0                       # how often the driver looks at starts, deadl
 LOCAL_CPUS = 1                     # a local instance runs one notebook at a time, like the local engine
 LOCAL_RESOURCES = {"bench": 1.0}   # ... and offers the one `bench` every box of a fleet should offer
 MAX_RETRIES = 1                    # a node that dies mid-run: one more try elsewhere
+REGISTRY_WAIT_S = 60.0             # the longest a task or the driver waits for the registry of starts (its
+                                   # start takes tens of seconds on a loaded box; a task that runs before its
+                                   # start is recorded shows up only when it ends)
+# The registry of starts asks for a sliver of the resource only the head node has (Ray Train's state actor
+# does the same). It must ask for *some* resource: Ray places an actor that needs none (num_cpus=0 and
+# nothing else) on a random node whatever its scheduling strategy, bar a hard node affinity
+# (ray/src/ray/raylet/scheduling/cluster_resource_scheduler.cc, GetBestSchedulableNode), so a soft affinity
+# to the driver's node let it land on a worker node, and die with it.
+HEAD_RESOURCE = "node:__internal_head__"
 _OUTPUTS = (".ipynb", ".html", ".reader.html", ".kernel.log")   # the files of one run a task returns
 _ADDRESS = re.compile(r"(auto|(ray://)?[A-Za-z0-9.\[\]:_-]+:\d{1,5})")
 
@@ -150,7 +162,11 @@ def run_task(job: Mapping[str, Any]) -> dict[str, Any]:
     node = job.get("node") or node_name("-", socket.gethostname())
     starts = job.get("starts")
     if starts is not None:
-        _ray().get(starts.started.remote(job["index"], node))
+        ray = _ray()
+        try:
+            ray.get(starts.started.remote(job["index"], node, job.get("worker", "")), timeout=REGISTRY_WAIT_S)
+        except ray.exceptions.RayError as exc:   # it only informs the driver: the run goes on without it
+            log.warning("could not report the start of run %s: %s", job["index"], one_line(str(exc), 200))
     with tempfile.TemporaryDirectory(prefix="v100lab-run-") as tmp:
         root = Path(tmp)
         src = root / "in"
@@ -174,20 +190,28 @@ def _remote_task(job: dict) -> dict:
     import ray  # optional dependency: this body only ever runs inside a Ray worker
 
     ctx = ray.get_runtime_context()
-    return run_task({**job, "node": node_name(ctx.get_node_id(), socket.gethostname())})
+    return run_task({**job, "node": node_name(ctx.get_node_id(), socket.gethostname()),
+                     "worker": ctx.get_worker_id()})
 
 
 class _Starts:
-    """A small actor on the driver's node: each task reports here when it starts (and again on a retry)."""
+    """A small actor on the head node: each task reports here when it starts (and again on a retry), with
+    the node and the worker process it runs in (a retry always runs in another worker)."""
 
     def __init__(self):
-        self.starts: dict[int, tuple[str, int]] = {}
+        self.starts: dict[int, tuple[str, str, int]] = {}
 
-    def started(self, index: int, node: str) -> None:
-        self.starts[index] = (node, self.starts.get(index, ("", 0))[1] + 1)
+    def started(self, index: int, node: str, worker: str) -> None:
+        self.starts[index] = (node, worker, self.starts.get(index, ("", "", 0))[2] + 1)
 
-    def snapshot(self) -> dict[int, tuple[str, int]]:
+    def snapshot(self) -> dict[int, tuple[str, str, int]]:
         return dict(self.starts)
+
+
+def registry_options() -> dict[str, Any]:
+    """The Ray actor options of the registry of starts: on the head node (whose loss ends the cluster
+    anyway), no CPU, restarted there if its process dies, and calls to it retried across a restart."""
+    return {"num_cpus": 0, "resources": {HEAD_RESOURCE: 0.001}, "max_restarts": -1, "max_task_retries": -1}
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,6 +225,7 @@ class _Out:
     index: int
     demand: Demand
     node: str = ""             # where it started last
+    worker: str = ""           # ... and in which worker process
     attempt: int = 0           # starts seen
     since: float | None = None  # driver's monotonic clock at the last start seen
 
@@ -225,6 +250,7 @@ class RayEngine:
         self.num_cpus = num_cpus
         self.poll_s = poll_s
         self.running: dict[int, str] = {}
+        self._registry_ok = True   # the last look at the registry of starts worked
 
     # ---- connection ---------------------------------------------------------------------------
     def _connect(self, ray) -> bool:
@@ -260,15 +286,8 @@ class RayEngine:
                 ray.shutdown()
 
     def _run(self, ray, runs, out, *, timeout, no_input, force, started, finished) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: the [ray] extra
-
-        # the registry of starts lives on the driver's node (a worker node may die); soft: through Ray
-        # Client the driver has no node of its own, and the head will do
-        try:
-            strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        except Exception:   # Ray Client: no runtime node id on this side
-            strategy = "DEFAULT"
-        starts = ray.remote(_Starts).options(num_cpus=0, scheduling_strategy=strategy).remote()
+        starts = ray.remote(_Starts).options(**registry_options()).remote()
+        self._registry_ok = True
         task = ray.remote(_remote_task)
         pending: dict[Any, _Out] = {}
         begun: set[int] = set()
@@ -336,10 +355,17 @@ class RayEngine:
     def _watch(self, ray, starts, pending, out, runs, started, begun, end) -> None:
         """Starts seen (and the node each run is on), deadlines, and tasks no live node can run any more."""
         now = time.monotonic()
-        for i, (node, attempt) in ray.get(starts.snapshot.remote()).items():
+        try:
+            seen = ray.get(starts.snapshot.remote(), timeout=REGISTRY_WAIT_S)
+            self._registry_ok = True
+        except ray.exceptions.RayError as exc:   # restarting (it forgot the starts the driver had not seen)
+            if self._registry_ok:                # or gone: runs go on, their starts show with their results
+                log.warning("the registry of starts is unreachable: %s", one_line(str(exc), 200))
+            self._registry_ok, seen = False, {}
+        for i, (node, worker, attempt) in seen.items():
             o = next((o for o in pending.values() if o.index == i), None)
-            if o is not None and attempt != o.attempt:
-                o.node, o.attempt, o.since = node, attempt, now
+            if o is not None and (node, worker) != (o.node, o.worker):
+                o.node, o.worker, o.attempt, o.since = node, worker, max(attempt, o.attempt + 1), now
                 self.running[i] = node
                 if i not in begun:
                     begun.add(i)
