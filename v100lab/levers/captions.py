@@ -503,7 +503,7 @@ def caption_parallel(sc: Scenario, par):
                        d=fmt(per["result"].iloc[-1]) if len(per) else "—"))
     out.append(_series_change(points(par, "tg_tps", "n_parallel"), "Measured decode of all streams together",
                               "-np"))
-    out.append(_series_change(points(par, "tg_tps_per_stream", "n_parallel"), "each stream", "-np"))
+    out.append(_series_change(points(par, "tg_tps_per_stream", "n_parallel"), "Each stream", "-np"))
     j = compare(par, metric="tg_tps", lever="n_parallel", require=("measured", "predicted"))
     if len(j):
         j = j.assign(v=j["value"].astype(int)).sort_values("v")
@@ -555,10 +555,10 @@ def caption_one_user(sc: Scenario, one):
     a = mean_of(one, metric="tg_tps_per_stream", source="measured", value="1")
     b = mean_of(one, metric="tg_tps_per_stream", source="measured", value=str(n))
     if len(m) and a is not None and b is not None:
-        r, sd = float(m["result"].iloc[0]), float(m["sd"].iloc[0])
+        r, sd, runs = float(m["result"].iloc[0]), float(m["sd"].iloc[0]), int(m["repetitions"].iloc[0])
         out.append(md("One user decodes at {a} tok/s with -np 1 and {b} with -np {n}: ratio {r} ± {sd} — {v}.",
                        a=fmt(a), b=fmt(b), n=n, r=f"{r:.3f}", sd=f"{sd:.3f}",
-                       v=claim_verdict(r, sd, float(claim.get("below", 1.0)))))
+                       v=claim_verdict(r, sd, float(claim.get("below", 1.0)), runs)))
     p = pick(one, metric=metric, source="predicted", value=str(n))
     if len(p):
         out.append(md("Predicted ratio {r}: a lone request is a batch of one whatever -np, so the model sees no "
@@ -577,7 +577,7 @@ def caption_slot_context(sc: Scenario, ctx):
     u = mean_of(ctx, metric="n_ctx_seq", source="predicted", group="--kv-unified", value=hi)
     if a is not None and b is not None:
         mb = mean_of(ctx, metric="n_ctx_seq", source="measured", value=hi)
-        seen = md(" (llama-server reported {m})", m=f"{mb:,.0f}") if mb is not None else ""
+        seen = f" (llama-server reported {mb:,.0f})" if mb is not None else ""
         out.append(md("Each slot gets {a} tokens of context at -np {lo} and {b} at -np {hi}{seen}: -c is split "
                        "across the slots. With --kv-unified the slots share one stream of {u} cells, so one "
                        "long conversation can use it all while the others wait for room.", a=f"{a:,.0f}", lo=lo,
@@ -586,7 +586,7 @@ def caption_slot_context(sc: Scenario, ctx):
     kn = mean_of(ctx, metric="kv_cache_bytes", source="predicted", group="split", value=hi)
     if k1 is not None and kn is not None:
         km = mean_of(ctx, metric="kv_cache_bytes", source="measured", value=hi)
-        seen = md(" (llama-server's log: {m} MiB)", m=fmt(km / MIB)) if km is not None else ""
+        seen = f" (llama-server log: {fmt(km / MIB)} MiB)" if km is not None else ""
         out.append(md("KV cache and state: {a} MiB at -np {lo}, {b} MiB at -np {hi}{seen} ({ch}): the cells are -c "
                        "either way, so only per-sequence state (recurrent layers), sliding windows and padding "
                        "change with the slots.", a=fmt(k1 / MIB), lo=lo, b=fmt(kn / MIB), hi=hi, seen=seen,

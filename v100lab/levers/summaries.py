@@ -417,10 +417,10 @@ def summary_parallel(sc: Scenario, par, latency=None, one=None, slots=None):
         n = claim.get("tested_at")
         m = pick(one, metric=claim.get("metric"), source="measured", value=str(n))
         if n is not None and len(m):
-            r, sd = float(m["result"].iloc[0]), float(m["sd"].iloc[0])
+            r, sd, runs = float(m["result"].iloc[0]), float(m["sd"].iloc[0]), int(m["repetitions"].iloc[0])
             lines.append(md("The seed's \"{advice}\": one user at -np {n} decodes at {r} ± {sd} × its -np 1 speed — "
                              "{v}.", advice=claim.get("advice", ""), n=n, r=f"{r:.3f}", sd=f"{sd:.3f}",
-                             v=claim_verdict(r, sd, float(claim.get("below", 1.0)))))
+                             v=claim_verdict(r, sd, float(claim.get("below", 1.0)), runs)))
     if slots is not None:
         lo, hi = str(min(sc.parallel_slots)), str(max(sc.parallel_slots))
         a = mean_of(slots, metric="n_ctx_seq", source="predicted", group="split", value=lo)
