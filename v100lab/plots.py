@@ -698,7 +698,10 @@ def parallel_latency(df):
         if order:
             _np_axis(ax, order)
         ax.set_ylim(bottom=0)
-        _dedupe_legend(ax, loc="upper left", fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    keep = dict(zip(labels, handles))
+    if keep:      # one legend for the three panels, under them
+        fig.legend(keep.values(), keep.keys(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     _suptitle(fig, "--parallel: latency percentiles for one user and with every slot busy (vLLM's definitions)", df,
               _not_measured_note(df))
     return fig
