@@ -18,8 +18,10 @@
 #
 # `-np N` gives llama-server N slots: N conversations decoded together, one token each per step. A step reads
 # the weights once for all of them, and each slot's own KV cache — so the total tok/s can rise with the slots
-# while each stream gets slower, and the context `-c` is split between the slots. The bandwidth ceiling of N
-# slots says how far the total can rise; llama-server measures where it actually goes.
+# while each stream gets slower, and the context `-c` is split between the slots. Here llama-server is started on
+# 127.0.0.1 once per `-np` with the scenario's flags and driven the way serving benchmarks drive a server
+# (`v100lab.loadgen`, vLLM's definitions): a closed loop of one user, then of as many users as slots. Beside
+# every measurement, the serving model's prediction (`v100lab.serving`).
 
 # %% tags=["parameters"]
 # Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
@@ -52,7 +54,7 @@ sc = from_notebook(globals())
 render.text_table(levers.scenario_facts(sc))
 
 # %% [markdown]
-# ## Total and per-stream decode against -np
+# ## Every slot busy: all streams together and each stream against -np
 
 # %%
 par = levers.parallel_sweep(sc)
@@ -60,6 +62,60 @@ plots.parallel(par)
 
 # %%
 levers.caption_parallel(sc, par)
+
+# %% [markdown]
+# ## Latency under load: time to first token, time per output token, the gaps between tokens
+#
+# Median, p90 and p99 over the requests (TTFT, TPOT) and over every gap of every request (ITL), for one user
+# and with every slot busy. With equal requests the clients run in lockstep: their prompts share the first
+# steps, so TTFT grows with the users, and every later step decodes one token for each of them.
+
+# %%
+lat = levers.parallel_latency(sc)
+plots.parallel_latency(lat)
+
+# %%
+levers.caption_parallel_latency(sc, lat)
+
+# %% [markdown]
+# ## One user: the seed's "use 1 slot" tested
+#
+# The seed runs `--parallel 1` and says more slots lower the single-stream speed. One user (concurrency 1)
+# against the same server with more slots: is its decode slower?
+
+# %%
+user = levers.one_user(sc)
+plots.one_user(user)
+
+# %%
+levers.caption_one_user(sc, user)
+
+# %% [markdown]
+# ## What -np does to each slot's context and to the KV cache
+#
+# llama-server divides `--ctx-size` between the slots (llama.cpp's `n_ctx_seq`) unless `--kv-unified`, where the
+# slots share one stream. Predicted from llama.cpp's context arithmetic and the memory plan, and read from the
+# server's own load log where it ran.
+
+# %%
+ctx = levers.slot_context(sc)
+plots.slot_context(ctx)
+
+# %%
+levers.caption_slot_context(sc, ctx)
+
+# %% [markdown]
+# ### The context of one slot, by hand
+#
+# llama.cpp pads `-c` to a multiple of 256, then gives each of the `-np` streams `-c / -np` cells, padded to 256
+# again (`llama_context::llama_context`, src/llama-context.cpp); `-c 0` means the model's training context.
+
+# %% tags=["by-hand"]
+n = max(sc.parallel_slots)
+c = -(-(sc.n_ctx or levers.study(sc).spec.n_ctx_train) // 256) * 256
+per_slot = -(-(c // n) // 256) * 256
+print(f"-c {c} over -np {n}: {per_slot} tokens per slot (with --kv-unified: one stream of {c})")
+levers.agree(f"context per slot at -np {n}", per_slot, levers.context_per_slot(sc, n), "tokens")
 
 # %% [markdown]
 # ## The ceiling of N streams, by hand
@@ -96,7 +152,7 @@ levers.agree(f"ceiling of {slots} streams at depth {d}", many, levers.aggregate_
 # ## What this run showed
 
 # %%
-levers.summary_parallel(sc, par)
+levers.summary_parallel(sc, par, lat, user, ctx)
 
 # %%
 levers.headline(par, lever="n_parallel")

@@ -608,22 +608,33 @@ def gpu_layers(df):
     return fig
 
 
+def _np_axis(ax, order: Sequence[str]) -> None:
+    ax.set_xlabel(LEVER_LABELS["n_parallel"])
+    ax.set_xticks([float(v) for v in order])
+    ax.set_xticklabels(order)
+
+
+def _not_measured_note(df) -> str:
+    why = df.attrs.get("why_not_measured") or ""
+    return "" if (df["source"] == "measured").any() or not why else f"not measured here: {why}"
+
+
 def parallel(df):
-    """--parallel: decode of all slots together (left) and of each stream (right) against the slot count —
-    measured through llama-server where it ran (± sd), the one-stream prediction at one slot, and the bandwidth
-    ceiling of N slots (weights read once per step for all of them: the total's ceiling rises, each stream's
-    falls)."""
+    """--parallel with every slot busy (concurrency = -np): decode of all streams together (left) and of each
+    stream (right) against the slot count — measured through llama-server where it ran (± sd over the
+    requests), the serving model's prediction, and the bandwidth ceiling of N slots (weights read once per step
+    for all of them: the total's ceiling rises, each stream's falls)."""
     d = df[(df["lever"] == "n_parallel") & (df["unit"] == "tok/s")]
     fig, axes = _figure(ncols=2)
     order = _order(d["value"].tolist())
     x = {v: float(v) for v in order}
     depth = df.attrs.get("depth")
     at = f" at depth {depth}" if depth is not None else ""
-    for ax, metric, title in ((axes[0][0], "tg_tps", "decode, all slots together (tok/s)"),
+    for ax, metric, title in ((axes[0][0], "tg_tps", "decode, all streams together (tok/s)"),
                               (axes[0][1], "tg_tps_per_stream", "decode per stream (tok/s)")):
         c = d[(d["metric"] == f"physical_ceiling_{metric}")]
         if len(c):
-            c = c.assign(x=c["value"].map(x)).sort_values("x")
+            c = c.assign(x=c["value"].map(x)).groupby("x", as_index=False)["result"].max()
             ax.plot(c["x"], c["result"], ":", marker="_", markersize=14, color="#777",
                     label=f"bandwidth ceiling of N slots{at}")
         for source in ("predicted", "measured"):
@@ -635,18 +646,139 @@ def parallel(df):
             ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
                         color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, markersize=7,
                         label=("measured (llama-server)" + (" ± sd" if yerr is not None else "")) if source ==
-                        "measured" else "predicted, one stream")
+                        "measured" else "predicted (serving model)")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel(LEVER_LABELS["n_parallel"])
         ax.set_ylabel("tokens per second (tok/s)")
-        ax.set_xticks([x[v] for v in order])
-        ax.set_xticklabels(order)
-        ax.set_ylim(bottom=0, top=max(1.0, float(d[d["metric"].str.endswith(metric)]["result"].max() or 1)) * 1.12)
+        _np_axis(ax, order)
+        tops = d[d["metric"].str.endswith(metric)]["result"]
+        ax.set_ylim(bottom=0, top=max(1.0, float(tops.max()) if len(tops) else 1.0) * 1.12)
         _dedupe_legend(ax, loc="lower right")
-    why = df.attrs.get("why_not_measured") or ""
-    measured = (d["source"] == "measured").any()
-    _suptitle(fig, "--parallel: decode of all slots together and of each stream", df,
-              "" if measured or not why else f"not measured here: {why}")
+    _suptitle(fig, "--parallel, every slot busy (concurrency = -np): all streams together and each stream", df,
+              _not_measured_note(df))
+    return fig
+
+
+LATENCY_PANELS = (("ttft", "time to first token, TTFT (ms)"), ("tpot", "time per output token, TPOT (ms)"),
+                  ("itl", "inter-token latency, ITL (ms)"))
+GROUP_COLORS = ("#d95f02", "#7a49a5", "#1b9e77", "#a6761d")
+
+
+def parallel_latency(df):
+    """TTFT, TPOT and ITL against -np, one panel each: for one user (concurrency 1) and with every slot busy,
+    the measured median (line), p90 and p99 (the band reaches p99, a tick marks p90), and the serving model's
+    median (dashed)."""
+    d = df[(df["lever"] == "n_parallel") & (df["unit"] == "ms")]
+    fig, axes = _figure(ncols=3, width=4.6, height=3.9)
+    order = _order(d["value"].tolist())
+    groups = sorted(set(d["group"]), key=lambda g: (g != "concurrency 1", g))
+    busy = "every slot busy (concurrency = -np)"
+    for ax, (m, title) in zip(axes[0], LATENCY_PANELS):
+        for i, grp in enumerate(["concurrency 1", "busy"] if groups else []):
+            sel = d[d["group"] == "concurrency 1"] if grp == "concurrency 1" else \
+                d[(d["group"] == d["value"].map(lambda v: f"concurrency {v}")) & (d["value"] != "1")]
+            name = "one user" if grp == "concurrency 1" else busy
+            color = GROUP_COLORS[i]
+            meas = sel[sel["source"] == "measured"]
+            med = meas[meas["metric"] == f"{m}_ms_median"].assign(x=lambda t: t["value"].astype(float)).sort_values("x")
+            if len(med):
+                hi = meas[meas["metric"] == f"{m}_ms_p99"].set_index("value")["result"]
+                p90 = meas[meas["metric"] == f"{m}_ms_p90"].set_index("value")["result"]
+                ax.plot(med["x"], med["result"], "-", marker="s", color=color, label=f"{name}: measured median")
+                ax.fill_between(med["x"], med["result"], [hi.get(v, r) for v, r in zip(med["value"], med["result"])],
+                                color=color, alpha=0.15, label=f"{name}: median to p99")
+                ax.scatter(med["x"], [p90.get(v, float("nan")) for v in med["value"]], marker="_", s=120,
+                           color=color, label=f"{name}: p90")
+            pred = sel[(sel["source"] == "predicted") & (sel["metric"] == f"{m}_ms_median")]
+            if len(pred):
+                pred = pred.assign(x=pred["value"].astype(float)).groupby("x", as_index=False)["result"].mean()
+                ax.plot(pred["x"], pred["result"], "--", marker="o", markerfacecolor="none", color=color,
+                        label=f"{name}: predicted median")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("milliseconds")
+        if order:
+            _np_axis(ax, order)
+        ax.set_ylim(bottom=0)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    keep = dict(zip(labels, handles))
+    if keep:      # one legend for the three panels, under them
+        fig.legend(keep.values(), keep.keys(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    _suptitle(fig, "--parallel: latency percentiles for one user and with every slot busy (vLLM's definitions)", df,
+              _not_measured_note(df))
+    return fig
+
+
+def one_user(df):
+    """The seed's "use 1 slot for one user": one user's decode speed against -np (left: measured ± sd and
+    predicted) and the same as a ratio to -np 1 (right), with the seed's claim drawn as the bound it puts the
+    ratio under (below the line at the slot count it names)."""
+    d = df[df["lever"] == "n_parallel"]
+    fig, axes = _figure(ncols=2, width=5.6, height=4.0)
+    order = _order(d["value"].tolist())
+    claim = df.attrs.get("claim") or {}
+    ratio_metric = claim.get("metric", "one_user_tg_ratio")
+    for ax, metric, ylabel in ((axes[0][0], "tg_tps_per_stream", "one user's decode (tok/s)"),
+                               (axes[0][1], ratio_metric, "÷ one user's decode at -np 1")):
+        for source in ("predicted", "measured"):
+            g = d[(d["metric"] == metric) & (d["source"] == source)]
+            if not len(g):
+                continue
+            agg = _with_spread(g.assign(x=g["value"].astype(float)))
+            yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
+            ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
+                        color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, markersize=7,
+                        label=("measured (llama-server)" + (" ± sd" if yerr is not None else "")) if source ==
+                        "measured" else "predicted (serving model)")
+        cl = d[(d["metric"] == metric) & (d["source"] == "claimed")]
+        for v, r in zip(cl["value"].astype(float), cl["result"]):
+            ax.annotate("", xy=(v, r * 0.9), xytext=(v, r), arrowprops=dict(arrowstyle="->", color=SOURCE_COLORS["claimed"],
+                                                                            lw=2))
+            ax.scatter([v], [r], marker=SOURCE_MARKERS["claimed"], s=60, color=SOURCE_COLORS["claimed"],
+                       label=mpl_text(f"the seed: below {r:g} at -np {v:g}"))
+        if metric == ratio_metric:
+            ax.axhline(1.0, color="#999", lw=0.8)
+        ax.set_ylabel(ylabel)
+        if order:
+            _np_axis(ax, order)
+        ax.set_ylim(bottom=0)
+        _dedupe_legend(ax, loc="lower left")
+    advice = claim.get("advice", "")
+    _suptitle(fig, "One user (concurrency 1) against -np: the seed's advice tested", df,
+              "; ".join(x for x in (f"the seed: '{advice}'" if advice else "", _not_measured_note(df)) if x))
+    return fig
+
+
+def slot_context(df):
+    """What -np does to each slot: the context one slot gets (left; -c split across the slots, or one
+    unified stream) and the KV cache + recurrent state and the whole memory plan (right, MiB) — predicted,
+    and measured from llama-server's log where it ran."""
+    d = df[df["lever"] == "n_parallel"]
+    fig, axes = _figure(ncols=2, width=5.6, height=4.0)
+    order = _order(d["value"].tolist())
+    styles = {"split": "#1b6fb5", "--kv-unified": "#e6a01a"}
+    for ax, metrics, ylabel in ((axes[0][0], ("n_ctx_seq",), "context per slot (tokens)"),
+                                (axes[0][1], ("kv_cache_bytes", "memory_bytes"), "MiB")):
+        for metric in metrics:
+            for grp, color in styles.items():
+                for source in ("predicted", "measured"):
+                    g = d[(d["metric"] == metric) & (d["group"] == grp) & (d["source"] == source)]
+                    if not len(g):
+                        continue
+                    g = g.assign(x=g["value"].astype(float)).groupby("x", as_index=False)["result"].mean()
+                    y = g["result"] / (2**20 if metric.endswith("_bytes") else 1)
+                    what = {"n_ctx_seq": "", "kv_cache_bytes": "KV + state, ", "memory_bytes": "all memory, "}[metric]
+                    hollow = dict(markerfacecolor="none", markersize=10) if source == "predicted" else {}
+                    ax.plot(g["x"], y, (":" if metric == "memory_bytes" else SOURCE_LINES[source]),
+                            marker=SOURCE_MARKERS[source], color=color,
+                            label=mpl_text(f"{what}{grp}, {source}" + (" (llama-server's log)" if source == "measured"
+                                                                     else "")), **hollow)
+        ax.set_ylabel(ylabel)
+        if order:
+            _np_axis(ax, order)
+        ax.set_ylim(bottom=0)
+        _dedupe_legend(ax, fontsize=7)
+    axes[0][0].set_title("llama-server splits -c across the slots unless --kv-unified", fontsize=10)
+    axes[0][1].set_title("KV cache + recurrent state, and the whole memory plan", fontsize=10)
+    _suptitle(fig, "--parallel: context and memory per slot count", df, _not_measured_note(df))
     return fig
 
 

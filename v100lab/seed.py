@@ -91,3 +91,24 @@ def seed_staircase(device: str = "v100-16gb", arch: str | None = None, claims_fi
                                     note="seed's plain ceiling" if metric == "weights_ceiling_tg_tps" else
                                     "bytes read per token at peak bandwidth"))
     return rows
+
+
+def parallel_claim(claims=None) -> dict[str, Any]:
+    """The seed's ``--parallel`` advice as data (``parallel`` in ``seed_claims.yaml``): its words, the slot
+    count it names, the metric it is about and the bound it puts that metric under (a direction, no figure)."""
+    c = (claims if isinstance(claims, Mapping) else load_seed_claims(claims))["parallel"]
+    return {"advice": str(c["advice"]), "slots": int(c["slots"]), "metric": str(c["metric"]),
+            "below": float(c["below"])}
+
+
+def parallel_claim_rows(model: str, quant: str, device: str, slots: int | None = None, claims=None) -> list:
+    """The seed's ``--parallel`` claim as a "claimed" row of the tidy table (lever ``n_parallel``): at
+    ``slots`` (default: the slot count the seed names) one user's decode speed ÷ its speed at ``-np 1`` is
+    below :func:`parallel_claim`'s bound — ``result`` holds that bound and the note says it is an upper one."""
+    c = parallel_claim(claims)
+    n = c["slots"] if slots is None else int(slots)
+    where = "" if n == c["slots"] else f"; tested at -np {n} (the seed names {c['slots']})"
+    return [Observation(model=model, quant=quant, device=device, lever="n_parallel", value=str(n),
+                        metric=c["metric"], result=c["below"], unit="×", source="claimed",
+                        group="concurrency 1",
+                        note=f"claimed: below {c['below']:g} (the seed gives no figure): '{c['advice']}'{where}")]

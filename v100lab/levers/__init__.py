@@ -55,7 +55,8 @@ from v100lab.levers.context import kv_memory, depth_sweep, quantized_v, kv_read_
 from v100lab.levers.flash_attn import flash_attn_sweep, flash_attn_depth
 from v100lab.levers.batch import batch_sweep, batch_prompt, prompt_weight_bytes
 from v100lab.levers.threads import threads_sweep, thread_values
-from v100lab.levers.parallel import parallel_sweep, aggregate_ceiling
+from v100lab.levers.parallel import (parallel_sweep, parallel_latency, one_user, slot_context, serving_sweep,
+                                     aggregate_ceiling, context_per_slot)
 from v100lab.levers.loading import load_modes, mmap_mlock
 from v100lab.levers.final import final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table
 from v100lab.levers.summaries import (
@@ -69,7 +70,7 @@ from v100lab.levers.captions import (
     caption_staircase, caption_memory, caption_fit, caption_ceilings, caption_catalog, caption_roofline,
     caption_apple, caption_baseline, caption_ladder, caption_file_sizes, caption_quality, caption_gpu_layers,
     caption_spill, caption_kv, caption_depth, caption_flash_attn, caption_batch, caption_threads, caption_parallel,
-    caption_load, caption_own_staircase,
+    caption_parallel_latency, caption_one_user, caption_slot_context, caption_load, caption_own_staircase,
 )
 
 __all__ = [
@@ -82,7 +83,8 @@ __all__ = [
     'headline', 'quant_ladder', 'QUALITY_LADDER', 'quality_ladder', 'rung_spec', 'file_size', 'gpu_layers_sweep',
     'spill_effect', 'offload_split', 'kv_memory', 'depth_sweep', 'quantized_v', 'kv_read_per_token',
     'flash_attn_sweep', 'flash_attn_depth', 'batch_sweep', 'batch_prompt', 'prompt_weight_bytes', 'threads_sweep',
-    'thread_values', 'parallel_sweep', 'aggregate_ceiling', 'load_modes', 'mmap_mlock', 'final_config',
+    'thread_values', 'parallel_sweep', 'parallel_latency', 'one_user', 'slot_context', 'serving_sweep',
+    'aggregate_ceiling', 'context_per_slot', 'load_modes', 'mmap_mlock', 'final_config',
     'command_reasons', 'tuned_command', 'own_staircase', 'seed_verdict_table', 'summary_overview',
     'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
     'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
@@ -90,6 +92,7 @@ __all__ = [
     'Target', 'beside', 'gpu_subject', 'conditions', 'caption_staircase', 'caption_memory', 'caption_fit',
     'caption_ceilings', 'caption_catalog', 'caption_roofline', 'caption_apple', 'caption_baseline', 'caption_ladder',
     'caption_file_sizes', 'caption_quality', 'caption_gpu_layers', 'caption_spill', 'caption_kv', 'caption_depth',
-    'caption_flash_attn', 'caption_batch', 'caption_threads', 'caption_parallel', 'caption_load',
+    'caption_flash_attn', 'caption_batch', 'caption_threads', 'caption_parallel', 'caption_parallel_latency',
+    'caption_one_user', 'caption_slot_context', 'caption_load',
     'caption_own_staircase',
 ]

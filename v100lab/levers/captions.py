@@ -11,7 +11,7 @@ import math
 from v100lab.results import compare
 from v100lab.scenario import Scenario
 from v100lab.levers.steps import GIB, HOST, MIB, study
-from v100lab.levers.text import difference, ends, fmt, md, mean_of, pct, pick, points
+from v100lab.levers.text import claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points
 
 
 def _caption(*sentences: str):
@@ -489,7 +489,8 @@ def caption_threads(sc: Scenario, threads):
 
 
 def caption_parallel(sc: Scenario, par):
-    """Under --parallel: the ceilings' shape, and the measured totals where llama-server ran."""
+    """Under --parallel: the ceilings' shape, the measured totals and streams where llama-server ran, and the
+    measured total against the serving model's prediction at the most slots."""
     out = []
     c = points(par, "physical_ceiling_tg_tps", "n_parallel", source="predicted")
     per = points(par, "physical_ceiling_tg_tps_per_stream", "n_parallel", source="predicted")
@@ -500,8 +501,97 @@ def caption_parallel(sc: Scenario, par):
                        a=fmt(c["result"].iloc[0]), b=fmt(c["result"].iloc[-1]), va=c.index[0], vb=c.index[-1],
                        c=fmt(per["result"].iloc[0]) if len(per) else "—",
                        d=fmt(per["result"].iloc[-1]) if len(per) else "—"))
-    out.append(_series_change(points(par, "tg_tps", "n_parallel"), "Measured total decode", "-np"))
+    out.append(_series_change(points(par, "tg_tps", "n_parallel"), "Measured decode of all streams together",
+                              "-np"))
+    out.append(_series_change(points(par, "tg_tps_per_stream", "n_parallel"), "Each stream", "-np"))
+    j = compare(par, metric="tg_tps", lever="n_parallel", require=("measured", "predicted"))
+    if len(j):
+        j = j.assign(v=j["value"].astype(int)).sort_values("v")
+        r = j.iloc[-1]
+        out.append(md("At -np {v} the total is {against}.", v=r["value"], against=_against(r["measured"],
+                                                                                          r["predicted"])))
     return _caption(*out, _not_measured(par))
+
+
+def _latency_at(df, metric: str, value, group: str, source: str = "measured") -> float | None:
+    return mean_of(df, metric=metric, value=str(value), group=group, source=source)
+
+
+def caption_parallel_latency(sc: Scenario, lat):
+    """Under the latency percentiles: TTFT and ITL of one user at -np 1 against every slot busy at the most
+    slots (median and p99), and the serving model's median beside them."""
+    lo, hi = min(sc.parallel_slots), max(sc.parallel_slots)
+    g1, gn = "concurrency 1", f"concurrency {hi}"
+    out = []
+    for m, name in (("ttft", "time to first token"), ("itl", "gap between tokens (ITL)")):
+        a = _latency_at(lat, f"{m}_ms_median", lo, g1)
+        b = _latency_at(lat, f"{m}_ms_median", hi, gn)
+        b99 = _latency_at(lat, f"{m}_ms_p99", hi, gn)
+        if a is None or b is None:
+            continue
+        pb = _latency_at(lat, f"{m}_ms_median", hi, gn, "predicted")
+        out.append(md("Median {name}: {a} ms for one user at -np {lo}, {b} ms with all {hi} slots busy (p99 {b99} "
+                       "ms; predicted median {pb} ms).", name=name, a=fmt(a), lo=lo, b=fmt(b), hi=hi,
+                       b99=fmt(b99), pb=fmt(pb)))
+    if not out:
+        a = _latency_at(lat, "ttft_ms_median", lo, g1, "predicted")
+        b = _latency_at(lat, "ttft_ms_median", hi, gn, "predicted")
+        if a is not None and b is not None:
+            out.append(md("Predicted median time to first token: {a} ms for one user at -np {lo}, {b} ms with all "
+                           "{hi} slots busy (their prompts share the steps).", a=fmt(a), lo=lo, b=fmt(b), hi=hi))
+    return _caption(*out, _not_measured(lat))
+
+
+def caption_one_user(sc: Scenario, one):
+    """Under the one-user test: the seed's words, the measured ratio at the slot count tested with its
+    verdict, and the predicted ratio."""
+    claim = one.attrs.get("claim") or {}
+    n = claim.get("tested_at")
+    out = [md("The seed: \"{advice}\".", advice=claim.get("advice", ""))] if claim else []
+    metric = claim.get("metric", "one_user_tg_ratio")
+    if n is None:
+        return _caption(*out, "The sweep has no -np above 1: nothing to test.", _not_measured(one))
+    m = pick(one, metric=metric, source="measured", value=str(n))
+    a = mean_of(one, metric="tg_tps_per_stream", source="measured", value="1")
+    b = mean_of(one, metric="tg_tps_per_stream", source="measured", value=str(n))
+    if len(m) and a is not None and b is not None:
+        r, sd, runs = float(m["result"].iloc[0]), float(m["sd"].iloc[0]), int(m["repetitions"].iloc[0])
+        out.append(md("One user decodes at {a} tok/s with -np 1 and {b} with -np {n}: ratio {r} ± {sd} — {v}.",
+                       a=fmt(a), b=fmt(b), n=n, r=f"{r:.3f}", sd=f"{sd:.3f}",
+                       v=claim_verdict(r, sd, float(claim.get("below", 1.0)), runs)))
+    p = pick(one, metric=metric, source="predicted", value=str(n))
+    if len(p):
+        out.append(md("Predicted ratio {r}: a lone request is a batch of one whatever -np, so the model sees no "
+                       "speed cost; the cost of more slots for one user is its context (the next figure).",
+                       r=f"{float(p['result'].iloc[-1]):.3f}"))
+    return _caption(*out, _not_measured(one))
+
+
+def caption_slot_context(sc: Scenario, ctx):
+    """Under the context per slot: the split at the fewest and the most slots, llama-server's own figure, the
+    unified alternative, and the KV cache it costs."""
+    lo, hi = str(min(sc.parallel_slots)), str(max(sc.parallel_slots))
+    out = []
+    a = mean_of(ctx, metric="n_ctx_seq", source="predicted", group="split", value=lo)
+    b = mean_of(ctx, metric="n_ctx_seq", source="predicted", group="split", value=hi)
+    u = mean_of(ctx, metric="n_ctx_seq", source="predicted", group="--kv-unified", value=hi)
+    if a is not None and b is not None:
+        mb = mean_of(ctx, metric="n_ctx_seq", source="measured", value=hi)
+        seen = f" (llama-server reported {mb:,.0f})" if mb is not None else ""
+        out.append(md("Each slot gets {a} tokens of context at -np {lo} and {b} at -np {hi}{seen}: -c is split "
+                       "across the slots. With --kv-unified the slots share one stream of {u} cells, so one "
+                       "long conversation can use it all while the others wait for room.", a=f"{a:,.0f}", lo=lo,
+                       b=f"{b:,.0f}", hi=hi, seen=seen, u=f"{u:,.0f}" if u is not None else "—"))
+    k1 = mean_of(ctx, metric="kv_cache_bytes", source="predicted", group="split", value=lo)
+    kn = mean_of(ctx, metric="kv_cache_bytes", source="predicted", group="split", value=hi)
+    if k1 is not None and kn is not None:
+        km = mean_of(ctx, metric="kv_cache_bytes", source="measured", value=hi)
+        seen = f" (llama-server log: {fmt(km / MIB)} MiB)" if km is not None else ""
+        out.append(md("KV cache and state: {a} MiB at -np {lo}, {b} MiB at -np {hi}{seen} ({ch}): the cells are -c "
+                       "either way, so only per-sequence state (recurrent layers), sliding windows and padding "
+                       "change with the slots.", a=fmt(k1 / MIB), lo=lo, b=fmt(kn / MIB), hi=hi, seen=seen,
+                       ch=_change(k1, kn)))
+    return _caption(*out, _not_measured(ctx))
 
 
 def caption_load(sc: Scenario, load):

@@ -53,7 +53,8 @@ LESSONS = (
     Lesson("08_batch_size", "-b/-ub: prompt processing over the micro-batch size, with a prompt longer than the "
                             "largest.", "batch"),
     Lesson("09_threads", "-t: prompt processing and decode over CPU threads.", "threads"),
-    Lesson("10_parallel_slots", "--parallel: llama-server's slots, total vs per-stream decode.", "parallel"),
+    Lesson("10_parallel_slots", "--parallel: llama-server's slots under load, total vs per-stream decode, latency "
+                                "percentiles, one user, the context per slot.", "parallel"),
     Lesson("11_model_loading", "mmap, --no-mmap, --mlock: the load modes this llama.cpp build accepts, load time "
                                "and first token.", "loading"),
     Lesson("12_final_config", "The tuned configuration, its predicted and measured speed, the llama-server command.",

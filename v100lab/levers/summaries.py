@@ -11,7 +11,7 @@ from v100lab.results import TPS, compare
 from v100lab.scenario import Scenario
 from v100lab.levers.final import final_config
 from v100lab.levers.steps import GIB, HOST, MIB, gpu_subject, study
-from v100lab.levers.text import difference, ends, fmt, markdown, md, mean_of, pct, pick, points
+from v100lab.levers.text import claim_verdict, difference, ends, fmt, markdown, md, mean_of, pct, pick, points
 from v100lab.levers.threads import thread_values
 
 
@@ -385,23 +385,49 @@ def summary_threads(sc: Scenario, threads):
     return markdown(lines)
 
 
-def summary_parallel(sc: Scenario, par):
-    """--parallel, in sentences."""
-    lines = _lever_lines(par, "n_parallel", "-np (total over slots)", metrics=("tg_tps", "tg_tps_per_stream"),
-                         predicted=False)
+def summary_parallel(sc: Scenario, par, latency=None, one=None, slots=None):
+    """--parallel, in sentences: every slot busy (``par``), and when given the latency percentiles, the
+    one-user test of the seed's claim and the context per slot."""
+    lines = _lever_lines(par, "n_parallel", "-np, every slot busy (all streams together; each stream)",
+                         metrics=("tg_tps", "tg_tps_per_stream"))
     p = pick(par, metric="tg_tps", source="predicted")
     if len(p):
-        lines.append(md("One stream, predicted: {p} tok/s for {model} on {dev}.", p=fmt(p["result"].iloc[0]),
-                         model=p["model"].iloc[0], dev="this machine" if p["device"].iloc[0] == HOST else
-                         p["device"].iloc[0]))
+        p = p.assign(v=p["value"].astype(int)).sort_values("v")
+        lines.append(md("Predicted for {model} on {dev}: all streams together {a} tok/s at -np {va}, {b} at -np {vb}.",
+                         model=p["model"].iloc[-1], dev="this machine" if p["device"].iloc[-1] == HOST else
+                         p["device"].iloc[-1], a=fmt(p["result"].iloc[0]), va=p["value"].iloc[0],
+                         b=fmt(p["result"].iloc[-1]), vb=p["value"].iloc[-1]))
     c = pick(par, metric="physical_ceiling_tg_tps", source="predicted")
     if len(c) > 1:
         c = c.assign(v=c["value"].astype(int)).sort_values("v")
-        one, many = c.iloc[0], c.iloc[-1]
+        one_, many = c.iloc[0], c.iloc[-1]
         lines.append(md("Bandwidth allows {a} tok/s with {va} slot(s) and {b} with {vb} together ({each} each): one "
                          "pass over the weights serves every slot, so the total can grow while each stream slows.",
-                         a=fmt(one["result"]), va=one["value"], b=fmt(many["result"]), vb=many["value"],
+                         a=fmt(one_["result"]), va=one_["value"], b=fmt(many["result"]), vb=many["value"],
                          each=fmt(many["result"] / many["v"])))
+    if latency is not None:
+        hi = max(sc.parallel_slots)
+        t = mean_of(latency, metric="ttft_ms_p99", source="measured", value=str(hi), group=f"concurrency {hi}")
+        i = mean_of(latency, metric="itl_ms_p99", source="measured", value=str(hi), group=f"concurrency {hi}")
+        if t is not None and i is not None:
+            lines.append(md("With all {hi} slots busy, p99 time to first token {t} ms and p99 gap between tokens {i} "
+                             "ms.", hi=hi, t=fmt(t), i=fmt(i)))
+    if one is not None:
+        claim = one.attrs.get("claim") or {}
+        n = claim.get("tested_at")
+        m = pick(one, metric=claim.get("metric"), source="measured", value=str(n))
+        if n is not None and len(m):
+            r, sd, runs = float(m["result"].iloc[0]), float(m["sd"].iloc[0]), int(m["repetitions"].iloc[0])
+            lines.append(md("The seed's \"{advice}\": one user at -np {n} decodes at {r} ± {sd} × its -np 1 speed — "
+                             "{v}.", advice=claim.get("advice", ""), n=n, r=f"{r:.3f}", sd=f"{sd:.3f}",
+                             v=claim_verdict(r, sd, float(claim.get("below", 1.0)), runs)))
+    if slots is not None:
+        lo, hi = str(min(sc.parallel_slots)), str(max(sc.parallel_slots))
+        a = mean_of(slots, metric="n_ctx_seq", source="predicted", group="split", value=lo)
+        b = mean_of(slots, metric="n_ctx_seq", source="predicted", group="split", value=hi)
+        if a is not None and b is not None:
+            lines.append(md("Context per slot: {a} tokens at -np {lo}, {b} at -np {hi} (-c split; --kv-unified shares "
+                             "one stream instead).", a=f"{a:,.0f}", lo=lo, b=f"{b:,.0f}", hi=hi))
     lines += [_above_line(par), _failures_line(par)]
     return markdown(lines)
 

@@ -81,6 +81,20 @@ def difference(a: float, a_sd: float, a_r: int, b: float, b_sd: float, b_r: int,
     return pct(b, a)
 
 
+def claim_verdict(ratio: float, sd: float, below: float, runs: int = 2) -> str:
+    """A claim that a measured ratio is below ``below`` (the seed's "lower with more slots") against the ratio and
+    its spread (one sd): holds, fails, or not borne out (the bound inside the noise); ``runs`` < 2 (a single
+    sample on either side) has no spread to judge with."""
+    if runs < 2:
+        side = "below" if ratio < below else "not below"
+        return f"{side} {below:g}, but from single requests: no spread to tell it from noise"
+    if ratio + sd < below:
+        return "lower beyond the noise: the claim holds here"
+    if ratio - sd > below:
+        return "higher beyond the noise: the claim fails here"
+    return "no difference beyond the noise: the claim is not borne out here"
+
+
 def ends(pts):
     """The first and last point of a measured series (:func:`points`) as (value, mean, sd, r) pairs."""
     first, last = pts.iloc[0], pts.iloc[-1]
