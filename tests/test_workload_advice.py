@@ -66,15 +66,21 @@ def test_every_plan_is_judged_by_memory_feasibility(seed4):
 
 def test_seed_model_on_16gb_serves_four_users_by_shrinking_the_cache(seed4):
     """The seed scenario's Q4_K_M does not fit 16 GB whole even for one slot; for four users the advisor keeps
-    as many layers on the card as a quantized cache allows, and four slots beat one (no queueing)."""
+    as many layers on the card as a quantized cache allows, and four slots do not queue where one does.
+
+    Which slot count wins on throughput depends on the CPU that runs the layers left over (this machine's host
+    profile, calibrated or not), so the test asserts what holds on any host: the choice is the fastest plan that
+    fits, and the memory facts."""
     b = seed4.best
-    assert b.slots == 4 and b.candidate.offloaded_layers < b.candidate.n_layer_total
+    assert b.fits and b.candidate.offloaded_layers < b.candidate.n_layer_total
+    assert b.output_tps >= max(p.output_tps for p in seed4.plans if p.fits) * (1 - TIE)
     one = next(p for p in seed4.per_slots() if p.slots == 1)
-    assert b.output_tps > one.output_tps and b.ttft_ms < one.ttft_ms
-    assert one.serving.queue_ms > 0 and b.serving.queue_ms == 0
-    # the cache type chosen keeps at least as many layers on the GPU as f16 does at four slots
+    four = next(p for p in seed4.per_slots() if p.slots == 4)
+    assert one.serving.queue_ms > 0 and four.serving.queue_ms == 0
+    assert four.ttft_ms < one.ttft_ms          # four users: one slot makes three of them wait a whole request
+    # at four slots, the cache type chosen keeps at least as many layers on the GPU as f16 does
     f16 = [p for p in seed4.plans if p.fits and p.slots == 4 and p.config.cache_type_v == "f16"]
-    assert all(p.candidate.offloaded_layers <= b.candidate.offloaded_layers for p in f16)
+    assert f16 and all(p.candidate.offloaded_layers <= four.candidate.offloaded_layers for p in f16)
 
 
 def test_without_an_slo_throughput_decides(q4_0_users4):
