@@ -363,6 +363,8 @@ def main() -> int:
                     help="per level, a multiple of C (default: max(16, 8 × C))")
     ap.add_argument("--repeat", type=int, default=1, help="repeat the whole comparison (default 1)")
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between repeats")
+    ap.add_argument("--benchy-first", action="store_true",
+                    help="llama-benchy before serve-bench at each level (default: after; repeats alternate)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-np", "--parallel", type=int, default=4)
     ap.add_argument("-c", "--ctx-size", type=int, default=2048)
@@ -439,17 +441,21 @@ def main() -> int:
                     if n % c:
                         print(f"--requests {n} is not a multiple of concurrency {c}", file=sys.stderr)
                         return 2
-                    doc = run_ours(url, c, n, words, args.max_tokens, seed=rep)
-                    recs = ours_records(doc)
-                    rows.append({"repeat": rep, "concurrency": c, "tool": "serve-bench",
-                                 "failed": doc["failed_requests"], "figures": figures(recs, c)})
-                    if benchy is not None:
-                        events, report, _ = run_benchy(benchy, home, url, model_id, tokenizer, c, n // c,
-                                                       args.prompt_tokens, args.max_tokens, f"{rep}-{c}")
-                        recs, errors = benchy_records(events)
-                        rows.append({"repeat": rep, "concurrency": c, "tool": "llama-benchy", "failed": len(errors),
-                                     "errors": errors[:3], "figures": figures(recs, c),
-                                     "native": benchy_native(report)})
+                    tools = ["serve-bench"] + (["llama-benchy"] if benchy is not None else [])
+                    if args.benchy_first == (rep % 2 == 1):
+                        tools.reverse()
+                    for tool in tools:
+                        if tool == "serve-bench":
+                            doc = run_ours(url, c, n, words, args.max_tokens, seed=rep)
+                            rows.append({"repeat": rep, "concurrency": c, "tool": tool,
+                                         "failed": doc["failed_requests"], "figures": figures(ours_records(doc), c)})
+                        else:
+                            events, report, _ = run_benchy(benchy, home, url, model_id, tokenizer, c, n // c,
+                                                           args.prompt_tokens, args.max_tokens, f"{rep}-{c}")
+                            recs, errors = benchy_records(events)
+                            rows.append({"repeat": rep, "concurrency": c, "tool": tool, "failed": len(errors),
+                                         "errors": errors[:3], "figures": figures(recs, c),
+                                         "native": benchy_native(report)})
                     for r in rows[-2:]:
                         if r["failed"]:
                             print(f"  {r['tool']} C={c}: {r['failed']} failed request(s) {r.get('errors', '')}")
