@@ -6,6 +6,7 @@ Real llama.cpp where something is measured (slow tests); no speed is asserted.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -118,6 +119,11 @@ def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, d
     explicit = speed.predict(spec, [devices.get_device("host")], RunConfig(n_ctx=2048, n_threads=1),
                              profile={calibration.PROFILE_KEY: cal})
     assert explicit.tg_tps == pytest.approx(after.tg_tps)
+    # a calibration on all cores also refreshes the device's bandwidth with its own measurement
+    devices.write_host_profile({"bandwidth_gbs": 0.5})
+    cal = calibration.calibrate(threads=[os.cpu_count() or 1], repetitions=2, force=True)
+    stored = devices.read_host_profile()
+    assert stored["bandwidth_gbs"] == stored["bandwidth_measurement"]["bandwidth_gbs"] > 0.5
 
 
 def test_calibrate_show_without_profile_is_one_line_exit_2(fresh_cache):

@@ -410,6 +410,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     except Exception as exc:  # build info is a nicety, never a reason to fail
         log.debug("build info unavailable: %s", exc)
     first: dict[str, float] = {}
+    last_bw: dict[str, Any] | None = None
     for th in threads:
         say(f"memory bandwidth, {th} thread(s)")
         wait_for_quiet()
@@ -450,6 +451,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
         fit = fit_cpu(pts, bw["bandwidth_gbs"])
         fit["bandwidth_cv"] = bw["cv"]
         result["threads"][str(th)] = fit
+        if th >= ncpu:
+            last_bw = bw                 # all cores: the device's bandwidth
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     q = calibration_quality(result, noisy_cv=rerun_above_cv)
@@ -466,7 +469,13 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3,
     if store:
         if not devices.host_measured():
             measure_host()               # the profile's RAM, bandwidth and fingerprint, measured here
-        devices.write_host_profile({PROFILE_KEY: result})
+        update: dict[str, Any] = {PROFILE_KEY: result}
+        if last_bw is not None:
+            # the device's bandwidth (ceilings, the roofline's floor) is the one just measured on all cores,
+            # with the kernel of this version — not an older figure left in the profile (issue 18: a 128 MiB sum
+            # in a 300 MiB L3 had stored 8 GB/s where llama.cpp streamed 16)
+            update.update({"bandwidth_gbs": last_bw["bandwidth_gbs"], "bandwidth_measurement": last_bw})
+        devices.write_host_profile(update)
     return result
 
 
