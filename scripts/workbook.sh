@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up (first run only), calibrate this machine for `--device host` (first run only,
-# about 1.5 minutes), then run every notebook on params/default.yaml and write HTML reports under
+# The main job: set up (first run only), calibrate this machine for `--device host` and its batched decode (first
+# run only, a few minutes), then run every notebook on params/default.yaml and write HTML reports under
 # reports/ (open reports/index.html). Extra arguments go to `v100lab batch`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,5 +14,11 @@ if ! .venv/bin/python -c 'import sys; from v100lab.rates import stored_calibrati
   # and shown beside every host prediction, rather than not running at all
   .venv/bin/v100lab calibrate || { echo "workbook: calibration refused; calibrating again with --force" >&2
                                    .venv/bin/v100lab calibrate --force; }
+fi
+# batched decode (for notebook 10's -np predictions), once, when the same-commit llama-batched-bench is there
+if [ -x .venv/bin/llama-batched-bench ] && \
+   ! .venv/bin/python -c 'import sys; from v100lab.serving import stored_batching; sys.exit(not stored_batching())'; then
+  echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1.5 min)" >&2
+  .venv/bin/v100lab calibrate --batching || echo "workbook: batched-decode calibration failed; -np predictions use the roofline" >&2
 fi
 exec .venv/bin/v100lab batch params/default.yaml --out reports "$@"

@@ -136,3 +136,11 @@ def test_calibrate_show_without_profile_is_one_line_exit_2(fresh_cache):
 def test_calibrate_rejects_bad_threads(fresh_cache):
     r = subprocess.run([sys.executable, "-m", "v100lab", "calibrate", "--threads", "0,x"], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_batching_without_the_tool_is_one_line_exit_2(fresh_cache, tmp_path):
+    env = {**os.environ, "V100LAB_LLAMA_BATCHED_BENCH": str(tmp_path / "missing" / "llama-batched-bench")}
+    r = subprocess.run([sys.executable, "-m", "v100lab", "calibrate", "--batching"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "V100LAB_LLAMA_BATCHED_BENCH" in r.stderr and "not an executable" in r.stderr

@@ -14,6 +14,7 @@ from v100lab import calibration
 from v100lab.devices import host_profile_path
 from v100lab.errors import ConfigError, V100labError
 from v100lab.rates import describe_host_rates, stored_calibration
+from v100lab.serving import batching_path
 from v100lab.render import term_text
 
 NAME = "calibrate"
@@ -30,6 +31,9 @@ def add_arguments(p):
     p.add_argument("--force", action="store_true",
                    help="store the calibration even when it fails the quality bounds (too many noisy points, a fit "
                         "residual above 25 %%); the profile is marked and every prediction says so")
+    p.add_argument("--batching", action="store_true",
+                   help="measure batched decode instead (llama-batched-bench on the calibration models, ~1.5 min): "
+                        "the curve `serving` predicts -np / concurrent users with on this CPU (default threads: all cores)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -67,7 +71,30 @@ def _summary(cal: dict) -> list[str]:
     return lines
 
 
+def _batching_summary(res: dict) -> list[str]:
+    lines = [f"batched decode measured with {res.get('binary')}"]
+    for th, p in sorted((res.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
+        for t, curve in sorted((p.get("curves") or {}).items()):
+            lines.append(f"{th} thread(s) {t}: step(B)/step(1) " + ", ".join(f"B={b} {v:.2f}" for b, v in
+                                                                         sorted(curve.items(), key=lambda kv: int(kv[0]))))
+    return lines
+
+
 def run(args) -> int:
+    if args.batching and not args.show:
+        if not 1 <= args.repetitions <= MAX_REPETITIONS:
+            raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
+        say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
+        res = calibration.calibrate_batching(threads=_threads(args.threads), repetitions=max(1, args.repetitions - 1),
+                                             progress=say)
+        if args.json:
+            json.dump({"batching": str(batching_path()), "batch_calibration": res}, sys.stdout, indent=2)
+            print()
+            return 0
+        for line in _batching_summary(res):
+            print(term_text(line, limit=400))
+        print(f"stored in {batching_path()} (used by `serving` for -np and concurrent users on this host)")
+        return 0
     if args.show:
         cal = stored_calibration()
         if not cal:
