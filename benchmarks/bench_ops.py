@@ -84,6 +84,9 @@ def classify(node) -> tuple[str, dict]:
             elems = _ggml.ggml_nelements(c.src[0])
             nbytes = _ggml.ggml_nbytes(c.src[0])
             kind = "output" if wname.startswith(("output.", "token_embd.")) else "weights"
+            if op == "MUL_MAT_ID":   # routed experts: src[2] holds the ids, n_expert_used per token
+                n_expert, used = int(c.src[0].contents.ne[2]), int(c.src[2].contents.ne[0])
+                elems, nbytes, kind = elems * used // n_expert, nbytes * used // n_expert, "experts"
             return f"{kind}:{tname}", {"elements": elems, "bytes": nbytes, "row": int(c.src[0].contents.ne[0]),
                                        "weight": wname}
         return "attention", {"op": op}
@@ -206,7 +209,7 @@ def summarise(res: dict) -> dict:
     total_nodes_ms = sum(r["ms"] for r in rows.values())
     return {"plain_ms": res["plain_ms"], "plain_cv": res["plain_cv"], "timed_ms": res["timed_ms"],
             "nodes_ms": total_nodes_ms, "categories": rows,
-            "bytes_read": sum(r["bytes"] for c, r in rows.items() if c.startswith(("weights", "output")))}
+            "bytes_read": sum(r["bytes"] for c, r in rows.items() if c.startswith(("weights", "output", "experts")))}
 
 
 def llc_bytes() -> int | None:
@@ -269,7 +272,7 @@ def main(argv=None) -> int:
                 s.update(model=name, threads=th, depth=d)
                 out.append(s)
                 cats = s["categories"]
-                mm = {c: r for c, r in cats.items() if c.startswith(("weights", "output"))}
+                mm = {c: r for c, r in cats.items() if c.startswith(("weights", "output", "experts"))}
                 other = {c: r for c, r in cats.items() if c.startswith("op:")}
                 other_ms = sum(r["ms"] for r in other.values())
                 other_n = sum(r["nodes"] for r in other.values())
