@@ -10,8 +10,9 @@ The tests mirror llama.cpp's tools/llama-bench/llama-bench.cpp (``test_prompt``,
 repetition loop in ``llama_bench()``):
 
 * ppN: N random tokens (BOS first when the vocabulary adds one) decoded in chunks of ``n_batch``;
-* tgN: N single-token decodes starting from BOS; each next token is the argmax of the logits (greedy; the
-  argmax is outside the clock, llama-bench feeds random tokens instead — same cost per decode);
+* tgN: N single-token decodes starting from BOS, each next token drawn at random (seeded), as llama-bench's
+  ``test_gen`` does: with routed experts the cost of a decode can depend on the tokens (greedy decoding of a
+  random-weight model tends to repeat one token, so its router would pick the same experts every step);
 * depth D: before each repetition the context is cleared and D tokens are decoded untimed; the state after
   the first fill is saved with ``llama_state_seq_get_data`` and restored for later repetitions (as
   llama-bench does since PR 16944);
@@ -29,7 +30,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from v100lab.backends.types import BenchTest, Measurement, MeasureFailed
 from v100lab.config import RunConfig
@@ -251,8 +251,7 @@ class InProcessSession:
         total = 0
         for _ in range(n):
             total += self._decode(tok, 1)
-            logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
-            tok[0] = int(np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).argmax())  # greedy, untimed
+            tok[0] = self._rng.randrange(self.n_vocab)      # llama-bench's way; untimed
         return total
 
     def _clear(self) -> None:
