@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -50,11 +51,26 @@ ARCH_VALIDATION = tuple(
     for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0)))
 
 
+def _n_ctx(depth: int) -> int:
+    return max(1024, ((depth + max(N_GEN, N_PROMPT) + 256) // 256 + 1) * 256)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def host_part(quick: bool, repetitions: int, validation=VALIDATION) -> dict:
+# (issue 18, item 3c) what CI can afford after its tests, on all its cores (the thread count `.ci/run`
+# calibrates): the default model (tg at two depths, pp) and two rungs of a synthetic ladder, built in seconds
+CI_THREADS = os.cpu_count() or 1
+CI_VALIDATION = (
+    [("default", CI_THREADS, 0, True), ("default", CI_THREADS, 1024, False)]
+    + [("synth-280m:Q4_K_M", CI_THREADS, 0, True), ("synth-280m:Q8_0", CI_THREADS, 0, False)]
+)
+
+
+def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2) -> dict:
+    """Measure every configuration in ``passes`` passes minutes apart, keep each test's median pass (as
+    calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration."""
     cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
@@ -62,15 +78,22 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION) -> dict:
     host = get_device("host")
     rows = []
     configs = validation[::3] if quick else validation
-    for alias, threads, depth, with_pp in configs:
-        path = zoo.resolve(alias)
-        if any(path.name.startswith(s) for s in stems):
-            sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
-        spec = read_spec(path)
-        n_ctx = max(1024, ((depth + max(N_GEN, N_PROMPT) + 256) // 256 + 1) * 256)
-        t0 = time.perf_counter()
-        m = calibration.measure(path, threads, depth=depth, n_gen=N_GEN, n_prompt=N_PROMPT if with_pp else 0,
-                                repetitions=repetitions, n_ctx=n_ctx)
+    measured: dict[int, dict] = {}
+    for k in range(passes):
+        for i, (alias, threads, depth, with_pp) in enumerate(configs):
+            path = zoo.resolve(alias)
+            if any(path.name.startswith(s) for s in stems):
+                sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
+            t0 = time.perf_counter()
+            m = calibration.measure(path, threads, depth=depth, n_gen=N_GEN, n_prompt=N_PROMPT if with_pp else 0,
+                                    repetitions=repetitions, n_ctx=_n_ctx(depth))
+            measured[i] = calibration.combine_passes(measured.get(i), m)
+            print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} tg {1 / m['tg'].s_per_token:7.2f}"
+                  f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    for i, (alias, threads, depth, with_pp) in enumerate(configs):
+        spec = read_spec(zoo.resolve(alias))
+        m = measured[i]
+        n_ctx = _n_ctx(depth)
         cfg = RunConfig(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=0)
         p_tg = speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2)
         p_pp = speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT) if with_pp else None
@@ -81,12 +104,11 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION) -> dict:
             rows.append({"model": alias, "arch": spec.architecture, "file_type": spec.file_type, "threads": threads,
                          "depth": depth,
                          "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
-                         "cv": round(meas.cv, 4), "predicted_tps": round(pred, 2), "error": pred / mt - 1,
+                         "cv": round(meas.cv, 4), "spread": round(meas.spread, 4),
+                         "predicted_tps": round(pred, 2), "error": pred / mt - 1,
                          "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
                          "weights_ceiling_tg_tps": round(p_tg.weights_ceiling_tg_tps, 1) if test == "tg" else None,
                          "above_ceiling": bool(test == "tg" and mt > p_tg.physical_ceiling_tg_tps)})
-        print(f"  {alias:<20} t{threads} d{depth:<5} tg {rows[-1 - (1 if with_pp else 0)]['measured_tps']:>7} "
-              f"pred {p_tg.tg_tps:7.2f}  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     out = {"rows": rows, "calibration_points": [p["config"] for p in cal.get("points", [])][:20],
            "calibration_measured_at": cal.get("measured_at")}
     for test in ("tg", "pp"):
@@ -104,14 +126,73 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION) -> dict:
     return out
 
 
+def llamabench_part(passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5) -> dict:
+    """The issue's "done when" (18): the default model's host prediction against llama.cpp's own llama-bench
+    (the same-commit build of scripts/build-tools.sh), tg64 and tg128 at 1 and 2 threads, ``passes`` runs
+    minutes apart. Each run's mean (llama-bench's figure) and fastest repetition are kept; the table shows the
+    best pass of each, and every pass's mean (the spread the VM adds)."""
+    from v100lab.backends import BenchTest
+    from v100lab.backends.types import tool_version
+    from v100lab.llamabench import find_llama_bench, run_llama_bench
+
+    binary = find_llama_bench()
+    if binary is None:
+        print("bench_speed: llama-bench not found (scripts/build-tools.sh); the llama-bench part is skipped",
+              file=sys.stderr)
+        return {"rows": [], "skipped": "llama-bench not found"}
+    path = zoo.resolve("default")
+    spec = read_spec(path)
+    host = get_device("host")
+    got: dict[tuple[int, int], dict] = {}
+    for k in range(passes):
+        for th in threads:
+            cfg = RunConfig(n_threads=th, n_gpu_layers=0, flash_attn="auto")
+            for r in run_llama_bench(path, cfg, [BenchTest(n_gen=n) for n in n_gens], repetitions=repetitions,
+                                     binary=binary, timeout=600):
+                g = got.setdefault((th, int(r["n_gen"])), {"means": [], "best": 0.0})
+                g["means"].append(float(r["avg_ts"]))
+                g["best"] = max([g["best"]] + [float(x) for x in r.get("samples_ts") or []])
+            print(f"  llama-bench pass {k + 1}/{passes} t{th}: " + ", ".join(
+                f"tg{n} {got[(th, n)]['means'][-1]:.1f}" for n in n_gens), file=sys.stderr, flush=True)
+        if k + 1 < passes:
+            time.sleep(20)
+    rows = []
+    for (th, n), g in sorted(got.items()):
+        cfg = RunConfig(n_ctx=max(512, n + 256), n_threads=th, n_gpu_layers=0)
+        pred = speed.predict(spec, [host], cfg, depth=n // 2).tg_tps     # the generated tokens' middle depth
+        best_mean = max(g["means"])
+        rows.append({"model": "default", "threads": th, "test": f"tg{n}", "means_tps": [round(x, 2) for x in g["means"]],
+                     "best_mean_tps": round(best_mean, 2), "best_sample_tps": round(g["best"], 2),
+                     "predicted_tps": round(pred, 2), "error_vs_best_mean": pred / best_mean - 1,
+                     "error_vs_best_sample": pred / g["best"] - 1})
+    return {"rows": rows, "binary": str(binary), "build": tool_version(binary)}
+
+
+def print_llamabench(res: dict) -> None:
+    print("### the default model against llama-bench (issue 18, done when)\n")
+    if not res["rows"]:
+        print(f"skipped: {res.get('skipped')}\n")
+        return
+    print(f"llama-bench: {res['binary']} ({res.get('build')})\n")
+    print("| model | threads | test | llama-bench mean per pass | best mean | fastest repetition | predicted | "
+          "error vs best mean | error vs fastest |")
+    print("|---|--:|---|---|--:|--:|--:|--:|--:|")
+    for r in res["rows"]:
+        print(f"| {r['model']} | {r['threads']} | {r['test']} | {' / '.join(f'{x:.1f}' for x in r['means_tps'])} | "
+              f"{r['best_mean_tps']} | {r['best_sample_tps']} | {r['predicted_tps']} | {_pct(r['error_vs_best_mean'])} | "
+              f"{_pct(r['error_vs_best_sample'])} |")
+    print()
+
+
 def print_host(res: dict) -> None:
     print("### (a) this machine: measured vs predicted (configurations never used in calibration)\n")
-    print("| model | type | threads | depth | test | measured t/s | cv | predicted t/s | error | bound |")
-    print("|---|---|--:|--:|---|--:|--:|--:|--:|---|")
+    print("| model | type | threads | depth | test | measured t/s | cv | passes' spread | predicted t/s | error | bound |")
+    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|---|")
     for r in res["rows"]:
         flag = " **above ceiling**" if r["above_ceiling"] else ""
         print(f"| {r['model']} | {r['file_type']} | {r['threads']} | {r['depth']} | {r['test']} | {r['measured_tps']}{flag} "
-              f"| {100 * r['cv']:.1f} % | {r['predicted_tps']} | {_pct(r['error'])} | {r['bound']} |")
+              f"| {100 * r['cv']:.1f} % | {100 * r.get('spread', 0):.0f} % | {r['predicted_tps']} | {_pct(r['error'])} "
+              f"| {r['bound']} |")
     for test in ("tg", "pp"):
         if f"{test}_n" in res:
             print(f"\n{test}: median |error| {100 * res[f'{test}_median_abs_error']:.1f} %, worst "
@@ -210,19 +291,27 @@ def print_seed(res: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", default="host,apple,seed",
-                    help="comma-separated: host, arch (issue 17: hybrid, MoE, SWA models on this host), apple, seed")
+                    help="comma-separated: host, arch (issue 17: hybrid, MoE, SWA models on this host), llamabench (the "
+                         "default model against llama.cpp's llama-bench), apple, seed")
     ap.add_argument("--quick", action="store_true", help="every third host configuration only")
+    ap.add_argument("--ci", action="store_true",
+                    help="the small validation set CI prints (default model, synth-280m; issue 18 item 3c)")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="passes over the configurations, the median kept per test (default 2)")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     res = {}
     if "host" in parts:
-        res["host"] = host_part(args.quick, args.repetitions)
+        res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes)
         print_host(res["host"])
     if "arch" in parts:
-        res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION)
+        res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes)
         print_host(res["arch"])
+    if "llamabench" in parts:
+        res["llamabench"] = llamabench_part(max(1, args.passes), threads=(CI_THREADS,) if args.ci else (1, 2))
+        print_llamabench(res["llamabench"])
     if "apple" in parts:
         res["apple"] = apple_part()
         print_apple(res["apple"])

@@ -5,6 +5,7 @@ Real llama.cpp where something is measured (slow tests); no speed is asserted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,6 +63,45 @@ def test_fit_cpu_recovers_known_costs():
     assert fit["efficiency"] >= 1.0
 
 
+def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
+    """The calibration set's shape (issue 18): wide pure rungs give each type its cost; deep and shallow models
+    of one narrow width, whose weights run at another (cache-resident) rate, give the per-layer overhead — the
+    fit must recover both, and keep the narrow rates out of what predictions use."""
+    wide = {"F16": 2.5e-10, "Q4_0": 1.0e-10, "Q8_0": 1.5e-10}
+    narrow = {"F16": 1.2e-10, "Q4_0": 0.6e-10}           # the same types, twice as fast in cache
+    o_layer = 2e-5
+    cfg = RunConfig()
+    pts = []
+    for label, synth, types in (("calib-wide", calibration.CALIB_WIDE, wide),
+                                ("calib-deep", calibration.CALIB_DEEP, narrow),
+                                ("calib-shallow", calibration.CALIB_SHALLOW, narrow)):
+        f16 = skeleton_spec({"architecture": "llama", "name": label, "n_layer": synth.n_layer,
+                             "n_embd": synth.n_embd, "n_ff": synth.n_ff, "n_head": synth.n_head,
+                             "n_head_kv": synth.n_head_kv, "n_ctx_train": 4096, "n_vocab": 32000}, "F16")
+        for q in types:
+            # pure, as calibration's rungs: every matrix of type q
+            spec = dataclasses.replace(f16, tensors=tuple(
+                dataclasses.replace(t, type_name=q) if len(t.shape) >= 2 else t for t in f16.tensors))
+            # the deep model's depths (as calibration's) are what separate attention from the per-layer cost
+            for depth in (8, 1032, 2056) if (label, q) == ("calib-deep", "F16") else (8,):
+                w = calibration._single_device_work(spec, cfg, depth)
+                t = o_layer * (spec.n_layer + 1) + sum(tw.n_weights * types[t_] for t_, tw in w.weights.items())
+                t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * 3e-11
+                pts.append({"spec": spec, "depth": depth, "tg": t, "label": label})
+    fit = calibration.fit_cpu(pts, 30.0)
+    assert fit["overhead_layer_s"] == pytest.approx(o_layer, rel=0.02)
+    assert fit["attn_s_per_op"] == pytest.approx(3e-11, rel=0.02)
+    assert set(fit["tg_s_per_weight"]) == set(wide)
+    for t, c in fit["tg_s_per_weight"].items():
+        assert c == pytest.approx(wide[t], rel=0.02)
+    assert {k.split("@")[0] for k in fit["tg_narrow_s_per_weight"]} <= set(narrow)
+    # one shared rate per type (the old structure) cannot describe these points
+    for p in pts:
+        p["label"] = "calib-wide"
+    shared = calibration.fit_cpu(pts, 30.0)
+    assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.10
+
+
 def test_calibration_models_are_not_validation_models():
     stems = calibration.calibration_stems()
     validation = {zoo.SYNTH_PRESETS["synth-750m"].stem}
@@ -82,6 +122,33 @@ def test_pure_rung_has_one_type(tiny_f16):
 
 
 @pytest.mark.slow
+def test_combine_passes_keeps_each_tests_median_pass_and_every_pass():
+    T = calibration.Timing
+    a = {"tg": T(0.010, 0.01, (0.010,)), "pp": T(0.002, 0.01, (0.002,))}
+    b = {"tg": T(0.006, 0.20, (0.006,)), "pp": T(0.003, 0.02, (0.003,))}
+    two = calibration.combine_passes(calibration.combine_passes(None, a), b)
+    assert two["tg"].s_per_token == pytest.approx(0.008)                 # two passes: the mean of both
+    assert two["tg"].pass_best == (0.010, 0.006) and two["tg"].spread == pytest.approx(0.010 / 0.006 - 1)
+    three = calibration.combine_passes(two, {"tg": T(0.009, 0.05, (0.009,))})
+    assert three["tg"].s_per_token == 0.009 and three["tg"].cv == 0.05    # three: the middle one, its own cv
+    assert three["tg"].pass_best == (0.010, 0.006, 0.009)
+    assert three["pp"].s_per_token == pytest.approx(0.0025)              # a test missing from a pass keeps its own
+    # one fast outlier pass does not move the figure (best-of would have taken it)
+    fast = calibration.combine_passes(three, {"tg": T(0.001, 0.0, (0.001,))})
+    assert fast["tg"].s_per_token == pytest.approx(0.0075)
+
+
+def test_quality_counts_points_whose_passes_disagree():
+    from v100lab.rates import calibration_quality
+
+    cal = {"threads": {}, "points": [
+        {"config": "a", "threads": 1, "tg_cv": 0.01, "tg_tps": 97, "tg_pass_tps": [100, 97, 60]},      # settled
+        {"config": "b", "threads": 1, "tg_cv": 0.01, "tg_tps": 80, "tg_pass_tps": [100, 80, 60]},      # not
+        {"config": "c", "threads": 1, "tg_cv": 0.01, "tg_tps": 100, "pp_pass_tps": [10, 8]},           # not (pp)
+        {"config": "d", "threads": 1, "tg_cv": 0.01, "tg_tps": 100}]}                                  # one pass
+    assert calibration_quality(cal)["unsettled_points"] == 2
+
+
 def test_measure_returns_timings(tiny_f16):
     m = calibration.measure(tiny_f16, threads=1, n_gen=4, n_prompt=16, repetitions=2)
     assert set(m) == {"tg", "pp"}
@@ -100,7 +167,12 @@ def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, d
     before = speed.predict(spec, ["host"], RunConfig(n_ctx=2048, n_threads=1))
     assert any("uncalibrated" in n for n in before.notes)
     # force: a shared test machine may be noisy; the refusal is tested in test_profile_quality.py
-    cal = calibration.calibrate(threads=[1], repetitions=2, force=True)
+    cal = calibration.calibrate(threads=[1], repetitions=2, force=True, passes=2)
+    # two passes: every point remembers both passes' bests and keeps their median (the mean of two)
+    for pt in cal["points"]:
+        assert len(pt["tg_pass_tps"]) == 2
+        assert 1 / pt["tg_tps"] == pytest.approx(sum(1 / x for x in pt["tg_pass_tps"]) / 2, rel=1e-3)
+    assert "unsettled_points" in cal["quality"]
     assert devices.read_host_profile()[calibration.PROFILE_KEY]["threads"]["1"] == json.loads(json.dumps(cal["threads"]["1"]))
     host = devices.get_device("host")
     after = speed.predict(spec, [host], RunConfig(n_ctx=2048, n_threads=1))
@@ -121,7 +193,7 @@ def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, d
     assert explicit.tg_tps == pytest.approx(after.tg_tps)
     # a calibration on all cores also refreshes the device's bandwidth with its own measurement
     devices.write_host_profile({"bandwidth_gbs": 0.5})
-    cal = calibration.calibrate(threads=[os.cpu_count() or 1], repetitions=2, force=True)
+    cal = calibration.calibrate(threads=[os.cpu_count() or 1], repetitions=2, force=True, passes=1)
     stored = devices.read_host_profile()
     assert stored["bandwidth_gbs"] == stored["bandwidth_measurement"]["bandwidth_gbs"] > 0.5
 

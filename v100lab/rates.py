@@ -244,9 +244,25 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[
         per[str(th)] = q
     measured = [pt for pt in cal.get("points") or [] if "tg_cv" in pt]
     noisy = [pt for pt in measured if (pt.get("tg_cv") or 0) > noisy_cv or (pt.get("pp_cv") or 0) > noisy_cv]
+    # several passes (calibration.CALIB_PASSES): a point whose median pass no other pass confirms within
+    # noisy_cv was not repeatable — the machine's speed moved under it
+    unsettled = [pt for pt in measured if _pass_gap(pt.get("tg_pass_tps")) > noisy_cv
+                 or _pass_gap(pt.get("pp_pass_tps")) > noisy_cv]
     return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
-            "noisy_cv": noisy_cv}
+            "noisy_cv": noisy_cv, "unsettled_points": len(unsettled)}
+
+
+def _pass_gap(tps) -> float:
+    """How far the median pass is from its nearest other pass (relative; 0 with fewer than two passes): the
+    gap between the middle two for an even count, the smaller gap beside the median for an odd one."""
+    v = sorted(float(x) for x in tps or () if x)
+    if len(v) < 2 or v[0] <= 0:
+        return 0.0
+    mid = len(v) // 2
+    if len(v) % 2 == 0:
+        return v[mid] / v[mid - 1] - 1.0
+    return min(v[mid] / v[mid - 1] - 1.0, v[mid + 1] / v[mid] - 1.0)
 
 
 def _parse_time(text) -> _dt.datetime | None:
@@ -330,7 +346,9 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
     else:
         parts.append("fit residuals not recorded")
     if q.get("measured_points"):
-        parts.append(f"{q.get('noisy_points', 0)} of {q['measured_points']} points noisy")
+        parts.append(f"{q.get('noisy_points', 0)} of {q['measured_points']} points noisy"
+                     + (f", {q['unsettled_points']} whose passes differ by > {100 * q.get('noisy_cv', 0.1):.0f} %"
+                        if q.get("unsettled_points") else ""))
     build = cal.get("build") or {}
     commit = build.get("build_commit") or cal.get("build_commit")
     lcp = build.get("llama_cpp_python") or cal.get("llama_cpp_python")

@@ -1,7 +1,8 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About a minute on a 2-core machine (plus building the calibration models once). Run it with nothing else
-busy: llama.cpp's threads spin while they wait, so any other process collapses throughput.
+About 8 minutes on a 2-core machine (three passes over the points, the fastest of each kept; plus building
+the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
+any other process collapses throughput.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from v100lab.serving import batching_path
 from v100lab.render import term_text
 
 NAME = "calibrate"
-MAX_REPETITIONS = 100   # a calibration is about a minute at 3; 100 is already an hour
+MAX_REPETITIONS = 100   # a calibration pass is about a minute at 3; 100 is already an hour
+MAX_PASSES = 20
 
 HELP = "measure this host (bandwidth, llama.cpp's cost per weight type and thread count) for --device host"
 
@@ -27,6 +29,9 @@ def add_arguments(p):
     p.add_argument("-t", "--threads", default="",
                    help="comma-separated thread counts to calibrate (default: 1 and all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
+    p.add_argument("--passes", type=int, default=calibration.CALIB_PASSES,
+                   help=f"passes over all points, the fastest kept per point (default {calibration.CALIB_PASSES}; "
+                        "a shared VM slows a point for tens of seconds at a time, so one pass is not repeatable)")
     p.add_argument("--show", action="store_true", help="print the stored calibration and exit")
     p.add_argument("--force", action="store_true",
                    help="store the calibration even when it fails the quality bounds (too many noisy points, a fit "
@@ -68,6 +73,10 @@ def _summary(cal: dict) -> list[str]:
     if noisy:
         lines.append(f"noisy points (cv > 10 %): {', '.join(pt['config'] + '/' + str(pt['threads']) + 't' for pt in noisy)}"
                      " — rerun with the machine idle")
+    q = cal.get("quality") or {}
+    if q.get("unsettled_points"):
+        lines.append(f"{q['unsettled_points']} of {q.get('measured_points')} points: no other pass within 10 % of "
+                     f"their median pass (the machine's speed moved; the median is kept)")
     return lines
 
 
@@ -102,9 +111,11 @@ def run(args) -> int:
     else:
         if not 1 <= args.repetitions <= MAX_REPETITIONS:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
+        if not 1 <= args.passes <= MAX_PASSES:
+            raise ConfigError(f"--passes must be between 1 and {MAX_PASSES}, got {args.passes}")
         say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
         cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say,
-                                    force=args.force)
+                                    force=args.force, passes=args.passes)
     if args.json:
         json.dump({"profile": str(host_profile_path()), "speed_calibration": cal}, sys.stdout, indent=2)
         print()
