@@ -1,0 +1,106 @@
+"""Refit a stored calibration with this commit's fit, and judge it on stored validation rows — no measuring.
+
+    .venv/bin/python benchmarks/refit_speed.py CAL.json [VALIDATION.json] [--median-of-passes]
+
+``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
+re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
+median of the point's passes (``tg_pass_tps``/``pp_pass_tps``, the rule of :func:`calibration.combine_passes`)
+— for calibrations stored before the median was the rule. ``VALIDATION.json``: `bench_speed.py --json` output;
+its host rows are predicted from the refitted profile (with ``--median-of-passes`` a row measured in two passes
+is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
+benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from v100lab import calibration, rates, speed, zoo
+from v100lab.config import RunConfig
+from v100lab.devices import get_device
+from v100lab.header import read_spec
+
+
+def _median_tps(values) -> float:
+    return 1.0 / statistics.median([1.0 / float(x) for x in values])
+
+
+def refit(cal: dict, median_of_passes: bool) -> dict:
+    """``cal`` with every thread count refitted (and, optionally, each point's figure the median of its passes)."""
+    paths = calibration.calibration_model_paths()
+    specs = {f"{label}:{t}": read_spec(p) for (label, t), p in paths.items()}
+    out = json.loads(json.dumps(cal))
+    by_threads: dict[int, list] = {}
+    for p in out["points"]:
+        if "tg_tps" not in p:
+            continue
+        if median_of_passes:
+            for k in ("tg", "pp"):
+                if p.get(f"{k}_pass_tps"):
+                    p[f"{k}_tps"] = round(_median_tps(p[f"{k}_pass_tps"]), 2)
+        base, _, d = p["config"].partition("@d")
+        by_threads.setdefault(int(p["threads"]), []).append(
+            {"spec": specs[base], "label": base.split(":")[0], "name": p["config"],
+             "depth": (int(d) if d else 0) + calibration.CALIB_N_GEN // 2, "tg": 1.0 / p["tg_tps"],
+             "pp": (1.0 / p["pp_tps"]) if p.get("pp_tps") else None, "n_prompt": calibration.CALIB_N_PROMPT})
+    for th, pts in sorted(by_threads.items()):
+        old = out["threads"][str(th)]
+        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"])
+        fit["bandwidth_cv"] = old.get("bandwidth_cv")
+        out["threads"][str(th)] = fit
+        res = fit["tg_fit_rel_err"]
+        print(f"{th} thread(s): per-layer overhead {1e6 * fit['overhead_layer_s']:.1f} us, attention "
+              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op; decode residual max {100 * max(map(abs, res)):.1f} %, "
+              f"prompt max {100 * max(map(abs, fit.get('pp_fit_rel_err') or [0])):.1f} %")
+        print("   decode points beyond 5 %: " + (", ".join(f"{p['name']} {100 * r:+.0f} %" for p, r in zip(pts, res)
+                                                    if abs(r) > 0.05) or "none"))
+    out["quality"] = rates.calibration_quality(out)
+    return out
+
+
+def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
+    host = get_device("host")
+    profile = {rates.PROFILE_KEY: cal}
+    errs: dict[str, list[float]] = {"tg": [], "pp": []}
+    print("\n| model | threads | depth | test | measured t/s | predicted | error |")
+    print("|---|--:|--:|---|--:|--:|--:|")
+    for r in validation["host"]["rows"]:
+        meas = float(r["measured_tps"])
+        if median_of_passes and r.get("spread"):
+            slow = meas / (1.0 + float(r["spread"]))
+            meas = 2.0 / (1.0 / meas + 1.0 / slow)
+        spec = read_spec(zoo.resolve(r["model"]))
+        d, th = int(r["depth"]), int(r["threads"])
+        n_ctx = max(1024, ((d + 512 + 256) // 256 + 1) * 256)
+        cfg = RunConfig(n_ctx=n_ctx, n_threads=th, n_gpu_layers=0)
+        tg = r["test"].startswith("tg")
+        p = speed.predict(spec, [host], cfg, depth=d + 16 if tg else d, n_prompt=512, profile=profile)
+        pred = p.tg_tps if tg else p.pp_tps
+        errs["tg" if tg else "pp"].append(abs(pred / meas - 1))
+        print(f"| {r['model']} | {th} | {d} | {r['test']} | {meas:.2f} | {pred:.2f} | {100 * (pred / meas - 1):+.1f} % |")
+    for k, v in errs.items():
+        if v:
+            print(f"\n{k}: median |error| {100 * statistics.median(v):.1f} %, worst {100 * max(v):.1f} % over {len(v)}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("calibration")
+    ap.add_argument("validation", nargs="?")
+    ap.add_argument("--median-of-passes", action="store_true")
+    args = ap.parse_args(argv)
+    with open(args.calibration) as f:
+        cal = json.load(f)
+    cal = cal.get("speed_calibration", cal)
+    new = refit(cal, args.median_of_passes)
+    if args.validation:
+        with open(args.validation) as f:
+            judge(new, json.load(f), args.median_of_passes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
