@@ -19,7 +19,7 @@ from v100lab.serving import batching_path
 from v100lab.render import term_text
 
 NAME = "calibrate"
-MAX_REPETITIONS = 100   # a calibration pass is about a minute at 3; 100 is already an hour
+MAX_REPETITIONS = 100   # a calibration pass (both thread counts) is 3-4 minutes at 3; 100 would be hours
 MAX_PASSES = 20
 
 HELP = "measure this host (bandwidth, llama.cpp's cost per weight type and thread count) for --device host"
