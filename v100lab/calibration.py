@@ -209,9 +209,7 @@ def combine_passes(old: Mapping[str, Timing] | None, new: Mapping[str, Timing]) 
         o = (old or {}).get(key)
         history = (o.pass_best if o and o.pass_best else ((o.s_per_token,) if o else ())) + (t.s_per_token,)
         runs = ((o.samples_by_pass if o else ()) + ((t.cv, t.samples, t.busy),))
-        v = sorted(history)
-        mid = len(v) // 2
-        med = v[mid] if len(v) % 2 else 0.5 * (v[mid - 1] + v[mid])
+        med = statistics.median(history)     # an even count: the mean of the middle two
         cv, samples, busy = min(zip(history, runs), key=lambda hr: abs(hr[0] - med))[1]
         out[key] = Timing(med, cv, samples, busy, pass_best=history, samples_by_pass=runs)
     for key, o in (old or {}).items():
