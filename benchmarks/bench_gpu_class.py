@@ -38,7 +38,8 @@ def run() -> dict:
     return {"fit": {"eff_mmvq": fit.efficiency, "eff_float": fit.efficiency_f16,
                     "cuda_core_flop_per_weight": fit.tg_fp32_flop_per_weight,
                     "overhead_layer_us": fit.overhead_layer_s * 1e6, "overhead_layer_fa_us": fit.overhead_layer_fa_s * 1e6,
-                    "pp_efficiency": dict(fit.pp_efficiency), "n_rows": fit.n_rows, "source": fit.source},
+                    "pp_efficiency": dict(fit.pp_efficiency), "pp_power_knee_w_per_tflop": fit.pp_power_knee_w_per_tflop,
+                    "pp_dp4a_factor": fit.pp_dp4a_factor, "n_rows": fit.n_rows, "source": fit.source},
             "loco": summary(loco), "in_sample": summary(ins), "rows": loco.to_dict("records")}
 
 
@@ -52,8 +53,11 @@ def main(argv=None) -> int:
     print(f"decode: MMVQ (quantized) efficiency {f['eff_mmvq']:.3f} of peak bandwidth, float (F16) {f['eff_float']:.3f}; "
           f"CUDA-core work {f['cuda_core_flop_per_weight']:.2f} FP32-FLOP per weight; launch overhead "
           f"{f['overhead_layer_us']:.1f} µs per layer per token, {f['overhead_layer_fa_us']:+.1f} µs with flash attention; "
-          "prompt efficiency (quantized: of the FP32 rate; F16: of the FP16 tensor peak) "
-          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f["pp_efficiency"].items())) + ".\n")
+          "prompt efficiency (quantized: of the FP32 rate sustained under the power limit; F16: of the FP16 tensor "
+          "peak) " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f["pp_efficiency"].items()))
+          + f"; power knee {f['pp_power_knee_w_per_tflop']:.2f} W per FP32 TFLOP/s (below it a card's prompt rate "
+          "scales with its board power); Pascal dp4a MMQ "
+          + (f"{f['pp_dp4a_factor']:.3f}x" if f["pp_dp4a_factor"] else "n/a") + " of int8 mma.\n")
     print("| split | test | fa | median abs error | worst | worst row | rows | cards |")
     print("|---|---|--:|--:|--:|---|--:|--:|")
     for name, label in (("loco", "leave-one-card-out (judged)"), ("in_sample", "in-sample (not judged)")):

@@ -50,6 +50,7 @@ _RANGES = {
     "fp32_tflops": (0.0, 1e6),
     "host_link_gbs": (0.0, 1e5),
     "runtime_overhead_mib": (0.0, float(1 << 30)),
+    "board_power_w": (0.0, 1e6),
 }
 _POSITIVE = ("memory_gib", "bandwidth_gbs")   # required, and at least their lowest value
 MAX_TEXT_CHARS = 200
@@ -73,6 +74,7 @@ class Device:
     runtime_overhead_mib: float = 0.0   # lost before llama.cpp allocates: CUDA context, cuBLAS, reserved
     source_url: str = ""
     fp32_tflops: float | None = None
+    board_power_w: float | None = None  # the board's power limit (TDP), vendor figure; caps prompt speed
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self):

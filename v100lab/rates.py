@@ -513,6 +513,8 @@ class GpuFit:
     overhead_layer_fa_s: float = 0.0         # added per layer per token when flash attention is on (< 0: saves)
     pp_quant_peak: str = "fp16"              # quantized types' prompt efficiency is of this peak: fp16 | fp32
     pp_cublas_quant_efficiency: float | None = None   # Volta: quantized prompts through cuBLAS, of the FP16 peak
+    pp_power_knee_w_per_tflop: float = 0.0   # MMQ prompts: board W per FP32 TFLOP/s below which the power limit binds
+    pp_dp4a_factor: float | None = None      # Pascal's dp4a MMQ relative to Turing+'s int8-mma MMQ (None: no Pascal row)
 
 
 APPLE_CFG = RunConfig(flash_attn="on", n_ctx=4096)   # FA: cells read = cells used (the 2023 build padded n_kv to 32)
@@ -577,16 +579,41 @@ CUBLAS_QUANT_KEY = "quantized via cuBLAS"     # fit_cuda_rows' key for Volta's q
 CUDA_FLOAT_TYPES = ("F16", "BF16", "F32")
 
 
+def _cc(device) -> float | None:
+    try:
+        return float(device.compute_capability) if device.compute_capability else None
+    except ValueError:
+        return None
+
+
 def cuda_prompt_cublas_for_quantized(device) -> bool:
     """Whether llama.cpp multiplies a prompt's quantized weights with cuBLAS (dequantised to F16, tensor-core GEMM)
     instead of MMQ: ggml/src/ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq — an NVIDIA card with FP16 tensor cores but
     without Turing's int8 mma (Volta, compute capability 7.0/7.2) uses MMQ only for batches below
-    MMQ_DP4A_MAX_BATCH_SIZE (64, mmq.cuh); a pp512 ubatch is larger."""
-    try:
-        cc = float(device.compute_capability or 0)
-    except ValueError:
-        return False
-    return 7.0 <= cc < 7.5
+    MMQ_DP4A_MAX_BATCH_SIZE (64, mmq.cuh); a pp512 ubatch is larger. Cards below Pascal's dp4a (compute
+    capability < 6.1, e.g. the P100) use cuBLAS for dense models too."""
+    cc = _cc(device)
+    return cc is not None and (cc < 6.1 or 7.0 <= cc < 7.5)
+
+
+def cuda_prompt_dp4a(device) -> bool:
+    """Whether the card's MMQ kernels are the dp4a family (Pascal, compute capability 6.1-6.x: no int8 mma) rather
+    than the int8 mma family of Turing and later (mmq.cu, ggml_cuda_should_use_mmq: turing_mma_available)."""
+    cc = _cc(device)
+    return cc is not None and 6.1 <= cc < 7.0
+
+
+def prompt_power_factor(device, knee_w_per_tflop: float) -> float:
+    """The fraction of its boost-clock FP32 rate a card sustains in MMQ prompt processing under its power limit.
+
+    Energy, not clocks: at the limit the rate is board power / energy per operation (throughput proportional to
+    watts), so a card whose board power per FP32 TFLOP/s lies below the knee runs at ``W / (FP32 x knee)`` of its
+    boost rate; above the knee the boost clock holds (factor 1). The knee is fitted on published rows
+    (:func:`fit_cuda_rows`); a card without ``board_power_w`` in its catalog row is taken as unconstrained."""
+    watts, fp32 = getattr(device, "board_power_w", None), device.fp32_tflops
+    if not knee_w_per_tflop or not watts or not fp32:
+        return 1.0
+    return min(1.0, float(watts) / (float(fp32) * knee_w_per_tflop))
 
 
 def load_cuda_table():
@@ -637,6 +664,33 @@ def _cuda_decode_features(spec, cfg, depth, device, float_family: bool) -> list[
             layers * (1.0 if resolve_flash_attn(cfg) else 0.0)]
 
 
+POWER_KNEE_GRID_W_PER_TFLOP = (1.0, 50.0, 400)   # log-spaced candidates for the knee: lowest, highest, count
+MIN_POWER_KNEE_CARDS = 4                          # fewer int8-mma cards with a board power: no power term
+
+
+def _fit_power_knee(rows) -> float:
+    """The power knee (W per FP32 TFLOP/s, :func:`prompt_power_factor`) that makes the MMQ prompt efficiency of
+    each weight type most nearly one constant across cards: least squares on log(efficiency) over a log-spaced
+    grid, 0 (no power limit) among the candidates. ``rows``: (weight type, ideal/measured at boost, device)."""
+    import numpy as np  # heavy: only the fits need it
+
+    if len({d.id for _, _, d in rows if getattr(d, "board_power_w", None)}) < MIN_POWER_KNEE_CARDS:
+        return 0.0
+    lo, hi, n = POWER_KNEE_GRID_W_PER_TFLOP
+    keys = sorted({k for k, _, _ in rows})
+    log_e = np.array([math.log(e) for _, e, _ in rows])
+    best_knee, best_sse = 0.0, math.inf
+    for knee in [0.0, *np.exp(np.linspace(math.log(lo), math.log(hi), n))]:
+        r = log_e - np.log([prompt_power_factor(d, float(knee)) for _, _, d in rows])
+        sse = 0.0
+        for key in keys:
+            sel = np.array([k == key for k, _, _ in rows])
+            sse += float(((r[sel] - r[sel].mean()) ** 2).sum())
+        if sse < best_sse - 1e-12:
+            best_knee, best_sse = float(knee), sse
+    return best_knee
+
+
 def fit_cuda_rows(df) -> GpuFit:
     """Fit the CUDA class on published llama-bench rows (``load_cuda_table()`` or a subset: leave-one-card-out
     passes all cards but one). Decode, one weighted least-squares fit on 1/tg (relative error)::
@@ -654,14 +708,17 @@ def fit_cuda_rows(df) -> GpuFit:
 
     Prompt, per weight type: eff_pp = ideal / measured time of a pp512, the ideal being the FLOPs (layers x 512,
     output once, causal attention) at a peak chosen by kernel family: quantized types (MMQ: int8 mma on Turing+,
-    dp4a before) scale with the FP32 (CUDA-core) rate, float types (cuBLAS) with the FP16 tensor peak. Volta runs
-    quantized prompts through cuBLAS too (:func:`cuda_prompt_cublas_for_quantized`): one efficiency of the FP16
-    peak for those rows; with no Volta row in ``df`` Volta falls back to the MMQ rule."""
+    dp4a before) scale with the FP32 (CUDA-core) rate the card sustains under its board power
+    (:func:`prompt_power_factor`; the knee is fitted on the int8-mma rows), float types (cuBLAS) with the FP16
+    tensor peak. Pascal's dp4a MMQ gets one factor relative to int8 mma (:func:`cuda_prompt_dp4a`; 1 without a
+    Pascal row). Volta runs quantized prompts through cuBLAS (:func:`cuda_prompt_cublas_for_quantized`): one
+    efficiency of the FP16 peak for those rows; with no Volta row in ``df`` Volta falls back to the MMQ rule."""
     import numpy as np  # heavy: only the fits need it
 
     float_family = bool((df["quant"].isin(CUDA_FLOAT_TYPES) & (df["test"] == "tg128")).any())
     X, y = [], []
     pp_e: dict[str, list[float]] = {}
+    pp_rows: list[tuple[str, str, float, Any]] = []   # (kernel family, efficiency key, ideal/measured, device)
     for _, row in df.iterrows():
         dev = get_device(str(row["device"]))
         spec = arch_spec(str(row["arch"]), str(row["quant"]))
@@ -671,11 +728,20 @@ def fit_cuda_rows(df) -> GpuFit:
             y.append(1.0 / float(row["tps"]))
         else:
             quant = str(row["quant"])
-            cublas = quant in CUDA_FLOAT_TYPES or cuda_prompt_cublas_for_quantized(dev)
-            peak = _tensor_tflops(dev) if cublas else _fp32_tflops(dev)
+            if quant in CUDA_FLOAT_TYPES:
+                family, key, peak = "float", quant, _tensor_tflops(dev)
+            elif cuda_prompt_cublas_for_quantized(dev):
+                family, key, peak = "cublas", CUBLAS_QUANT_KEY, _tensor_tflops(dev)
+            else:
+                family, key, peak = ("dp4a" if cuda_prompt_dp4a(dev) else "mma"), quant, _fp32_tflops(dev)
             ideal = _pp_ideal_seconds(spec, n_prompt) / (peak * 1e12)
-            key = quant if quant in CUDA_FLOAT_TYPES or not cublas else CUBLAS_QUANT_KEY
-            pp_e.setdefault(key, []).append(ideal / (n_prompt / float(row["tps"])))
+            pp_rows.append((family, key, ideal / (n_prompt / float(row["tps"])), dev))
+    # MMQ's efficiency is of the FP32 rate the card sustains under its power limit; the knee is fitted on the
+    # int8-mma rows (the family with many cards), then every MMQ row's efficiency is taken at that sustained rate
+    knee = _fit_power_knee([(k, e, d) for fam, k, e, d in pp_rows if fam == "mma"])
+    for fam, k, e, d in pp_rows:
+        if fam != "dp4a":
+            pp_e.setdefault(k, []).append(e / prompt_power_factor(d, knee) if fam == "mma" else e)
     X, y = np.array(X), np.array(y)
     used = np.abs(X).sum(axis=0) > 0
     coef = np.zeros(X.shape[1])
@@ -684,6 +750,8 @@ def fit_cuda_rows(df) -> GpuFit:
     inv_q, inv_f, k, o_layer, o_fa = (float(c) for c in coef)
     pp = {q: float(math.exp(statistics.fmean(math.log(v) for v in vals))) for q, vals in pp_e.items()}
     cublas_q = pp.pop(CUBLAS_QUANT_KEY, None)
+    dp4a = [e / prompt_power_factor(d, knee) / pp[k] for fam, k, e, d in pp_rows if fam == "dp4a" and k in pp]
+    dp4a_factor = float(math.exp(statistics.fmean(math.log(v) for v in dp4a))) if dp4a else None
     quantized = [v for q, v in pp.items() if q not in CUDA_FLOAT_TYPES]
     default = float(math.exp(statistics.fmean(math.log(v) for v in quantized))) if quantized else min(pp.values())
     cards = df["device"].nunique()
@@ -691,6 +759,7 @@ def fit_cuda_rows(df) -> GpuFit:
                   pp_efficiency=MappingProxyType(pp), pp_default_efficiency=default, n_rows=len(df),
                   efficiency_f16=(1.0 / inv_f) if inv_f > 0 else None, tg_fp32_flop_per_weight=max(k, 0.0),
                   overhead_layer_fa_s=o_fa, pp_quant_peak="fp32", pp_cublas_quant_efficiency=cublas_q,
+                  pp_power_knee_w_per_tflop=knee, pp_dp4a_factor=dp4a_factor,
                   source=f"CUDA class fitted on {len(df)} published llama-bench rows of {cards} cards "
                          "(data/cuda_llama7b.csv: llama.cpp CUDA scoreboard, discussion #15013, and PR #4766)")
 
@@ -720,6 +789,11 @@ def gpu_rates(device, fit: GpuFit, cfg: RunConfig | None = None) -> DeviceRates:
         raise ConfigError(f"device '{device.id}': no fp16_tflops/fp32_tflops, cannot predict prompt speed")
     flops = tflops * 1e12
     qflops = _fp32_tflops(device) * 1e12 if fit.pp_quant_peak == "fp32" else flops
+    if fit.pp_quant_peak == "fp32":
+        # MMQ at the rate the card sustains under its power limit; Pascal's dp4a kernels relative to int8 mma
+        qflops *= prompt_power_factor(device, fit.pp_power_knee_w_per_tflop)
+        if fit.pp_dp4a_factor and cuda_prompt_dp4a(device):
+            qflops *= fit.pp_dp4a_factor
     pp = {t: 2.0 / (e * (flops if t in CUDA_FLOAT_TYPES else qflops)) for t, e in fit.pp_efficiency.items()}
     default = 2.0 / (fit.pp_default_efficiency * qflops)
     if fit.pp_cublas_quant_efficiency and cuda_prompt_cublas_for_quantized(device):
