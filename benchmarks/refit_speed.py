@@ -48,12 +48,12 @@ def refit(cal: dict, median_of_passes: bool) -> dict:
              "pp": (1.0 / p["pp_tps"]) if p.get("pp_tps") else None, "n_prompt": calibration.CALIB_N_PROMPT})
     for th, pts in sorted(by_threads.items()):
         old = out["threads"][str(th)]
-        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"])
+        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"], threads=th)
         fit["bandwidth_cv"] = old.get("bandwidth_cv")
         out["threads"][str(th)] = fit
         res = fit["tg_fit_rel_err"]
         print(f"{th} thread(s): per-layer overhead {1e6 * fit['overhead_layer_s']:.1f} us, attention "
-              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op; decode residual max {100 * max(map(abs, res)):.1f} %, "
+              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op, split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer; decode residual max {100 * max(map(abs, res)):.1f} %, "
               f"prompt max {100 * max(map(abs, fit.get('pp_fit_rel_err') or [0])):.1f} %")
         print("   decode points beyond 5 %: " + (", ".join(f"{p['name']} {100 * r:+.0f} %" for p, r in zip(pts, res)
                                                     if abs(r) > 0.05) or "none"))

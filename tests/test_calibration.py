@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from v100lab import calibration, speed, zoo
+from v100lab import calibration, rates, speed, zoo
 from v100lab.config import RunConfig
 from v100lab.skeleton import skeleton_spec
 
@@ -100,6 +100,58 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
         p["label"] = "calib-wide"
     shared = calibration.fit_cpu(pts, 30.0)
     assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.10
+
+
+def _deep_series_points(o_layer, c_attn, split_s, costs):
+    """calib-deep's decode at calibration's depths (the last two on the split-KV path) and calib-shallow at depth
+    0, F16, generated from known parameters."""
+    cfg = RunConfig()
+    pts = []
+    for label, synth in (("calib-deep", calibration.CALIB_DEEP), ("calib-shallow", calibration.CALIB_SHALLOW)):
+        f16 = skeleton_spec({"architecture": "llama", "name": label, "n_layer": synth.n_layer, "n_embd": synth.n_embd,
+                             "n_ff": synth.n_ff, "n_head": synth.n_head, "n_head_kv": synth.n_head_kv,
+                             "n_ctx_train": 4096, "n_vocab": 32000}, "F16")
+        for q in costs:
+            spec = dataclasses.replace(f16, tensors=tuple(      # pure, as calibration's rungs
+                dataclasses.replace(t, type_name=q) if len(t.shape) >= 2 else t for t in f16.tensors))
+            for depth in (8, 1032, 2056) if (label, q) == ("calib-deep", "F16") else (8,):
+                w = calibration._single_device_work(spec, cfg, depth)
+                t = o_layer * (spec.n_layer + 1) + sum(tw.n_weights * costs[t_] for t_, tw in w.weights.items())
+                t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * c_attn + w.attn_split_layers * split_s
+                pts.append({"spec": spec, "depth": depth, "tg": t, "label": "calib-wide"})
+    return pts
+
+
+def test_split_kv_path_cost_is_separated_from_attention_per_op():
+    """ggml-cpu's flash attention splits a decode step's KV cells across threads once the graph spans 512 cells
+    (ops.cpp, use_split_kv_path: a barrier and a reduction per layer). The depth series (depth 8 below, 1032 and
+    2056 above the threshold) must give that per-layer cost and the per-multiply-add cost apart; at 1 thread the
+    path has nothing to synchronise, and the fit leaves it at 0."""
+    from v100lab.llama_context import fa_split_kv
+    spec = skeleton_spec("llama2-7b", "Q4_0")
+    on = RunConfig(flash_attn="on", n_ctx=4096)
+    assert not fa_split_kv(spec, 0, on, 256) and fa_split_kv(spec, 0, on, 257)     # n_kv 256 -> 512 cells
+    assert not fa_split_kv(spec, 0, RunConfig(flash_attn="off", n_ctx=4096), 2048)
+    assert not fa_split_kv(spec, 0, RunConfig(flash_attn="on", n_ctx=4096, cache_type_k="q8_0",
+                                              cache_type_v="q8_0"), 2048)
+    w = calibration._single_device_work(spec, on, 1024)
+    assert w.attn_split_layers == spec.n_layer
+    costs = {"F16": 1.2e-10, "Q4_0": 0.6e-10}
+    pts = _deep_series_points(o_layer=2e-5, c_attn=3e-10, split_s=8e-5, costs=costs)
+    fit = calibration.fit_cpu(pts, 30.0, threads=2)
+    assert fit["attn_split_layer_s"] == pytest.approx(8e-5, rel=0.02)
+    assert fit["attn_s_per_op"] == pytest.approx(3e-10, rel=0.02)
+    assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 0.01
+    # without the term (1 thread), the jump at the threshold is pushed into the per-op cost: the residuals show it
+    one = calibration.fit_cpu(pts, 30.0, threads=1)
+    assert one["attn_split_layer_s"] == 0.0 and max(abs(e) for e in one["tg_fit_rel_err"]) > 0.02
+    # predictions charge it per layer on the path, with the rates of the thread count
+    host = calibration.Device(id="host", name="host", kind="cpu", memory_gib=24, bandwidth_gbs=30)
+    r = rates.cpu_rates_from_calibration(host, {"threads": {"2": fit}}, 2)
+    assert r.attn_split_layer_s == pytest.approx(8e-5, rel=0.02)
+    near = speed.predict(spec, [host], on, depth=200, rates={"host": r})
+    far = speed.predict(spec, [host], on, depth=300, rates={"host": r})
+    assert far.by_device["host"].t_overhead_s - near.by_device["host"].t_overhead_s == pytest.approx(spec.n_layer * r.attn_split_layer_s, rel=1e-6)
 
 
 def test_calibration_models_are_not_validation_models():

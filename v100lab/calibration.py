@@ -346,12 +346,14 @@ def _single_device_work(spec, cfg: RunConfig, depth: int):
     return single_device_work(spec, cfg, depth, _FIT_HOST)
 
 
-def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[str, Any]:
+def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: int | None = None) -> dict[str, Any]:
     """Fit one thread count's decode and prompt costs from measured points.
 
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
-    generated tokens), optionally ``pp`` (s/token for ``n_prompt`` tokens). Returns the JSON-able
-    parameters stored in the host profile."""
+    generated tokens), optionally ``pp`` (s/token for ``n_prompt`` tokens). ``threads``: the thread count the
+    points were measured at — at 1 thread the flash-attention split-KV path has no barrier and one partial per
+    head, so its per-layer cost is not fitted there (0). Returns the JSON-able parameters stored in the host
+    profile."""
     import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
@@ -369,14 +371,14 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
         for t, tw in w.weights.items():
             n_by_key[_rate_key(p, t)] = n_by_key.get(_rate_key(p, t), 0.0) + tw.n_weights
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
-                    + [w.attn_ops, w.attn_tail_ops])
+                    + [w.attn_ops, w.attn_tail_ops, w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
     A = np.array(rows) * np.array(wts)[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs, c_attn, c_tail = 0.0, x[0], dict(zip(types, x[1:-2])), x[-2], x[-1]
+    o_tok, o_layer, costs, c_attn, c_tail, c_split = 0.0, x[0], dict(zip(types, x[1:-3])), x[-3], x[-2], x[-1]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached, relative to the STREAM figure (>= 1 keeps the
@@ -390,7 +392,8 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float) -> dict[s
         "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4),
         "tg_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and NARROW_RATE not in t},
         "tg_narrow_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and NARROW_RATE in t},
-        "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
+        "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
+        "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention_pp(per token) c_attn + o_pp / n_prompt
@@ -526,7 +529,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
                                          "pp_pass_tps": [round(1 / x, 2) for x in tm["pp"].pass_best]}
                                         if "pp" in tm else {})})
         _enough_points(len(pts), len(planned), th)
-        fit = fit_cpu(pts, bws[th]["bandwidth_gbs"])
+        fit = fit_cpu(pts, bws[th]["bandwidth_gbs"], threads=th)
         fit["bandwidth_cv"] = bws[th]["cv"]
         result["threads"][str(th)] = fit
         if th >= ncpu:

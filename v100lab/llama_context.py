@@ -177,6 +177,25 @@ def kv_cells_read(spec: ModelSpec, il: int, cfg: RunConfig, used: int) -> int:
     return min(used, cache) if fa else n_kv_cells(used, cache)
 
 
+#: ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16: a single-token query over at least this many KV cells
+#: (nek1, the graph's padded n_kv) is split across the threads by KV chunks, with a barrier and a reduction of the
+#: partial softmaxes per head (``use_split_kv_path``); below it, the threads split the query heads.
+FA_SPLIT_KV_MIN_CELLS = 512
+
+
+def fa_split_kv(spec: ModelSpec, il: int, cfg: RunConfig, used: int) -> bool:
+    """Whether layer ``il``'s decode attention takes the CPU flash-attention kernel's split-KV path when ``used``
+    cells of its stream are occupied: flash attention on, K and V of one type, F16 or F32 (``kv_is_f32_or_f16 &&
+    k->type == v->type``), and the graph's n_kv (:func:`n_kv_cells` of the layer's cache) at least
+    :data:`FA_SPLIT_KV_MIN_CELLS`. One query token per sequence (``neq1 == 1``) — true of a decode step."""
+    if not resolve_flash_attn(cfg) or not spec.has_kv(il):
+        return False
+    tk, tv = str(cfg.cache_type_k).lower(), str(cfg.cache_type_v).lower()
+    if tk != tv or tk not in ("f16", "f32"):
+        return False
+    return n_kv_cells(used, kv_cells(spec, cfg, swa=spec.is_swa(il))) >= FA_SPLIT_KV_MIN_CELLS
+
+
 def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
     """Σ over a prompt's tokens of the cells each one attends to (the causal mask src/llama-kv-cache.cpp
     ``llama_kv_cache::set_input_kq_mask`` builds): token i of the prompt sees depth + i + 1 cells, at most ``window``

@@ -67,6 +67,7 @@ class DeviceRates:
     host_link_gbs: float | None
     source: str
     attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
+    attn_split_layer_s: float = 0.0           # per layer per token on the CPU flash-attention split-KV path
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
     profile_note: str = ""                    # the host: its profile's age and quality (describe_host_rates)
     profile_warnings: tuple[str, ...] = ()    # the host: the profile was made with another build or CPU
@@ -421,7 +422,8 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op"):
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
-    for key in ("overhead_token_s", "overhead_layer_s", "pp_overhead_s", "bandwidth_gbs", "efficiency"):
+    for key in ("overhead_token_s", "overhead_layer_s", "attn_split_layer_s", "pp_overhead_s", "bandwidth_gbs",
+                "efficiency"):
         if key in a and key in b:
             mixed[key] = (1 - f) * a[key] + f * b[key]
     return _rates_from(device, mixed, 1.0, src + f"; {threads} threads interpolated")
@@ -438,7 +440,8 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         pp_default_s_per_weight=default_pp, pp_attn_s_per_op=float(p.get("pp_attn_s_per_op", 0.0)) / speedup,
         overhead_token_s=float(p.get("overhead_token_s", 0.0)), overhead_layer_s=float(p.get("overhead_layer_s", 0.0)),
         pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source,
-        attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup)
+        attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup,
+        attn_split_layer_s=float(p.get("attn_split_layer_s", 0.0)))
 
 
 # ------------------------------------------------------------------------------------------------

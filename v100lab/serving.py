@@ -165,6 +165,8 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
         mem_part += batch * w.state_bytes / bw
         n_lay = len([il for il in w.layers if il < spec.n_layer - (spec.nextn_layers or 0)])
         t_ovh += r.overhead_layer_s * (n_lay + (1 if w.has_output else 0))
+        if batch == 1:   # one sequence: the CPU split-KV flash-attention path (ops.cpp: neq3 == 1)
+            t_ovh += r.attn_split_layer_s * w.attn_split_layers
     t_ovh += single.t_overhead_token_s
     t_link = single.t_link_s
     if batch > 1 and t_link:

@@ -240,6 +240,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             t_mem += tm
         n_lay = len([il for il in w.layers if il < spec.n_layer - (spec.nextn_layers or 0)])
         t_ovh = r.overhead_layer_s * (n_lay + (1 if w.has_output else 0)) if k in active else 0.0
+        t_ovh += r.attn_split_layer_s * w.attn_split_layers if k in active else 0.0
         t_pp, pp_bound = _pp_time(spec, placement, k, w, r, rates, cfg, depth, n_prompt)
         if k in active:
             t_mem_all += t_mem

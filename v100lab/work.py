@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from v100lab import buildflags
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
-from v100lab.llama_context import F32, kv_cell_bytes, kv_cells_read, recurrent_state_floats
+from v100lab.llama_context import F32, fa_split_kv, kv_cell_bytes, kv_cells_read, recurrent_state_floats
 from v100lab.spec import ModelSpec, TensorInfo
 
 # ggml-cpu simd-mappings.h: ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU flash-attention kernel per KV
@@ -47,6 +47,7 @@ class DeviceWork:
     state_bytes: float                # recurrent state read + written (f32)
     placed_weight_bytes: float        # the device's share of the file's weight bytes (the seed's ceiling uses these)
     attn_tail_ops: float = 0.0        # the part of attn_ops in each head's scalar tail (head_dim mod F16_SIMD_STEP)
+    attn_split_layers: int = 0        # layers whose decode attention takes the CPU split-KV path (fa_split_kv)
 
     @property
     def weight_bytes_read(self) -> float:
@@ -152,6 +153,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             else:
                 other += t.n_bytes
         kv = attn = tail = state = 0.0
+        split = 0
         dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
         for il in sorted(layers):
             if spec.is_recurrent(il):
@@ -163,10 +165,12 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             kv += cells * kv_cell_bytes(spec, il, cfg.cache_type_k, cfg.cache_type_v)
             attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
             tail += cells * spec.n_head_at(il) * dtail
+            split += fa_split_kv(spec, il, cfg, used)
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
             weights=MappingProxyType({k: TypeWork(v[0], v[1]) for k, v in sorted(weights.items())}),
-            other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, state_bytes=state,
+            other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, attn_split_layers=split,
+            state_bytes=state,
             placed_weight_bytes=stored)
     return out
 
