@@ -150,6 +150,32 @@ def test_quality_refusal_rule():
     assert "3 of 8 points still noisy" in why and "misses a point by 30.0 % (tg, 2 thread(s)" in why
 
 
+def test_thread_counts_that_disagree_are_named_refused_and_warned(fresh_cache):
+    """Two cores give at most twice one core's speed: a profile whose 2-thread decode rates are 2.7-4.2x its
+    1-thread ones (a real one of issue 18: calibration at 09:00 on 2026-12-01, the VM fast for the 2-thread
+    points) measured its thread counts in different phases of the machine. calibration_quality names the types,
+    calibrate refuses to store it, and every prediction from it carries a warning. Scaling at or under the thread
+    ratio (plus the tolerance) is not flagged."""
+    current = rates.current_build_facts()
+    cal = _calibration(current)
+    one = cal["threads"]["1"]
+    two = {**one, "tg_s_per_weight": {t: c / (4.2 if t == "Q4_K" else 1.8) for t, c in one["tg_s_per_weight"].items()},
+           "tg_fit_rel_err": [0.01]}
+    cal["threads"]["2"] = two
+    assert rates.superlinear_scaling(cal) == ["Q4_K 4.2x from 1 to 2 threads"]
+    q = rates.calibration_quality(cal)
+    assert q["superlinear"] == ["Q4_K 4.2x from 1 to 2 threads"]
+    why = calibration._quality_refusal({**q, "noisy_points": 0}, 0.25, 0.5)
+    assert why and "Q4_K 4.2x from 1 to 2 threads" in why and "different phases" in why
+    _store(cal)
+    d = rates.describe_host_rates(now=NOW)
+    assert any("thread counts disagree" in w and "Q4_K 4.2x" in w for w in d.warnings)
+    # 2.3x from 1 to 2 threads is within the tolerance (15 %); a single thread count has nothing to compare
+    two["tg_s_per_weight"] = {t: c / 2.3 for t, c in one["tg_s_per_weight"].items()}
+    assert rates.superlinear_scaling(cal) == []
+    assert rates.superlinear_scaling({"threads": {"2": two}}) == []
+
+
 @pytest.mark.slow
 def test_calibrate_refuses_a_noisy_machine_then_force_stores_it(fresh_cache, small_calibration, monkeypatch):
     small_calibration([("F16", 0, True), ("Q4_0", 0, True), ("F16", 256, False)])

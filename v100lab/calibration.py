@@ -14,8 +14,11 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable);
 * a non-negative least-squares fit, per thread count, of
-  ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + attention_ops × cost_attention``
-  (weighted by 1/t, i.e. relative error), and the same for prompt processing per token. The narrow models'
+  ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + attention_ops × cost_attention
+  + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error; ``split_kv_layers``: layers whose
+  decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
+  a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
+  token. The narrow models'
   weights have rates of their own (:data:`NARROW_RATE`: cache-resident matrices run up to 2x faster per weight),
   so they pin the per-layer overhead and attention without bending calib-wide's per-type costs.
 
@@ -444,6 +447,9 @@ def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_resid
     if total and n > max_noisy_share * total:
         why.append(f"{n} of {total} points still noisy after a rerun (cv > {100 * q.get('noisy_cv', 0):.0f} %; "
                    f"at most {100 * max_noisy_share:.0f} % may be)")
+    if q.get("superlinear"):
+        why.append("decode rates grow faster than the thread count (" + ", ".join(q["superlinear"][:3])
+                   + "): the thread counts were measured in different phases of the machine")
     if q.get("max_residual", 0) > max_fit_residual:
         why.append(f"the fit misses a point by {100 * q['max_residual']:.1f} % ({q.get('max_residual_fit')}, "
                    f"{q.get('max_residual_threads')} thread(s); bound {100 * max_fit_residual:.0f} %)")

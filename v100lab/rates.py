@@ -225,11 +225,34 @@ def _abs_errs(values) -> list[float]:
     return [abs(float(e)) for e in (values or []) if e is not None and math.isfinite(float(e))]
 
 
+#: tolerance on the thread-scaling bound: a decode rate may grow at most (n / m) x (1 + this) from m to n threads
+SCALING_TOLERANCE = 0.15
+
+
+def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLERANCE) -> list[str]:
+    """Weight types whose calibrated decode rate grows faster than the thread count between two calibrated
+    thread counts ("Q4_K 4.2x from 1 to 2 threads"). n threads on n cores give at most n times one thread's
+    speed (less where they share a core's caches or a memory channel), so a faster growth says the two thread
+    counts were measured in different phases of the machine — on a shared VM, one of them while a neighbour was
+    quiet — and the profile's rates at one of them are not the machine's usual (issue 18)."""
+    per = {int(k): (v.get("tg_s_per_weight") or {}) for k, v in (cal.get("threads") or {}).items()}
+    out = []
+    ks = sorted(per)
+    for m, n in zip(ks, ks[1:]):
+        for t in sorted(set(per[m]) & set(per[n])):
+            if per[m][t] > 0 and per[n][t] > 0:
+                gain = per[m][t] / per[n][t]
+                if gain > (n / m) * (1 + tolerance):
+                    out.append(f"{t} {gain:.1f}x from {m} to {n} threads")
+    return out
+
+
 def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[str, Any]:
     """How well a stored calibration describes its own points: per thread count the max and median
     |relative residual| of the decode (tg) and prompt (pp) fits, the noisy points (cv above ``noisy_cv``),
-    and the overall worst residual with the fit and thread count it came from. From the calibration's own
-    ``tg_fit_rel_err``/``pp_fit_rel_err``, so older profiles get it too."""
+    the overall worst residual with the fit and thread count it came from, and the types whose rate grows
+    faster than the thread count (:func:`superlinear_scaling`). From the calibration's own
+    ``tg_fit_rel_err``/``pp_fit_rel_err`` and rates, so older profiles get it too."""
     per: dict[str, Any] = {}
     worst = (0.0, None, None)
     for th, p in sorted((cal.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
@@ -251,7 +274,7 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[
                  or _pass_gap(pt.get("pp_pass_tps")) > noisy_cv]
     return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
-            "noisy_cv": noisy_cv, "unsettled_points": len(unsettled)}
+            "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal)}
 
 
 def _pass_gap(tps) -> float:
@@ -350,6 +373,12 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
         parts.append(f"{q.get('noisy_points', 0)} of {q['measured_points']} points noisy"
                      + (f", {q['unsettled_points']} whose passes differ by > {100 * q.get('noisy_cv', 0.1):.0f} %"
                         if q.get("unsettled_points") else ""))
+    warnings = []
+    if q.get("superlinear"):
+        warnings.append("the profile's thread counts disagree: decode rates grow faster than the thread count ("
+                        + ", ".join(q["superlinear"][:3]) + (", ..." if len(q["superlinear"]) > 3 else "")
+                        + "), so the machine's speed moved between them; predictions at one of them are off — "
+                          "run `v100lab calibrate` again when the machine is quiet")
     build = cal.get("build") or {}
     commit = build.get("build_commit") or cal.get("build_commit")
     lcp = build.get("llama_cpp_python") or cal.get("llama_cpp_python")
@@ -360,7 +389,6 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
     parts.append(desc)
     if cal.get("forced"):
         parts.append("stored with --force despite failing the quality bounds")
-    warnings = []
     cur_b, cur_c = current.get("build") or {}, current.get("cpu") or {}
     diff = []
     for key, what in (("llama_cpp_python", "llama-cpp-python"), ("build_commit", "llama.cpp commit"),
