@@ -170,6 +170,9 @@ def test_thread_counts_that_disagree_are_named_refused_and_warned(fresh_cache):
     _store(cal)
     d = rates.describe_host_rates(now=NOW)
     assert any("thread counts disagree" in w and "Q4_K 4.2x" in w for w in d.warnings)
+    # a profile stored before the check (its quality record without the key) is judged from its rates
+    _store({**cal, "quality": {k: v for k, v in q.items() if k != "superlinear"}})
+    assert any("Q4_K 4.2x" in w for w in rates.describe_host_rates(now=NOW).warnings)
     # 2.3x from 1 to 2 threads is within the tolerance (15 %); a single thread count has nothing to compare
     two["tg_s_per_weight"] = {t: c / 2.3 for t, c in one["tg_s_per_weight"].items()}
     assert rates.superlinear_scaling(cal) == []

@@ -465,7 +465,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     ``threads``: thread counts to calibrate (default 1 and all cores). Returns the calibration dict, with
     ``quality`` (:func:`v100lab.rates.calibration_quality`), ``build``, ``cpu`` and ``measured_at`` (UTC).
     A calibration that fails the quality bounds (more than ``max_noisy_share`` of the points with a cv above
-    ``rerun_above_cv`` after their rerun, or a residual above ``max_fit_residual``) is not stored: RunFailed
+    ``rerun_above_cv`` after their rerun, a residual above ``max_fit_residual``, or decode rates that grow faster
+    than the thread count: :func:`v100lab.rates.superlinear_scaling`) is not stored: RunFailed
     with the figures — unless ``force``, which stores it marked ``forced`` (every prediction then says so)."""
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 1

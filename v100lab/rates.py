@@ -374,9 +374,11 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
                      + (f", {q['unsettled_points']} whose passes differ by > {100 * q.get('noisy_cv', 0.1):.0f} %"
                         if q.get("unsettled_points") else ""))
     warnings = []
-    if q.get("superlinear"):
+    # a profile stored before the check has a quality record without it: computed from its rates
+    superlinear = q["superlinear"] if "superlinear" in q else superlinear_scaling(cal)
+    if superlinear:
         warnings.append("the profile's thread counts disagree: decode rates grow faster than the thread count ("
-                        + ", ".join(q["superlinear"][:3]) + (", ..." if len(q["superlinear"]) > 3 else "")
+                        + ", ".join(superlinear[:3]) + (", ..." if len(superlinear) > 3 else "")
                         + "), so the machine's speed moved between them; predictions at one of them are off — "
                           "run `v100lab calibrate` again when the machine is quiet")
     build = cal.get("build") or {}
