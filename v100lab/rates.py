@@ -821,10 +821,10 @@ def gpu_rates(device, fit: GpuFit, cfg: RunConfig | None = None) -> DeviceRates:
     if not tflops:
         raise ConfigError(f"device '{device.id}': no fp16_tflops/fp32_tflops, cannot predict prompt speed")
     flops = tflops * 1e12
-    qflops = _fp32_tflops(device) * 1e12 if fit.pp_quant_peak == "fp32" else flops
+    qflops = flops
     if fit.pp_quant_peak == "fp32":
-        # MMQ at the rate the card sustains under its power limit; Pascal's dp4a kernels relative to int8 mma
-        qflops *= prompt_power_factor(device, fit.pp_power_knee_w_per_tflop)
+        # MMQ at the FP32 rate the card sustains under its power limit; Pascal's dp4a kernels relative to int8 mma
+        qflops = _fp32_tflops(device) * 1e12 * prompt_power_factor(device, fit.pp_power_knee_w_per_tflop)
         if fit.pp_dp4a_factor and cuda_prompt_dp4a(device):
             qflops *= fit.pp_dp4a_factor
     pp = {t: 2.0 / (e * (flops if t in CUDA_FLOAT_TYPES else qflops)) for t, e in fit.pp_efficiency.items()}
