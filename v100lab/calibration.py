@@ -179,13 +179,13 @@ def calibration_stems() -> set[str]:
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per token of one test: best of the repetitions, with the coefficient of variation."""
+    """Seconds per token of one test: the median of the repetitions, with the coefficient of variation."""
 
     s_per_token: float
     cv: float
     samples: tuple[float, ...]
     busy: float = 0.0          # share of all CPUs other processes used just before the test
-    pass_best: tuple[float, ...] = ()   # with several passes (:func:`combine_passes`): each pass's best s/token
+    pass_best: tuple[float, ...] = ()   # with several passes (:func:`combine_passes`): each pass's s/token
     samples_by_pass: tuple = ()         # (cv, samples, busy) of each pass
 
     @property
@@ -197,16 +197,15 @@ class Timing:
 
 
 def combine_passes(old: Mapping[str, Timing] | None, new: Mapping[str, Timing]) -> dict[str, Timing]:
-    """Add one pass's timings to the passes so far: per test, every pass's best s/token is remembered
+    """Add one pass's timings to the passes so far: per test, every pass's s/token is remembered
     (``pass_best``) and the figure kept is their **median** (for an even count, the mean of the middle two;
     the cv of the pass nearest to it).
 
     Why the median and not the fastest: on a shared VM the machine's speed moves in phases of tens of seconds
     to minutes, in both directions — a neighbour slows a compute-bound kernel by up to 2x, and the same 2-thread
     test also ran 1.5x *faster* than usual for a pass (calib-wide Q4_1 at 2 threads: 166, 95 and 111 tok/s in
-    three passes; 49-52 at 1 thread). Within a pass the fastest repetition is kept (a repetition is only ever
-    slowed); across passes the median is what the machine typically does, the figure llama-bench's mean
-    tracks (issue 18)."""
+    three passes; 49-52 at 1 thread). Within a pass the median repetition is kept (:func:`_timing`); across
+    passes the median is what the machine typically does, the figure llama-bench's mean tracks (issue 18)."""
     out = {}
     for key, t in new.items():
         o = (old or {}).get(key)
@@ -240,10 +239,16 @@ def wait_for_quiet(max_wait_s: float = 30.0, busy_frac: float = 0.25) -> float:
 
 
 def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timing:
-    """Best of the repetitions: on a shared machine another process only ever slows a repetition down,
-    so the fastest is the best estimate of the machine's own speed (the CV says how noisy it was)."""
+    """The **median** of the repetitions (the CV says how noisy they were).
+
+    Not the fastest: on a shared VM a repetition is not only ever slowed. ``benchmarks/probe_drift.py``
+    (benchmarks/RESULTS.md, issue 18, fourth round) found short bursts at 2 threads in which a cache-resident
+    model decodes 2-2.5x faster than in the minutes around them (calib-wide Q4_K: 120-145 tok/s, bursts of 264
+    and 305) — the fastest repetition picks such a burst whenever one repetition meets it, and the fit then
+    carries it into every prediction. The median ignores one outlier of three either way, and tracks the mean
+    that llama-bench reports."""
     per = [ns / 1e9 / n_tokens for ns in samples_ns]
-    med = min(per)
+    med = statistics.median(per)
     tps = [1.0 / p for p in per]
     cv = statistics.stdev(tps) / statistics.fmean(tps) if len(tps) > 1 else 0.0
     return Timing(med, cv, tuple(per), busy)
@@ -532,6 +537,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
             result["points"].append({"config": cp.name, "threads": th, "tg_tps": round(1 / tm["tg"].s_per_token, 2),
                                      "tg_cv": round(tm["tg"].cv, 4), "busy": round(tm["tg"].busy, 3),
                                      "tg_pass_tps": [round(1 / x, 2) for x in tm["tg"].pass_best],
+                                     # every repetition of every pass, for re-analysis without measuring again
+                                     "tg_rep_tps": [[round(1 / x, 2) for x in run[1]] for run in tm["tg"].samples_by_pass],
                                      **({"pp_tps": round(1 / tm["pp"].s_per_token, 2), "pp_cv": round(tm["pp"].cv, 4),
                                          "pp_pass_tps": [round(1 / x, 2) for x in tm["pp"].pass_best]}
                                         if "pp" in tm else {})})
