@@ -7,8 +7,8 @@
 (``calib-wide`` pure-type rungs, ``calib-deep``); every configuration judged here uses other models —
 the synth-750m quant ladder (llama.cpp's usual mixes), the default model (SmolLM2-135M Q4_1) and
 gemma3-270m (Q4_K_M, sliding window) — and the script refuses to judge a calibration model.
-Measured: llama-bench's method through the in-process backend (warmup, then the best of ``-r``
-repetitions, CV recorded, a noisy test rerun once). tg is predicted at depth + n_gen / 2 (the middle of
+Measured: llama-bench's method through the in-process backend (warmup, then the median of ``-r``
+repetitions, CV recorded, a noisy test rerun; the median of ``--passes`` passes). tg is predicted at depth + n_gen / 2 (the middle of
 the generated tokens).
 
 (b) each chip predicted by a fit on the *other* chips (leave-one-chip-out); in-sample figures are printed

@@ -64,41 +64,41 @@ def test_fit_cpu_recovers_known_costs():
 
 
 def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
-    """The calibration set's shape (issue 18): wide pure rungs give each type its cost; deep and shallow models
-    of one narrow width, whose weights run at another (cache-resident) rate, give the per-layer overhead — the
-    fit must recover both, and keep the narrow rates out of what predictions use."""
-    wide = {"F16": 2.5e-10, "Q4_0": 1.0e-10, "Q8_0": 1.5e-10}
-    narrow = {"F16": 1.2e-10, "Q4_0": 0.6e-10}           # the same types, twice as fast in cache
-    o_layer = 2e-5
+    """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
+    rungs give each type its cost; deep and shallow models of one narrow width, whose weights run at another
+    (cache-resident) rate, give the per-layer overhead; the depths give attention and head_dim 96 its tail — the
+    fit must recover all of them, and keep the narrow rates out of what predictions use."""
+    wide = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALIB_TYPES)}
+    narrow = {256: 0.5e-10, 384: 0.7e-10}           # cache-resident: faster per weight, one rate per width
+    o_layer, c_attn, c_tail = 2e-5, 3e-11, 9e-11
     cfg = RunConfig()
     pts = []
-    for label, synth, types in (("calib-wide", calibration.CALIB_WIDE, wide),
-                                ("calib-deep", calibration.CALIB_DEEP, narrow),
-                                ("calib-shallow", calibration.CALIB_SHALLOW, narrow)):
-        f16 = skeleton_spec({"architecture": "llama", "name": label, "n_layer": synth.n_layer,
-                             "n_embd": synth.n_embd, "n_ff": synth.n_ff, "n_head": synth.n_head,
-                             "n_head_kv": synth.n_head_kv, "n_ctx_train": 4096, "n_vocab": 32000}, "F16")
-        for q in types:
-            # pure, as calibration's rungs: every matrix of type q
-            spec = dataclasses.replace(f16, tensors=tuple(
-                dataclasses.replace(t, type_name=q) if len(t.shape) >= 2 else t for t in f16.tensors))
-            # the deep model's depths (as calibration's) are what separate attention from the per-layer cost
-            for depth in (8, 1032, 2056) if (label, q) == ("calib-deep", "F16") else (8,):
-                w = calibration._single_device_work(spec, cfg, depth)
-                t = o_layer * (spec.n_layer + 1) + sum(tw.n_weights * types[t_] for t_, tw in w.weights.items())
-                t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * 3e-11
-                pts.append({"spec": spec, "depth": depth, "tg": t, "label": label})
-    fit = calibration.fit_cpu(pts, 30.0)
+    for cp in calibration.calibration_points():
+        s = cp.synth
+        f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
+                             "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
+                             "n_vocab": 49152}, "F16")
+        spec = dataclasses.replace(f16, tensors=tuple(          # pure, as calibration's rungs
+            dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
+        depth = cp.depth + calibration.CALIB_N_GEN // 2
+        w = calibration._single_device_work(spec, cfg, depth)
+        cost = wide[cp.type_name] if cp.label == "calib-wide" else narrow[s.n_embd]
+        t = o_layer * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
+        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * c_attn + w.attn_tail_ops * c_tail
+        pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label})
+    assert {cp.type_name for cp in calibration.calibration_points() if cp.label != "calib-wide"} == {"Q4_0"}
+    fit = calibration.fit_cpu(pts, 30.0, threads=1)
     assert fit["overhead_layer_s"] == pytest.approx(o_layer, rel=0.02)
-    assert fit["attn_s_per_op"] == pytest.approx(3e-11, rel=0.02)
+    assert fit["attn_s_per_op"] == pytest.approx(c_attn, rel=0.02)
+    assert fit["attn_tail_s_per_op"] == pytest.approx(c_tail, rel=0.05)
     assert set(fit["tg_s_per_weight"]) == set(wide)
     for t, c in fit["tg_s_per_weight"].items():
         assert c == pytest.approx(wide[t], rel=0.02)
-    assert {k.split("@")[0] for k in fit["tg_narrow_s_per_weight"]} <= set(narrow)
+    assert set(fit["tg_narrow_s_per_weight"]) == {f"Q4_0{calibration.NARROW_RATE}256", f"Q4_0{calibration.NARROW_RATE}384"}
     # one shared rate per type (the old structure) cannot describe these points
     for p in pts:
         p["label"] = "calib-wide"
-    shared = calibration.fit_cpu(pts, 30.0)
+    shared = calibration.fit_cpu(pts, 30.0, threads=1)
     assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.10
 
 
