@@ -63,17 +63,16 @@ def test_fit_cpu_recovers_known_costs():
     assert fit["efficiency"] >= 1.0
 
 
-def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
-    """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
-    rungs give each type its cost; deep and shallow models of one narrow width, whose weights run at another
-    (cache-resident) rate, give the per-layer overhead; the depths give attention and head_dim 96 its tail — the
-    fit must recover all of them, and keep the narrow rates out of what predictions use."""
-    wide = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALIB_TYPES)}
-    narrow = {256: 0.5e-10, 384: 0.7e-10}           # cache-resident: faster per weight, one rate per width
-    o_layer, c_attn, c_tail = 2e-5, 3e-11, 9e-11
+_WIDE_COSTS = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALIB_TYPES)}
+_NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10, 384: 0.7e-10}   # cache-resident: faster per weight, one rate per width
+_O_LAYER, _C_ATTN, _C_TAIL = 2e-5, 3e-11, 9e-11
+
+
+def _planned_points(points=None):
+    """Decode times of calibration's points (``calibration_points()`` unless given), generated from known costs."""
     cfg = RunConfig()
     pts = []
-    for cp in calibration.calibration_points():
+    for cp in points or calibration.calibration_points():
         s = cp.synth
         f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
                              "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
@@ -82,24 +81,53 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
             dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         w = calibration._single_device_work(spec, cfg, depth)
-        cost = wide[cp.type_name] if cp.label == "calib-wide" else narrow[s.n_embd]
-        t = o_layer * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
-        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * c_attn + w.attn_tail_ops * c_tail
+        cost = _WIDE_COSTS[cp.type_name] if cp.label == "calib-wide" else _NARROW_COSTS[s.n_embd]
+        t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
+        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label})
+    return pts
+
+
+def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
+    """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
+    rungs give each type its cost; the thin pair (24 and 6 layers of n_embd 64, whose weights run at another,
+    cache-resident rate) gives the per-layer overhead; the depths give attention and head_dim 96 its tail — the
+    fit must recover all of them, and keep the narrow rates out of what predictions use."""
+    pts = _planned_points()
     assert {cp.type_name for cp in calibration.calibration_points() if cp.label != "calib-wide"} == {"Q4_0"}
     fit = calibration.fit_cpu(pts, 30.0, threads=1)
-    assert fit["overhead_layer_s"] == pytest.approx(o_layer, rel=0.02)
-    assert fit["attn_s_per_op"] == pytest.approx(c_attn, rel=0.02)
-    assert fit["attn_tail_s_per_op"] == pytest.approx(c_tail, rel=0.05)
-    assert set(fit["tg_s_per_weight"]) == set(wide)
+    assert fit["overhead_layer_s"] == pytest.approx(_O_LAYER, rel=0.02)
+    assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
+    assert fit["attn_tail_s_per_op"] == pytest.approx(_C_TAIL, rel=0.05)
+    assert set(fit["tg_s_per_weight"]) == set(_WIDE_COSTS)
     for t, c in fit["tg_s_per_weight"].items():
-        assert c == pytest.approx(wide[t], rel=0.02)
-    assert set(fit["tg_narrow_s_per_weight"]) == {f"Q4_0{calibration.NARROW_RATE}256", f"Q4_0{calibration.NARROW_RATE}384"}
+        assert c == pytest.approx(_WIDE_COSTS[t], rel=0.02)
+    assert set(fit["tg_narrow_s_per_weight"]) == {f"Q4_0{calibration.NARROW_RATE}{w}" for w in _NARROW_COSTS}
     # one shared rate per type (the old structure) cannot describe these points
     for p in pts:
         p["label"] = "calib-wide"
     shared = calibration.fit_cpu(pts, 30.0, threads=1)
     assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.10
+
+
+def test_the_thin_pair_pins_the_per_layer_cost_under_noise():
+    """±5 % on every point (a quiet calibration of a shared VM) must leave the per-layer cost within 20 %: the thin
+    pair's layers are almost all graph overhead. The deep/shallow pair it replaced gave it only through the output
+    matrix's share of their weights — 0.41x to 1.68x of the truth with the same noise."""
+    import random
+
+    rng = random.Random(18)
+    base = _planned_points()
+    old_set = [cp for cp in calibration.calibration_points() if not cp.label.startswith("calib-thin")]
+    old_set.append(calibration.CalPoint("calib-shallow", calibration.CALIB_SHALLOW, "Q4_0"))
+    old_base = _planned_points(old_set)
+    new_ratios, old_ratios = [], []
+    for _ in range(20):
+        for pts, out in ((base, new_ratios), (old_base, old_ratios)):
+            noisy = [dict(p, tg=p["tg"] * (1 + rng.uniform(-0.05, 0.05))) for p in pts]
+            out.append(calibration.fit_cpu(noisy, 30.0, threads=1)["overhead_layer_s"] / _O_LAYER)
+    assert all(0.8 < r < 1.2 for r in new_ratios), new_ratios
+    assert max(abs(r - 1) for r in old_ratios) > 0.3          # the old pair, for contrast
 
 
 def _deep_series_points(o_layer, c_attn, split_s, costs):

@@ -81,6 +81,13 @@ CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_
 # small ops and their thread barriers) — without it the per-layer overhead is confounded with the weight
 # costs of the wide model and the fit pins it at zero (issue 18).
 CALIB_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
+# What calibration measures the per-layer cost with (issue 18, fourth round): the same pair, thinner still —
+# n_embd 64, one head. A layer then holds 41 k weights (deep's: 786 k), a few µs of matmul against tens of µs of
+# graph ops and thread barriers, so 24 layers against 6 give the per-layer cost almost on its own. calib-deep
+# against calib-shallow gave it only through the output matrix's share of their weights, and the fits pinned it
+# at 0 at 1 thread.
+CALIB_THIN = zoo.SynthSpec(n_layer=24, n_embd=64, n_ff=128, n_head=1, n_head_kv=1, n_ctx_train=4096, seed=5)
+CALIB_THIN_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=64, n_ff=128, n_head=1, n_head_kv=1, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
 CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "Q4_K": "Q4_K_M", "Q4_0": "Q4_0",
                "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q3_K": "Q3_K_M", "Q2_K": "Q2_K"}
@@ -133,8 +140,9 @@ class CalPoint:
 
 def calibration_points() -> list[CalPoint]:
     pts = [CalPoint("calib-wide", CALIB_WIDE, t) for t in CALIB_TYPES]
-    pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-deep", CALIB_DEEP),
-                                                                      ("calib-shallow", CALIB_SHALLOW))]
+    pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
+                                                                      ("calib-thin-shallow", CALIB_THIN_SHALLOW),
+                                                                      ("calib-deep", CALIB_DEEP))]
     pts += [CalPoint("calib-deep", CALIB_DEEP, NARROW_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
     pts += [CalPoint("calib-deep96", CALIB_DEEP96, NARROW_TYPE, depth=d, prompt=False) for d in (0,) + CALIB_DEPTHS]
     return pts
@@ -167,7 +175,9 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
     out = {}
     for label, synth, types in (("calib-wide", CALIB_WIDE, tuple(CALIB_TYPES)), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
-                                ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0"))):
+                                ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
+                                ("calib-thin", CALIB_THIN, (NARROW_TYPE,)),
+                                ("calib-thin-shallow", CALIB_THIN_SHALLOW, (NARROW_TYPE,))):
         f16 = zoo.synthetic_path(synth)
         for t in types:
             if progress:
@@ -178,7 +188,8 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
-    return {CALIB_WIDE.stem, CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem}
+    return {CALIB_WIDE.stem, CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem, CALIB_THIN.stem,
+            CALIB_THIN_SHALLOW.stem}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -335,8 +346,8 @@ def nnls(A, b, iters: int = 5000):
     return x
 
 
-#: the mark of a weight type's rate key for the narrow calibration models (calib-deep, -shallow, -deep96):
-#: their matrices (n_embd 256-384, a few MiB per layer) stay in the caches, so they get rates of their own
+#: the mark of a weight type's rate key for the narrow calibration models (calib-thin, -thin-shallow, -deep,
+#: -deep96): their matrices (n_embd 64-384, at most a few MiB per layer) stay in the caches, so they get rates of their own
 #: (nuisance parameters, as a fixed effect per model shape), which only those models use; predictions use
 #: calib-wide's (matrices of real models are wider). What the narrow models pin down is what transfers: the
 #: per-layer overhead, attention per multiply-add and the head_dim tail.
@@ -347,8 +358,9 @@ WIDE_LABELS = ("calib-wide",)
 def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
     """The fit's column for ``type_name``'s weights in ``point``: the type for calib-wide (a point without a
     label is wide); for the narrow models the type + NARROW_RATE + their width, one nuisance rate per matrix
-    width (calib-deep and calib-shallow share theirs — which is what identifies the per-layer overhead —
-    calib-deep96 has its own: at 1 thread its weights ran 2x dearer per weight than calib-deep's, repeatably)."""
+    width (calib-thin and calib-thin-shallow share theirs — which is what identifies the per-layer overhead —
+    calib-deep and calib-deep96 have their own: at 1 thread deep96's weights ran 2x dearer per weight than
+    deep's, repeatably)."""
     label = point.get("label") or WIDE_LABELS[0]
     if label in WIDE_LABELS:
         return type_name
