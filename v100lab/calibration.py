@@ -7,10 +7,10 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
   the host profile stores (:func:`measure_host`);
 * decode and prompt time per token of *calibration models only*: a synthetic llama (8 layers, n_embd 1024)
-  quantized to every type of the ladder, a deep, narrow one (24 layers, n_embd 256, in Q4_0 so that it stays in
-  the cache: :data:`NARROW_TYPE`) at depths 0, 1024 and 2048, and the same with 6 layers — the first gives
-  each weight type its cost, deep against shallow the per-layer overhead, the depths the cost of attention over
-  the KV cache;
+  quantized to every type of the ladder; a thin pair (24 and 6 layers of n_embd 64); a deep, narrow one (24
+  layers, n_embd 256) at depths 0, 1024 and 2048 and the same with head_dim 96 — the narrow ones in Q4_0, so that
+  they stay in the cache (:data:`NARROW_TYPE`). The wide rungs give each weight type its cost, the thin pair the
+  per-layer overhead, the depths the cost of attention over the KV cache;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable);
@@ -67,25 +67,25 @@ CALIBRATION_VERSION = 1
 # what calibration measures (and the benchmark must never judge on)
 # ------------------------------------------------------------------------------------------------
 
-# Weight types: 8 layers of n_embd 1024 (90 M weights in the layers, 50 M in the output matrix): large
-# enough to stream from DRAM (L3 here: 32 MiB), small enough to measure in a second. Each rung is *pure*
+# Weight types: 8 layers of n_embd 1024 (90 M weights in the layers, 50 M in the output matrix), small enough to
+# measure in a second and meant to stream from DRAM. They do not always: the low-bit rungs read 44-60 MiB a token,
+# and on a VM whose 300 MiB L3 is shared with its neighbours they sometimes run from the cache, up to 2.5x faster
+# (calib-wide Q2_K at 2 threads: 204-309 tok/s; benchmarks/RESULTS.md, issue 18, fourth round). Each rung is *pure*
 # (every matrix, the output included, of one type) so that one measurement gives one type's cost.
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
-# Per-layer overhead and attention: many thin layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads),
-# and the same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
+# Attention: many narrow layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads) at several depths, and the
+# same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
 # 64 elements (v100lab.work.F16_SIMD_STEP), which makes such heads several times dearer per element.
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
-# The per-layer cost on its own: the deep model's layers, 6 instead of 24. Deep and shallow differ only in
-# 18 identical layers, so their difference is 18 × (the layer's weights + the per-layer graph cost: ~20
-# small ops and their thread barriers) — without it the per-layer overhead is confounded with the weight
-# costs of the wide model and the fit pins it at zero (issue 18).
+# The deep model's layers, 6 instead of 24: calibration's per-layer pair until issue 18's fourth round (their
+# difference is 18 × (a layer's weights + its graph cost), the weights 786 k per layer); kept for the benchmarks.
 CALIB_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
-# What calibration measures the per-layer cost with (issue 18, fourth round): the same pair, thinner still —
-# n_embd 64, one head. A layer then holds 41 k weights (deep's: 786 k), a few µs of matmul against tens of µs of
-# graph ops and thread barriers, so 24 layers against 6 give the per-layer cost almost on its own. calib-deep
-# against calib-shallow gave it only through the output matrix's share of their weights, and the fits pinned it
-# at 0 at 1 thread.
+# The per-layer cost: a thin pair, 24 and 6 layers of n_embd 64 and one head. A layer holds 41 k weights, a few
+# µs of matmul against the graph's ~20 small ops and (from 2 threads) their barriers, so the pair's difference is
+# almost all per-layer cost. Deep against shallow gave it only through the output matrix's share of their
+# weights: with ±5 % on every point it came out at 0.4-1.7x the truth, the thin pair's at 0.87-1.10x
+# (tests/test_calibration.py, test_the_thin_pair_pins_the_per_layer_cost_under_noise).
 CALIB_THIN = zoo.SynthSpec(n_layer=24, n_embd=64, n_ff=128, n_head=1, n_head_kv=1, n_ctx_train=4096, seed=5)
 CALIB_THIN_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=64, n_ff=128, n_head=1, n_head_kv=1, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
@@ -96,7 +96,7 @@ CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "
 # and at 294 in a fifth, while calib-shallow F16 (33 MiB) ran at its cache-resident speed in all five: a model
 # near the cache size that the neighbours leave us changes speed with them, and its depth points then measure
 # the neighbours, not attention (benchmarks/RESULTS.md, issue 18, fourth round). In Q4_0 calib-deep reads 17 MiB,
-# calib-deep96 27 MiB, calib-shallow 9 MiB; deep against shallow gave 42-52 µs per layer at 1 thread in the same five.
+# calib-deep96 27 MiB, the thin pair under 3 MiB.
 NARROW_TYPE = "Q4_0"
 CALIB_DEPTHS = (1024, 2048)
 CALIB_N_GEN = 16
