@@ -84,8 +84,8 @@ CALIB_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=256, n_ff=768, n_head=4, n_head_
 # The per-layer cost: a thin pair, 24 and 6 layers of n_embd 64 and one head. A layer holds 41 k weights, a few
 # µs of matmul against the graph's ~20 small ops and (from 2 threads) their barriers, so the pair's difference is
 # almost all per-layer cost. Deep against shallow gave it only through the output matrix's share of their
-# weights: with ±5 % on every point it came out at 0.4-1.7x the truth, the thin pair's at 0.87-1.10x
-# (tests/test_calibration.py, test_the_thin_pair_pins_the_per_layer_cost_under_noise).
+# weights: with ±5 % on every point it misses the truth by more than 30 % in some trials, the thin pair stays
+# within 20 % in all (tests/test_calibration.py, test_the_thin_pair_pins_the_per_layer_cost_under_noise).
 CALIB_THIN = zoo.SynthSpec(n_layer=24, n_embd=64, n_ff=128, n_head=1, n_head_kv=1, n_ctx_train=4096, seed=5)
 CALIB_THIN_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=64, n_ff=128, n_head=1, n_head_kv=1, n_ctx_train=4096, seed=5)
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
@@ -262,8 +262,8 @@ def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timi
 
     Not the fastest: on a shared VM a repetition is not only ever slowed. ``benchmarks/probe_drift.py``
     (benchmarks/RESULTS.md, issue 18, fourth round) found short bursts at 2 threads in which a cache-resident
-    model decodes 2-2.5x faster than in the minutes around them (calib-wide Q4_K: 120-145 tok/s, bursts of 264
-    and 305) — the fastest repetition picks such a burst whenever one repetition meets it, and the fit then
+    model decodes 2-2.5x faster than in the minutes around them (calib-wide Q4_K: 117-145 tok/s, bursts of 264,
+    302 and 305) — the fastest repetition picks such a burst whenever one repetition meets it, and the fit then
     carries it into every prediction. The median ignores one outlier of three either way, and tracks the mean
     that llama-bench reports."""
     per = [ns / 1e9 / n_tokens for ns in samples_ns]
