@@ -209,7 +209,7 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """How much the passes' bests differ: slowest / fastest − 1 (0 with one pass)."""
+        """How much the passes' figures differ: slowest / fastest − 1 (0 with one pass)."""
         if len(self.pass_best) < 2:
             return 0.0
         return max(self.pass_best) / min(self.pass_best) - 1.0
