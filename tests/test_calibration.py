@@ -16,6 +16,8 @@ import pytest
 
 from v100lab import calibration, rates, speed, zoo
 from v100lab.config import RunConfig
+from v100lab.errors import ConfigError
+from v100lab.llama_context import type_sizef
 from v100lab.skeleton import skeleton_spec
 
 
@@ -187,6 +189,46 @@ def test_calibration_models_are_not_validation_models():
     validation = {zoo.SYNTH_PRESETS["synth-750m"].stem}
     assert not stems & validation
     assert all(not s.startswith(("SmolLM2", "gemma")) for s in stems)
+
+
+def test_every_wide_rung_streams_from_dram():
+    """Each calib-wide rung reads at least WIDE_MIN_READ_BYTES a token, counted by the speed model's own work
+    (not by calibration's sizing formula), so the low-bit rungs cannot run from a shared 300 MiB L3 (issue 18);
+    F16 keeps CALIB_WIDE's 8 layers, the low-bit types get more, and no rung has the validation ladder's shape."""
+    from v100lab import zoo
+
+    assert calibration.WIDE_VOCAB == next(len(v) for k, v, _ in zoo.tokenizer_fields() if k == "tokenizer.ggml.tokens")
+    wide = [p for p in _planned_points() if p["label"] == "calib-wide"]
+    assert len(wide) == len(calibration.CALIB_TYPES)
+    layers = {}
+    for p in wide:
+        w = calibration._single_device_work(p["spec"], RunConfig(), p["depth"])
+        (t,) = set(w.weights)                    # pure: one type (the planned specs keep F16's n_bytes: count weights)
+        read = w.weights[t].n_weights * type_sizef(t)
+        assert read >= calibration.WIDE_MIN_READ_BYTES, (t, read)
+        assert read < 1.5 * max(calibration.WIDE_MIN_READ_BYTES, 281e6), (t, read)   # not needlessly slow
+        layers[t] = p["spec"].n_layer
+    assert layers["F16"] == calibration.CALIB_WIDE.n_layer
+    assert layers["Q2_K"] > layers["Q4_0"] > layers["Q8_0"] > layers["F16"]
+    ladder = {(s.n_layer, s.n_embd, s.n_ff) for s in zoo.SYNTH_PRESETS.values()}
+    assert not {(calibration.wide_spec(t).n_layer, 1024, 2816) for t in calibration.CALIB_TYPES} & ladder
+
+
+@pytest.mark.slow
+def test_a_pure_synthetic_rung_keeps_no_f16_source(fresh_cache):
+    """The deep wide rungs are quantized from an F16 source written beside them and deleted (0.5-1.3 GB each):
+    the cache holds the pure model and its recipe, nothing else, and a second call reuses it."""
+    from v100lab import zoo
+    from v100lab.header import read_spec
+
+    tiny = zoo.SYNTH_PRESETS["synth-tiny"]
+    path = calibration.pure_quantized_synthetic(tiny, "Q4_0")
+    assert {t.type_name for t in read_spec(path).tensors if len(t.shape) >= 2} == {"Q4_0"}
+    assert sorted(p.name for p in fresh_cache.iterdir()) == sorted([path.name, path.name + ".recipe.json"])
+    mtime = path.stat().st_mtime_ns
+    assert calibration.pure_quantized_synthetic(tiny, "Q4_0") == path and path.stat().st_mtime_ns == mtime
+    with pytest.raises(ConfigError, match="no calibration rung for type 'IQ1_S'"):
+        calibration.pure_quantized_synthetic(tiny, "IQ1_S")
 
 
 # ---- measuring and the stored profile (real llama.cpp) --------------------------------------------

@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -67,12 +68,19 @@ CALIBRATION_VERSION = 1
 # what calibration measures (and the benchmark must never judge on)
 # ------------------------------------------------------------------------------------------------
 
-# Weight types: 8 layers of n_embd 1024 (90 M weights in the layers, 50 M in the output matrix), small enough to
-# measure in a second and meant to stream from DRAM. They do not always: the low-bit rungs read 44-60 MiB a token,
-# and on a VM whose 300 MiB L3 is shared with its neighbours they sometimes run from the cache, up to 2.5x faster
-# (calib-wide Q2_K at 2 threads: 204-309 tok/s; benchmarks/RESULTS.md, issue 18, fourth round). Each rung is *pure*
-# (every matrix, the output included, of one type) so that one measurement gives one type's cost.
+# Weight types: pure rungs of one layer shape (n_embd 1024, n_ff 2816, 16 query / 4 KV heads: 11.3 M weights a
+# layer, 50 M in the output matrix), each pure (every matrix, the output included, of one type) so that one
+# measurement gives one type's cost, and each deep enough to read WIDE_MIN_READ_BYTES a token (:func:`wide_spec`):
+# F16 in CALIB_WIDE's 8 layers, Q2_K in 50. The rungs must stream from DRAM, as real models' weights do. With 8
+# layers for every type the low-bit rungs read 44-60 MiB a token, and on a VM whose 300 MiB L3 is shared with its
+# neighbours they ran from the cache in bursts, up to 2.5x faster (calib-wide Q2_K at 2 threads: 204-309 tok/s),
+# which made their 2-thread rates grow faster than two cores allow (Q2_K 2.8x) and every calibration fail its
+# quality check; models reading 206 and 418 MB a token never did (benchmarks/RESULTS.md, issue 18, fourth round).
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
+#: what each wide rung reads per token (its layers and output matrix), at least
+WIDE_MIN_READ_BYTES = 200e6
+#: the vocabulary every synthetic model carries (the default model's tokenizer: zoo.tokenizer_fields)
+WIDE_VOCAB = 49152
 # Attention: many narrow layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads) at several depths, and the
 # same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
 # 64 elements (v100lab.work.F16_SIMD_STEP), which makes such heads several times dearer per element.
@@ -138,8 +146,29 @@ class CalPoint:
         return f"{self.label}:{self.type_name}" + (f"@d{self.depth}" if self.depth else "")
 
 
+def _wide_weights(synth: zoo.SynthSpec) -> tuple[int, int]:
+    """(weights in one layer's matrices, weights in the output matrix) of a synthetic llama model."""
+    e, kv = synth.n_embd, synth.n_embd * synth.n_head_kv // synth.n_head
+    return 2 * e * e + 2 * e * kv + 3 * e * synth.n_ff, e * WIDE_VOCAB
+
+
+def wide_read_bytes(synth: zoo.SynthSpec, type_name: str) -> float:
+    """Bytes a pure ``type_name`` model of ``synth``'s shape reads per decoded token: every layer matrix and the
+    output matrix (norms and the one embedding row are noise)."""
+    layer, out = _wide_weights(synth)
+    return (synth.n_layer * layer + out) * type_sizef(type_name)
+
+
+def wide_spec(type_name: str) -> zoo.SynthSpec:
+    """The calib-wide rung for ``type_name``: CALIB_WIDE's shape with the fewest layers (at least its 8) that read
+    :data:`WIDE_MIN_READ_BYTES` a token — 8 for F16, 13 for Q8_0, 28 for Q4_0, 50 for Q2_K."""
+    layer, out = _wide_weights(CALIB_WIDE)
+    n = math.ceil((WIDE_MIN_READ_BYTES / type_sizef(type_name) - out) / layer)
+    return dataclasses.replace(CALIB_WIDE, n_layer=max(CALIB_WIDE.n_layer, n))
+
+
 def calibration_points() -> list[CalPoint]:
-    pts = [CalPoint("calib-wide", CALIB_WIDE, t) for t in CALIB_TYPES]
+    pts = [CalPoint("calib-wide", wide_spec(t), t) for t in CALIB_TYPES]
     pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
                                                                       ("calib-thin-shallow", CALIB_THIN_SHALLOW),
                                                                       ("calib-deep", CALIB_DEEP))]
@@ -170,10 +199,43 @@ def pure_quantized_path(src, type_name: str):
     return zoo.build_atomically(path, recipe, write)
 
 
+def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
+    """A pure ``type_name`` model of ``synth`` (:func:`pure_quantized_path`) whose F16 source is written to a
+    temporary file beside it and deleted once quantized: the deep low-bit wide rungs' sources are 0.5-1.3 GB each,
+    which the cache need not keep. Cached (the recipe names the shape, the writer and llama-cpp-python)."""
+    if type_name == "F16":
+        return zoo.synthetic_path(synth)
+    ftype = CALIB_TYPES.get(type_name)
+    if ftype is None:
+        raise ConfigError(f"no calibration rung for type '{type_name}' (known: {', '.join(CALIB_TYPES)})")
+    import gguf   # heavy (numpy): only building a calibration model needs it
+
+    path = zoo.cache_dir() / f"{synth.stem}-pure-{type_name}.gguf"
+    tid = int(gguf.GGMLQuantizationType[type_name])
+    recipe = {"kind": "pure-quantized-synthetic", "type": type_name, "ftype": ftype,
+              "llama_cpp_python": zoo.llama_cpp_python_version(), "spec": dataclasses.asdict(synth),
+              "writer": zoo.SYNTH_WRITER_VERSION}
+
+    def write(tmp):
+        src = tmp.with_name(tmp.name + ".f16-source.gguf")
+        try:
+            zoo.write_synthetic(synth, src)
+            zoo.quantize(src, tmp, ftype, pure_type=tid)
+        finally:
+            src.unlink(missing_ok=True)
+
+    return zoo.build_atomically(path, recipe, write)
+
+
 def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
-    """Build (once; cached) every calibration model: (label, type) → path."""
+    """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
+    about 2.5 GB of models (several minutes)."""
     out = {}
-    for label, synth, types in (("calib-wide", CALIB_WIDE, tuple(CALIB_TYPES)), ("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
+    for t in CALIB_TYPES:
+        if progress:
+            progress(f"calib-wide:{t} ({wide_spec(t).n_layer} layers)")
+        out[("calib-wide", t)] = pure_quantized_synthetic(wide_spec(t), t)
+    for label, synth, types in (("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
                                 ("calib-thin", CALIB_THIN, (NARROW_TYPE,)),
@@ -188,8 +250,8 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
-    return {CALIB_WIDE.stem, CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem, CALIB_THIN.stem,
-            CALIB_THIN_SHALLOW.stem}
+    return {wide_spec(t).stem for t in CALIB_TYPES} | {CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem,
+                                                       CALIB_THIN.stem, CALIB_THIN_SHALLOW.stem}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,7 +562,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
         raise ConfigError(f"calibrate: thread counts must be >= 1, got {list(threads)}")
     say = progress or (lambda s: None)
     say("building calibration models (cached after the first run)")
-    paths = calibration_model_paths()
+    paths = calibration_model_paths(progress=lambda m: say(f"model {m}"))
     specs = {k: read_spec(p) for k, p in paths.items()}
     result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
