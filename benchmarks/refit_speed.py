@@ -35,7 +35,7 @@ def refit(cal: dict, median_of_passes: bool) -> dict:
     out = json.loads(json.dumps(cal))
     by_threads: dict[int, list] = {}
     for p in out["points"]:
-        if "tg_tps" not in p:
+        if "tg_tps" not in p and "pp_tps" not in p:      # a failed point
             continue
         if median_of_passes:
             for k in ("tg", "pp"):
@@ -44,7 +44,7 @@ def refit(cal: dict, median_of_passes: bool) -> dict:
         base, _, d = p["config"].partition("@d")
         by_threads.setdefault(int(p["threads"]), []).append(
             {"spec": specs[base], "label": base.split(":")[0], "name": p["config"],
-             "depth": (int(d) if d else 0) + calibration.CALIB_N_GEN // 2, "tg": 1.0 / p["tg_tps"],
+             "depth": (int(d) if d else 0) + calibration.CALIB_N_GEN // 2, "tg": (1.0 / p["tg_tps"]) if p.get("tg_tps") else None,
              "pp": (1.0 / p["pp_tps"]) if p.get("pp_tps") else None, "n_prompt": calibration.CALIB_N_PROMPT})
     for th, pts in sorted(by_threads.items()):
         old = out["threads"][str(th)]
@@ -55,7 +55,7 @@ def refit(cal: dict, median_of_passes: bool) -> dict:
         print(f"{th} thread(s): per-layer overhead {1e6 * fit['overhead_layer_s']:.1f} us, attention "
               f"{1e9 * fit['attn_s_per_op']:.3f} ns/op, split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer; decode residual max {100 * max(map(abs, res)):.1f} %, "
               f"prompt max {100 * max(map(abs, fit.get('pp_fit_rel_err') or [0])):.1f} %")
-        print("   decode points beyond 5 %: " + (", ".join(f"{p['name']} {100 * r:+.0f} %" for p, r in zip(pts, res)
+        print("   decode points beyond 5 %: " + (", ".join(f"{p['name']} {100 * r:+.0f} %" for p, r in zip([q for q in pts if q["tg"]], res)
                                                     if abs(r) > 0.05) or "none"))
     out["quality"] = rates.calibration_quality(out)
     return out

@@ -61,7 +61,9 @@ def small_calibration(monkeypatch):
         return {("calib-wide", "F16"): f16, ("calib-wide", "Q4_0"): calibration.pure_quantized_path(f16, "Q4_0")}
 
     def use(points):
-        pts = [calibration.CalPoint("calib-wide", tiny, t, depth=d, prompt=p) for t, d, p in points]
+        # (type, depth, prompt) or (type, depth, prompt, decode)
+        pts = [calibration.CalPoint("calib-wide", tiny, t, depth=d, prompt=p, decode=rest[0] if rest else True)
+               for t, d, p, *rest in points]
         monkeypatch.setattr(calibration, "calibration_points", lambda: pts)
         monkeypatch.setattr(calibration, "calibration_model_paths", paths)
         return pts

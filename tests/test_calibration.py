@@ -75,6 +75,8 @@ def _planned_points(points=None):
     cfg = RunConfig()
     pts = []
     for cp in points or calibration.calibration_points():
+        if not cp.decode:
+            continue
         s = cp.synth
         f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
                              "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
@@ -96,7 +98,7 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead():
     cache-resident rate) gives the per-layer overhead; the depths give attention and head_dim 96 its tail — the
     fit must recover all of them, and keep the narrow rates out of what predictions use."""
     pts = _planned_points()
-    assert {cp.type_name for cp in calibration.calibration_points() if cp.label != "calib-wide"} == {"Q4_0"}
+    assert {cp.type_name for cp in calibration.calibration_points() if not cp.label.startswith("calib-wide")} == {"Q4_0"}
     fit = calibration.fit_cpu(pts, 30.0, threads=1)
     assert fit["overhead_layer_s"] == pytest.approx(_O_LAYER, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
@@ -210,6 +212,11 @@ def test_every_wide_rung_streams_from_dram():
         layers[t] = p["spec"].n_layer
     assert layers["F16"] == calibration.CALIB_WIDE.n_layer
     assert layers["Q2_K"] > layers["Q4_0"] > layers["Q8_0"] > layers["F16"]
+    # the prompt of every type on CALIB_WIDE's 8 layers (a prompt reuses each matrix: the cache does not set its pace)
+    prompt = [cp for cp in calibration.calibration_points() if cp.prompt and cp.label.startswith("calib-wide")]
+    assert sorted(cp.type_name for cp in prompt) == sorted(calibration.CALIB_TYPES)
+    assert {cp.synth for cp in prompt} == {calibration.CALIB_WIDE}
+    assert len({cp.name for cp in calibration.calibration_points()}) == len(calibration.calibration_points())
     ladder = {(s.n_layer, s.n_embd, s.n_ff) for s in zoo.SYNTH_PRESETS.values()}
     assert not {(calibration.wide_spec(t).n_layer, 1024, 2816) for t in calibration.CALIB_TYPES} & ladder
 
@@ -328,6 +335,21 @@ def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, d
     cal = calibration.calibrate(threads=[os.cpu_count() or 1], repetitions=2, force=True, passes=1)
     stored = devices.read_host_profile()
     assert stored["bandwidth_gbs"] == stored["bandwidth_measurement"]["bandwidth_gbs"] > 0.5
+
+
+@pytest.mark.slow
+def test_a_prompt_only_point_feeds_the_prompt_fit_and_not_the_decode_fit(fresh_cache, small_calibration):
+    """Calibration measures each low-bit type's decode on a deep rung and its prompt on CALIB_WIDE's 8 layers: a
+    prompt-only point (real llama.cpp, no decode test run) gives its type a prompt rate and no decode rate."""
+    small_calibration([("F16", 0, False), ("Q4_0", 0, True, False), ("F16", 256, False)])
+    cal = calibration.calibrate(threads=[1], repetitions=2, force=True, passes=1, store=False)
+    rows = {(pt["config"]): pt for pt in cal["points"]}
+    assert "tg_tps" not in rows["calib-wide:Q4_0"] and rows["calib-wide:Q4_0"]["pp_tps"] > 0
+    assert "pp_tps" not in rows["calib-wide:F16"] and rows["calib-wide:F16"]["tg_tps"] > 0
+    fit = cal["threads"]["1"]
+    assert set(fit["tg_s_per_weight"]) <= {"F16"} and len(fit["tg_fit_rel_err"]) == 2
+    assert set(fit["pp_s_per_weight"]) == {"Q4_0"} and len(fit["pp_fit_rel_err"]) == 1
+    assert cal["quality"]["measured_points"] == 3
 
 
 def test_calibrate_show_without_profile_is_one_line_exit_2(fresh_cache):

@@ -77,6 +77,8 @@ CALIBRATION_VERSION = 1
 # which made their 2-thread rates grow faster than two cores allow (Q2_K 2.8x) and every calibration fail its
 # quality check; models reading 206 and 418 MB a token never did (benchmarks/RESULTS.md, issue 18, fourth round).
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
+#: the label of the prompt-only points (CALIB_WIDE's 8 layers in every type): :func:`calibration_points`
+PROMPT_LABEL = "calib-wide-pp"
 #: what each wide rung reads per token (its layers and output matrix), at least
 WIDE_MIN_READ_BYTES = 200e6
 #: the vocabulary every synthetic model carries (the default model's tokenizer: zoo.tokenizer_fields)
@@ -140,6 +142,7 @@ class CalPoint:
     type_name: str
     depth: int = 0
     prompt: bool = True
+    decode: bool = True
 
     @property
     def name(self) -> str:
@@ -168,7 +171,17 @@ def wide_spec(type_name: str) -> zoo.SynthSpec:
 
 
 def calibration_points() -> list[CalPoint]:
-    pts = [CalPoint("calib-wide", wide_spec(t), t) for t in CALIB_TYPES]
+    """What calibration measures, per thread count. Decode and prompt of each weight type on separate models where
+    they differ: decode on the rung that streams from DRAM (:func:`wide_spec`), prompt on CALIB_WIDE's 8 layers
+    (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
+    and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10)."""
+    pts = []
+    for t in CALIB_TYPES:
+        if wide_spec(t) == CALIB_WIDE:
+            pts.append(CalPoint("calib-wide", CALIB_WIDE, t))
+        else:
+            pts += [CalPoint("calib-wide", wide_spec(t), t, prompt=False),
+                    CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False)]
     pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
                                                                       ("calib-thin-shallow", CALIB_THIN_SHALLOW),
                                                                       ("calib-deep", CALIB_DEEP))]
@@ -235,6 +248,7 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
         if progress:
             progress(f"calib-wide:{t} ({wide_spec(t).n_layer} layers)")
         out[("calib-wide", t)] = pure_quantized_synthetic(wide_spec(t), t)
+        out[(PROMPT_LABEL, t)] = pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), t)
     for label, synth, types in (("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
@@ -440,13 +454,14 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     """Fit one thread count's decode and prompt costs from measured points.
 
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
-    generated tokens), optionally ``pp`` (s/token for ``n_prompt`` tokens). ``threads``: the thread count the
-    points were measured at — at 1 thread the flash-attention split-KV path has no barrier and one partial per
+    generated tokens; None for a prompt-only point), optionally ``pp`` (s/token for ``n_prompt`` tokens).
+    ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has no barrier and one partial per
     head, so its per-layer cost is not fitted there (0). Returns the JSON-able parameters stored in the host
     profile."""
     import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
+    measured, points = points, [p for p in points if p.get("tg")]
     types = sorted({_rate_key(p, t) for p in points for t in _single_device_work(p["spec"], cfg, p["depth"]).weights})
     # decode: t = o_layer (L + 1) + Σ n_T c_T + attn c_attn + (other bytes) / bandwidth. A separate
     # per-token constant is not identifiable from two model shapes; graph and sync costs grow with the
@@ -487,7 +502,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention_pp(per token) c_attn + o_pp / n_prompt
-    pp_pts = [p for p in points if p.get("pp")]
+    pp_pts = [p for p in measured if p.get("pp")]
     if pp_pts:
         ptypes = sorted({t.type_name for p in pp_pts for t in p["spec"].tensors
                          if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1})
@@ -596,7 +611,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
                     continue
                 say(f"{cp.name}, {th} thread(s)" + (f", pass {k + 1} of {passes}" if passes > 1 else ""))
                 try:
-                    tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth, n_gen=CALIB_N_GEN,
+                    tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth,
+                                 n_gen=CALIB_N_GEN if cp.decode else 0,
                                  n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
                                  pp_repetitions=max(1, repetitions - 1), rerun_above_cv=rerun_above_cv)
                 except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
@@ -614,16 +630,20 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
             if tm is None:
                 continue
             pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
-                        "tg": tm["tg"].s_per_token, "pp": tm["pp"].s_per_token if "pp" in tm else None,
+                        "tg": tm["tg"].s_per_token if "tg" in tm else None,
+                        "pp": tm["pp"].s_per_token if "pp" in tm else None,
                         "n_prompt": CALIB_N_PROMPT, "label": cp.label})
-            result["points"].append({"config": cp.name, "threads": th, "tg_tps": round(1 / tm["tg"].s_per_token, 2),
-                                     "tg_cv": round(tm["tg"].cv, 4), "busy": round(tm["tg"].busy, 3),
-                                     "tg_pass_tps": [round(1 / x, 2) for x in tm["tg"].pass_best],
-                                     # every repetition of every pass, for re-analysis without measuring again
-                                     "tg_rep_tps": [[round(1 / x, 2) for x in run[1]] for run in tm["tg"].samples_by_pass],
-                                     **({"pp_tps": round(1 / tm["pp"].s_per_token, 2), "pp_cv": round(tm["pp"].cv, 4),
-                                         "pp_pass_tps": [round(1 / x, 2) for x in tm["pp"].pass_best]}
-                                        if "pp" in tm else {})})
+            row: dict[str, Any] = {"config": cp.name, "threads": th}
+            if "tg" in tm:
+                row.update({"tg_tps": round(1 / tm["tg"].s_per_token, 2), "tg_cv": round(tm["tg"].cv, 4),
+                            "busy": round(tm["tg"].busy, 3),
+                            "tg_pass_tps": [round(1 / x, 2) for x in tm["tg"].pass_best],
+                            # every repetition of every pass, for re-analysis without measuring again
+                            "tg_rep_tps": [[round(1 / x, 2) for x in run[1]] for run in tm["tg"].samples_by_pass]})
+            if "pp" in tm:
+                row.update({"pp_tps": round(1 / tm["pp"].s_per_token, 2), "pp_cv": round(tm["pp"].cv, 4),
+                            "pp_pass_tps": [round(1 / x, 2) for x in tm["pp"].pass_best]})
+            result["points"].append(row)
         _enough_points(len(pts), len(planned), th)
         fit = fit_cpu(pts, bws[th]["bandwidth_gbs"], threads=th)
         fit["bandwidth_cv"] = bws[th]["cv"]

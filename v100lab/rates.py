@@ -266,7 +266,7 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[
                 if max(errs) > worst[0]:
                     worst = (max(errs), kind, int(th))
         per[str(th)] = q
-    measured = [pt for pt in cal.get("points") or [] if "tg_cv" in pt]
+    measured = [pt for pt in cal.get("points") or [] if "tg_cv" in pt or "pp_cv" in pt]
     noisy = [pt for pt in measured if (pt.get("tg_cv") or 0) > noisy_cv or (pt.get("pp_cv") or 0) > noisy_cv]
     # several passes (calibration.CALIB_PASSES): a point whose median pass no other pass confirms within
     # noisy_cv was not repeatable — the machine's speed moved under it
