@@ -198,8 +198,9 @@ def test_every_wide_rung_streams_from_dram():
     (not by calibration's sizing formula), so the low-bit rungs cannot run from a shared 300 MiB L3 (issue 18);
     F16 keeps CALIB_WIDE's 8 layers, the low-bit types get more, and no rung has the validation ladder's shape."""
     from v100lab import zoo
+    from v100lab.modelcache import tokenizer_vocab_size
 
-    assert calibration.WIDE_VOCAB == next(len(v) for k, v, _ in zoo.tokenizer_fields() if k == "tokenizer.ggml.tokens")
+    assert calibration.WIDE_VOCAB == tokenizer_vocab_size()
     wide = [p for p in _planned_points() if p["label"] == "calib-wide"]
     assert len(wide) == len(calibration.CALIB_TYPES)
     layers = {}
