@@ -357,7 +357,8 @@ def test_a_prompt_only_point_feeds_the_prompt_fit_and_not_the_decode_fit(fresh_c
     assert "pp_tps" not in rows["calib-wide:F16"] and rows["calib-wide:F16"]["tg_tps"] > 0
     fit = cal["threads"]["1"]
     assert set(fit["tg_s_per_weight"]) <= {"F16"} and len(fit["tg_fit_rel_err"]) == 2
-    assert set(fit["pp_s_per_weight"]) == {"Q4_0"} and len(fit["pp_fit_rel_err"]) == 1
+    # the prompt fit saw the one prompt-only point (one point, three costs: which of them it takes is not the point)
+    assert len(fit["pp_fit_rel_err"]) == 1 and set(fit["pp_s_per_weight"]) <= {"Q4_0"}
     assert cal["quality"]["measured_points"] == 3
 
 

@@ -8,10 +8,11 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   the host profile stores (:func:`measure_host`);
 * decode and prompt time per token of *calibration models only*: a synthetic llama of n_embd 1024 in every type
   of the ladder, pure — for decode deep enough to read 200 MB a token (:func:`wide_spec`: 8 layers in F16, 50 in
-  Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair (24 and 6 layers of n_embd 64); a deep, narrow one (24
-  layers, n_embd 256) at depths 0, 1024 and 2048 and the same with head_dim 96 — the narrow ones in Q4_0, so that
-  they stay in the cache (:data:`NARROW_TYPE`). The wide rungs give each weight type its cost, the thin pair the
-  per-layer overhead, the depths the cost of attention over the KV cache;
+  Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair
+  (24 and 6 layers of n_embd 64); a deep, narrow one (24 layers, n_embd 256) at depths 0, 1024 and 2048 and the
+  same with head_dim 96 — the narrow ones in Q4_0, so that they stay in the cache (:data:`NARROW_TYPE`). The wide
+  rungs give each weight type its cost, the thin pair the per-layer overhead, the depths the cost of attention
+  over the KV cache;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable);
