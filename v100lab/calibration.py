@@ -34,6 +34,7 @@ for :mod:`v100lab.serving`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -42,7 +43,6 @@ import statistics
 import subprocess
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -83,7 +83,7 @@ CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_
 PROMPT_LABEL = "calib-wide-pp"
 #: what each wide rung reads per token (its layers and output matrix), at least
 WIDE_MIN_READ_BYTES = 200e6
-#: the vocabulary every synthetic model carries (the default model's tokenizer: zoo.tokenizer_fields)
+#: the vocabulary every synthetic model carries (the default model's tokenizer: modelcache.tokenizer_vocab_size)
 WIDE_VOCAB = 49152
 # Attention: many narrow layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads) at several depths, and the
 # same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
@@ -244,7 +244,7 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
 
 def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
-    about 2.5 GB of models (several minutes)."""
+    about 2.4 GB of models (about 3 minutes on 2 cores)."""
     out = {}
     for t in CALIB_TYPES:
         if progress:
@@ -457,9 +457,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
 
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
     generated tokens; None for a prompt-only point), optionally ``pp`` (s/token for ``n_prompt`` tokens).
-    ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has no barrier and one partial per
-    head, so its per-layer cost is not fitted there (0). Returns the JSON-able parameters stored in the host
-    profile."""
+    ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has
+    no barrier and one partial per head, so its per-layer cost is not fitted there (0). Returns the JSON-able
+    parameters stored in the host profile."""
     import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
