@@ -157,13 +157,6 @@ def _wide_weights(synth: zoo.SynthSpec) -> tuple[int, int]:
     return 2 * e * e + 2 * e * kv + 3 * e * synth.n_ff, e * WIDE_VOCAB
 
 
-def wide_read_bytes(synth: zoo.SynthSpec, type_name: str) -> float:
-    """Bytes a pure ``type_name`` model of ``synth``'s shape reads per decoded token: every layer matrix and the
-    output matrix (norms and the one embedding row are noise)."""
-    layer, out = _wide_weights(synth)
-    return (synth.n_layer * layer + out) * type_sizef(type_name)
-
-
 def wide_spec(type_name: str) -> zoo.SynthSpec:
     """The calib-wide rung for ``type_name``: CALIB_WIDE's shape with the fewest layers (at least its 8) that read
     :data:`WIDE_MIN_READ_BYTES` a token — 8 for F16, 13 for Q8_0, 28 for Q4_0, 50 for Q2_K."""
@@ -192,19 +185,24 @@ def calibration_points() -> list[CalPoint]:
     return pts
 
 
-def pure_quantized_path(src, type_name: str):
-    """``src`` (an F16 synthetic model) with every matrix — output and embeddings included — in
-    ``type_name``: llama.cpp's quantizer with ``pure`` and explicit output/embedding types. Cached."""
+def _pure_type(type_name: str) -> tuple[str, int]:
+    """(llama.cpp file type, ggml type id) of a calibration rung's type; a ConfigError naming the known ones."""
     import gguf   # heavy (numpy): only building a calibration model needs it
 
-    if type_name == "F16":
-        return src
     ftype = CALIB_TYPES.get(type_name)
     if ftype is None:
         raise ConfigError(f"no calibration rung for type '{type_name}' (known: {', '.join(CALIB_TYPES)})")
+    return ftype, int(gguf.GGMLQuantizationType[type_name])
+
+
+def pure_quantized_path(src, type_name: str):
+    """``src`` (an F16 synthetic model) with every matrix — output and embeddings included — in
+    ``type_name``: llama.cpp's quantizer with ``pure`` and explicit output/embedding types. Cached."""
+    if type_name == "F16":
+        return src
+    ftype, tid = _pure_type(type_name)
     stem = src.name.removesuffix(".gguf").removesuffix("-F16")
     path = zoo.cache_dir() / f"{stem}-pure-{type_name}.gguf"
-    tid = int(gguf.GGMLQuantizationType[type_name])
     recipe = {"kind": "pure-quantized", "type": type_name, "ftype": ftype, "llama_cpp_python": zoo.llama_cpp_python_version(),
               "source": src.name, "source_size": src.stat().st_size}
 
@@ -220,13 +218,8 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
     which the cache need not keep. Cached (the recipe names the shape, the writer and llama-cpp-python)."""
     if type_name == "F16":
         return zoo.synthetic_path(synth)
-    ftype = CALIB_TYPES.get(type_name)
-    if ftype is None:
-        raise ConfigError(f"no calibration rung for type '{type_name}' (known: {', '.join(CALIB_TYPES)})")
-    import gguf   # heavy (numpy): only building a calibration model needs it
-
+    ftype, tid = _pure_type(type_name)
     path = zoo.cache_dir() / f"{synth.stem}-pure-{type_name}.gguf"
-    tid = int(gguf.GGMLQuantizationType[type_name])
     recipe = {"kind": "pure-quantized-synthetic", "type": type_name, "ftype": ftype,
               "llama_cpp_python": zoo.llama_cpp_python_version(), "spec": dataclasses.asdict(synth),
               "writer": zoo.SYNTH_WRITER_VERSION}
