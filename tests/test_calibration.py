@@ -68,6 +68,7 @@ def test_fit_cpu_recovers_known_costs():
 _WIDE_COSTS = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALIB_TYPES)}
 _NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10, 384: 0.7e-10}   # cache-resident: faster per weight, one rate per width
 _O_LAYER, _C_ATTN, _C_TAIL = 2e-5, 3e-11, 9e-11
+_C_ATTN_NARROW = 1.8e-11    # the narrow models' attention: its KV partly in the cache, cheaper per multiply-add
 
 
 def _planned_points(points=None):
@@ -85,9 +86,11 @@ def _planned_points(points=None):
             dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         w = calibration._single_device_work(spec, cfg, depth)
-        cost = _WIDE_COSTS[cp.type_name] if cp.label == "calib-wide" else _NARROW_COSTS[s.n_embd]
+        wide = cp.label == "calib-wide"
+        cost = _WIDE_COSTS[cp.type_name] if wide else _NARROW_COSTS[s.n_embd]
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
-        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
+        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * (_C_ATTN if wide else _C_ATTN_NARROW)
+        t += w.attn_tail_ops * _C_TAIL
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label})
     return pts
 
@@ -96,8 +99,9 @@ def _planned_points(points=None):
 def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkeypatch, f16_step):
     """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
     rungs give each type its cost; the thin pair (24 and 6 layers of n_embd 64, whose weights run at another,
-    cache-resident rate) gives the per-layer overhead; the depths give attention and head_dim 96 its tail on a
-    build that has one — the fit must recover all of them, and keep the narrow rates out of what predictions use.
+    cache-resident rate) gives the per-layer overhead; the Q4_0 rung's depths give attention, the narrow deep
+    pair's (whose attention runs at another rate too) head_dim 96 its tail on a build that has one — the fit must
+    recover all of them, and keep the narrow rates out of what predictions use.
     The SIMD step is set, not read from the build this test runs on (CI's CPU is not this machine's)."""
     from v100lab import work
 
@@ -107,6 +111,7 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     fit = calibration.fit_cpu(pts, 30.0, threads=1)
     assert fit["overhead_layer_s"] == pytest.approx(_O_LAYER, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
+    assert fit["attn_narrow_s_per_op"] == pytest.approx(_C_ATTN_NARROW, rel=0.02)
     if f16_step == 64:
         assert fit["attn_tail_s_per_op"] == pytest.approx(_C_TAIL, rel=0.05)
     else:                                             # no tail ops: the column is empty, its cost 0
@@ -209,7 +214,7 @@ def test_every_wide_rung_streams_from_dram():
     from v100lab.modelcache import tokenizer_vocab_size
 
     assert calibration.WIDE_VOCAB == tokenizer_vocab_size()
-    wide = [p for p in _planned_points() if p["label"] == "calib-wide"]
+    wide = [p for p in _planned_points() if p["label"] == "calib-wide" and p["depth"] == calibration.CALIB_N_GEN // 2]
     assert len(wide) == len(calibration.CALIB_TYPES)
     layers = {}
     for p in wide:
@@ -228,6 +233,26 @@ def test_every_wide_rung_streams_from_dram():
     assert len({cp.name for cp in calibration.calibration_points()}) == len(calibration.calibration_points())
     ladder = {(s.n_layer, s.n_embd, s.n_ff) for s in zoo.SYNTH_PRESETS.values()}
     assert not {(calibration.wide_spec(t).n_layer, 1024, 2816) for t in calibration.CALIB_TYPES} & ladder
+
+
+def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
+    """The attention cost that predictions use comes from depth points on a rung whose weights stream from DRAM
+    (issue 18, sixth round): the narrow models' KV stayed partly in the cache and under-charged real models at
+    depth. The depth points are decode-only points on the DEPTH_TYPE rung itself, so its depth-0 point gives
+    their weights' cost; every token reads more weights than the deepest point's KV, so no KV survives a token."""
+    cfg = RunConfig()
+    pts = calibration.calibration_points()
+    deep = [cp for cp in pts if cp.label == "calib-wide" and cp.depth]
+    assert sorted(cp.depth for cp in deep) == sorted(calibration.CALIB_DEPTHS)
+    rung = next(cp for cp in pts if cp.label == "calib-wide" and not cp.depth and cp.type_name == calibration.DEPTH_TYPE)
+    assert all(cp.synth == rung.synth and cp.type_name == rung.type_name and cp.decode and not cp.prompt for cp in deep)
+    planned = {(p["spec"].n_layer, p["depth"]): p for p in _planned_points() if p["label"] == "calib-wide"}
+    for cp in deep:
+        p = planned[(cp.synth.n_layer, cp.depth + calibration.CALIB_N_GEN // 2)]
+        w = calibration._single_device_work(p["spec"], cfg, p["depth"])
+        read = w.weights[cp.type_name].n_weights * type_sizef(cp.type_name)
+        assert read >= calibration.WIDE_MIN_READ_BYTES and read > w.kv_bytes, (cp.name, read, w.kv_bytes)
+        assert w.attn_ops > 0 and w.attn_tail_ops == 0          # head_dim 64: no tail on any build
 
 
 @pytest.mark.slow

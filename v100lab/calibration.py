@@ -10,9 +10,11 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   of the ladder, pure — for decode deep enough to read 200 MB a token (:func:`wide_spec`: 8 layers in F16, 50 in
   Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair
   (24 and 6 layers of n_embd 64); a deep, narrow one (24 layers, n_embd 256) at depths 0, 1024 and 2048 and the
-  same with head_dim 96 — the narrow ones in Q4_0, so that they stay in the cache (:data:`NARROW_TYPE`). The wide
-  rungs give each weight type its cost, the thin pair the per-layer overhead, the depths the cost of attention
-  over the KV cache;
+  same with head_dim 96 — the narrow ones in Q4_0, so that they stay in the cache (:data:`NARROW_TYPE`); and the
+  Q4_0 decode rung again at depths 1024 and 2048 (:data:`DEPTH_TYPE`). The wide rungs give each weight type its
+  cost, the thin pair the per-layer overhead, the wide rung's depths the cost of attention over a KV cache read
+  from DRAM (as a real model's is: its weights evict the cache between tokens), the narrow depths the extra cost
+  of a head_dim past the SIMD step;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable);
@@ -22,8 +24,9 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
   token. The narrow models'
-  weights have rates of their own (:data:`NARROW_RATE`: cache-resident matrices run up to 2x faster per weight),
-  so they pin the per-layer overhead and attention without bending calib-wide's per-type costs.
+  weights and attention have rates of their own (:data:`NARROW_RATE`: cache-resident matrices and KV caches run
+  up to 2x faster per element), so they pin the per-layer overhead and the head_dim tail without bending
+  calib-wide's per-type costs or the attention cost that predictions use.
 
 The result is stored in the host profile (``host-profile.json`` in the cache directory, key
 ``speed_calibration``), from which :mod:`v100lab.rates` reads the host's rates. The models the benchmark
@@ -111,6 +114,14 @@ CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "
 # calib-deep96 27 MiB, the thin pair under 3 MiB.
 NARROW_TYPE = "Q4_0"
 CALIB_DEPTHS = (1024, 2048)
+# Attention over a KV cache read from DRAM: the Q4_0 decode rung (28 layers, 16 query / 4 KV heads of 64: 28 KB of
+# KV a cell, 57 MB at depth 2048) at CALIB_DEPTHS. Its 206 MB of weights a token evict the KV between tokens, as a
+# real model's do. The narrow models' depths (17-27 MiB of weights, 13-38 MB of KV) keep much of their KV in the
+# shared L3 and gave attention a cache-resident cost: the default model at depth 4096 (94 MB of KV) came out 35 %
+# too fast on the AVX2 build in two calibrations, and their passes scattered by up to 2x (benchmarks/RESULTS.md,
+# issue 18, fifth and sixth rounds). Q4_0: the most layers for its 200 MB (attention 60 % of a token at 2048),
+# and the default model's head_dim and GQA group (64, 3-4) — at 1 thread a depth-2048 fill takes about 20 s.
+DEPTH_TYPE = "Q4_0"
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # Every point is measured in this many passes over all points, minutes apart, and the median pass kept
@@ -169,7 +180,9 @@ def calibration_points() -> list[CalPoint]:
     """What calibration measures, per thread count. Decode and prompt of each weight type on separate models where
     they differ: decode on the rung that streams from DRAM (:func:`wide_spec`), prompt on CALIB_WIDE's 8 layers
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
-    and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10)."""
+    and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
+    the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM), the narrow deep pair at the same
+    depths (the head_dim tail)."""
     pts = []
     for t in CALIB_TYPES:
         if wide_spec(t) == CALIB_WIDE:
@@ -180,6 +193,7 @@ def calibration_points() -> list[CalPoint]:
     pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
                                                                       ("calib-thin-shallow", CALIB_THIN_SHALLOW),
                                                                       ("calib-deep", CALIB_DEEP))]
+    pts += [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
     pts += [CalPoint("calib-deep", CALIB_DEEP, NARROW_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
     pts += [CalPoint("calib-deep96", CALIB_DEEP96, NARROW_TYPE, depth=d, prompt=False) for d in (0,) + CALIB_DEPTHS]
     return pts
@@ -420,8 +434,9 @@ def nnls(A, b, iters: int = 5000):
 #: the mark of a weight type's rate key for the narrow calibration models (calib-thin, -thin-shallow, -deep,
 #: -deep96): their matrices (n_embd 64-384, at most a few MiB per layer) stay in the caches, so they get rates of their own
 #: (nuisance parameters, as a fixed effect per model shape), which only those models use; predictions use
-#: calib-wide's (matrices of real models are wider). What the narrow models pin down is what transfers: the
-#: per-layer overhead, attention per multiply-add and the head_dim tail.
+#: calib-wide's (matrices of real models are wider). Their attention gets a rate of its own too
+#: (``attn_narrow_s_per_op``; predictions use the wide rung's depths'). What the narrow models pin down is what
+#: transfers: the per-layer overhead and the head_dim tail.
 NARROW_RATE = "@narrow"
 WIDE_LABELS = ("calib-wide",)
 
@@ -432,10 +447,14 @@ def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
     width (calib-thin and calib-thin-shallow share theirs — which is what identifies the per-layer overhead —
     calib-deep and calib-deep96 have their own: at 1 thread deep96's weights ran 2x dearer per weight than
     deep's, repeatably)."""
-    label = point.get("label") or WIDE_LABELS[0]
-    if label in WIDE_LABELS:
+    if not _is_narrow(point):
         return type_name
     return f"{type_name}{NARROW_RATE}{point['spec'].n_embd}"
+
+
+def _is_narrow(point: Mapping[str, Any]) -> bool:
+    """Whether ``point`` is of a narrow calibration model (a point without a label is wide)."""
+    return (point.get("label") or WIDE_LABELS[0]) not in WIDE_LABELS
 
 
 _FIT_HOST = Device(id="host", name="host", kind="cpu", memory_gib=1, bandwidth_gbs=1)
@@ -463,6 +482,8 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     # number of layers, so the overhead is per layer (the output layer counting as one). The narrow models'
     # weights (a few MiB per type, cache-resident) get rates of their own (NARROW_RATE): they run up to 2x
     # faster per weight than calib-wide's, and one shared rate made the fit miss both by 30-50 % (issue 18).
+    # So does their attention (their KV partly cache-resident): its own column, beside the wide rung's, which is
+    # the one predictions use; the tail column (head_dim past the SIMD step) is shared — calib-deep96's only.
     rows, y, wts = [], [], []
     for p in points:
         w = _single_device_work(p["spec"], cfg, p["depth"])
@@ -470,15 +491,18 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         n_by_key: dict[str, float] = {}
         for t, tw in w.weights.items():
             n_by_key[_rate_key(p, t)] = n_by_key.get(_rate_key(p, t), 0.0) + tw.n_weights
+        narrow = _is_narrow(p)
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
-                    + [w.attn_ops, w.attn_tail_ops, w.attn_split_layers if threads != 1 else 0.0])
+                    + [0.0 if narrow else w.attn_ops, w.attn_ops if narrow else 0.0, w.attn_tail_ops,
+                       w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
     A = np.array(rows) * np.array(wts)[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs, c_attn, c_tail, c_split = 0.0, x[0], dict(zip(types, x[1:-3])), x[-3], x[-2], x[-1]
+    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-4]))
+    c_attn, c_attn_narrow, c_tail, c_split = x[-4], x[-3], x[-2], x[-1]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached, relative to the STREAM figure (>= 1 keeps the
@@ -493,6 +517,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and NARROW_RATE not in t},
         "tg_narrow_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and NARROW_RATE in t},
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
+        "attn_narrow_s_per_op": float(c_attn_narrow),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
     }
