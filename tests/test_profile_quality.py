@@ -200,3 +200,20 @@ def test_calibrate_refuses_a_noisy_machine_then_force_stores_it(fresh_cache, sma
     assert stored["build"]["llama_cpp_python"] and stored["cpu"]["model"] == rates.current_build_facts()["cpu"]["model"]
     d = rates.describe_host_rates()
     assert "stored with --force" in d.line and "3 of 3 points noisy" in d.line and d.warnings == ()
+
+
+def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
+    """`calibrate --show` prints, per thread count, attention's cost beside the decode rates — the per multiply-add
+    cost from the streaming rung's depths, the head_dim tail and the split-KV cost where the fit found them."""
+    from v100lab import cli
+
+    current = rates.current_build_facts()
+    cal = _calibration(current)
+    cal["threads"]["1"].update({"attn_s_per_op": 3.19e-10, "attn_tail_s_per_op": 1.5e-9})
+    cal["threads"]["2"] = dict(cal["threads"]["1"], attn_s_per_op=1.56e-10, attn_split_layer_s=2.9e-5)
+    _store(cal)
+    assert cli.main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "attention: 0.319 ns per multiply-add (KV read from DRAM), +1.500 ns in a head's scalar tail" in out
+    assert "attention: 0.156 ns per multiply-add (KV read from DRAM), +1.500 ns in a head's scalar tail, " \
+           "29 us per layer on the split-KV path" in out

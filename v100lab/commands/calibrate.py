@@ -1,6 +1,6 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About 12 minutes on a 2-core VM (three passes over the points, the median of each kept; plus building
+About 13-16 minutes on a 2-core VM (three passes over the points, the median of each kept; plus building
 the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
 any other process collapses throughput.
 """
@@ -66,6 +66,12 @@ def _summary(cal: dict) -> list[str]:
         lines.append(f"{th} thread(s): bandwidth {p['bandwidth_gbs']:.1f} GB/s (efficiency {p['efficiency']:.2f}), "
                      f"overhead {1e3 * p['overhead_token_s']:.2f} ms/token + {1e3 * p['overhead_layer_s']:.3f} ms/layer")
         lines.append(f"   decode rate, G weights/s: {rates}")
+        attn = (f"   attention: {1e9 * p.get('attn_s_per_op', 0):.3f} ns per multiply-add (KV read from DRAM)")
+        if p.get("attn_tail_s_per_op"):
+            attn += f", +{1e9 * p['attn_tail_s_per_op']:.3f} ns in a head's scalar tail"
+        if p.get("attn_split_layer_s"):
+            attn += f", {1e6 * p['attn_split_layer_s']:.0f} us per layer on the split-KV path"
+        lines.append(attn)
         errs = [abs(e) for e in p.get("tg_fit_rel_err", [])]
         if errs:
             lines.append(f"   fit residual |err|: max {100 * max(errs):.1f} % over {len(errs)} points")
