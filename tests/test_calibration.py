@@ -66,9 +66,9 @@ def test_fit_cpu_recovers_known_costs():
 
 
 _WIDE_COSTS = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALIB_TYPES)}
-_NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10, 384: 0.7e-10}   # cache-resident: faster per weight, one rate per width
+_NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10}   # cache-resident: faster per weight, one rate per width
+_WIDE96_COST = 0.9 * _WIDE_COSTS[calibration.DEPTH_TYPE]    # calib-wide96's weights: a rate of their own
 _O_LAYER, _C_ATTN, _C_TAIL = 2e-5, 3e-11, 9e-11
-_C_ATTN_NARROW = 1.8e-11    # the narrow models' attention: its KV partly in the cache, cheaper per multiply-add
 
 
 def _planned_points(points=None):
@@ -86,11 +86,10 @@ def _planned_points(points=None):
             dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         w = calibration._single_device_work(spec, cfg, depth)
-        wide = cp.label == "calib-wide"
-        cost = _WIDE_COSTS[cp.type_name] if wide else _NARROW_COSTS[s.n_embd]
+        cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE96_LABEL: _WIDE96_COST}.get(
+            cp.label, _NARROW_COSTS.get(s.n_embd))
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
-        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * (_C_ATTN if wide else _C_ATTN_NARROW)
-        t += w.attn_tail_ops * _C_TAIL
+        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label})
     return pts
 
@@ -99,9 +98,9 @@ def _planned_points(points=None):
 def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkeypatch, f16_step):
     """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
     rungs give each type its cost; the thin pair (24 and 6 layers of n_embd 64, whose weights run at another,
-    cache-resident rate) gives the per-layer overhead; the Q4_0 rung's depths give attention, the narrow deep
-    pair's (whose attention runs at another rate too) head_dim 96 its tail on a build that has one — the fit must
-    recover all of them, and keep the narrow rates out of what predictions use.
+    cache-resident rate) gives the per-layer overhead; the Q4_0 rung's depths give attention, calib-wide96's
+    (head_dim 96) the tail on a build that has one — the fit must recover all of them, and keep the narrow rate
+    out of what predictions use.
     The SIMD step is set, not read from the build this test runs on (CI's CPU is not this machine's)."""
     from v100lab import work
 
@@ -111,7 +110,6 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     fit = calibration.fit_cpu(pts, 30.0, threads=1)
     assert fit["overhead_layer_s"] == pytest.approx(_O_LAYER, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
-    assert fit["attn_narrow_s_per_op"] == pytest.approx(_C_ATTN_NARROW, rel=0.02)
     if f16_step == 64:
         assert fit["attn_tail_s_per_op"] == pytest.approx(_C_TAIL, rel=0.05)
     else:                                             # no tail ops: the column is empty, its cost 0
@@ -119,7 +117,10 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     assert set(fit["tg_s_per_weight"]) == set(_WIDE_COSTS)
     for t, c in fit["tg_s_per_weight"].items():
         assert c == pytest.approx(_WIDE_COSTS[t], rel=0.02)
-    assert set(fit["tg_narrow_s_per_weight"]) == {f"Q4_0{calibration.NARROW_RATE}{w}" for w in _NARROW_COSTS}
+    assert fit["tg_own_s_per_weight"] == {
+        f"Q4_0{calibration.NARROW_RATE}64": pytest.approx(_NARROW_COSTS[64], rel=0.02),
+        f"{calibration.DEPTH_TYPE}{calibration.OWN_RATE}{calibration.WIDE96_LABEL}": pytest.approx(_WIDE96_COST, rel=0.02)}
+    assert "attn_narrow_s_per_op" not in fit                  # no narrow model is measured at depth
     # one shared rate per type (the old structure) cannot describe these points
     for p in pts:
         p["label"] = "calib-wide"
@@ -136,7 +137,8 @@ def test_the_thin_pair_pins_the_per_layer_cost_under_noise():
     rng = random.Random(18)
     base = _planned_points()
     old_set = [cp for cp in calibration.calibration_points() if not cp.label.startswith("calib-thin")]
-    old_set.append(calibration.CalPoint("calib-shallow", calibration.CALIB_SHALLOW, "Q4_0"))
+    old_set += [calibration.CalPoint("calib-deep", calibration.CALIB_DEEP, "Q4_0"),
+                calibration.CalPoint("calib-shallow", calibration.CALIB_SHALLOW, "Q4_0")]
     old_base = _planned_points(old_set)
     new_ratios, old_ratios = [], []
     for _ in range(20):
@@ -253,6 +255,38 @@ def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
         read = w.weights[cp.type_name].n_weights * type_sizef(cp.type_name)
         assert read >= calibration.WIDE_MIN_READ_BYTES and read > w.kv_bytes, (cp.name, read, w.kv_bytes)
         assert w.attn_ops > 0 and w.attn_tail_ops == 0          # head_dim 64: no tail on any build
+
+
+@pytest.mark.parametrize("f16_step", [64, 32])
+def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16_step):
+    """The head_dim tail comes from calib-wide96 (head_dim 96, Q4_0, 200 MB a token) at depth 0 and at depth, not
+    from narrow cache-resident models (issue 18, seventh round: calib-deep96's passes scattered 2x). On an AVX-512
+    build (f16 step 64) a third of its ops are in the tail; on AVX2 (step 32) none, and it is one more attention
+    point. Its weights have a rate of their own (pinned by its depth-0 point, kept out of predictions), and no other
+    point has tail ops."""
+    from v100lab import work
+
+    monkeypatch.setattr(work, "F16_SIMD_STEP", f16_step)
+    cfg = RunConfig()
+    pts = calibration.calibration_points()
+    w96 = [cp for cp in pts if cp.label == calibration.WIDE96_LABEL]
+    assert sorted(cp.depth for cp in w96) == sorted(calibration.WIDE96_DEPTHS) and 0 in calibration.WIDE96_DEPTHS
+    assert {(cp.synth.head_dim, cp.type_name, cp.prompt, cp.decode) for cp in w96} == {(96, calibration.DEPTH_TYPE, False, True)}
+    assert calibration.WIDE96_LABEL in calibration.WIDE_LABELS
+    assert not [cp for cp in pts if cp.depth and cp.label not in calibration.WIDE_LABELS]   # no narrow depth point
+    planned = _planned_points()
+    for p in planned:
+        w = calibration._single_device_work(p["spec"], cfg, p["depth"])
+        if p["label"] == calibration.WIDE96_LABEL and f16_step == 64:
+            assert 0.3 < w.attn_tail_ops / w.attn_ops < 0.4, w.attn_tail_ops / w.attn_ops     # 2 × 32 of 2 × 96
+        else:
+            assert w.attn_tail_ops < 1e-3 * w.attn_ops
+        if p["label"] == calibration.WIDE96_LABEL:
+            read = w.weights[calibration.DEPTH_TYPE].n_weights * type_sizef(calibration.DEPTH_TYPE)
+            assert read >= calibration.WIDE_MIN_READ_BYTES and read > w.kv_bytes
+            assert calibration._rate_key(p, calibration.DEPTH_TYPE).startswith(calibration.DEPTH_TYPE + calibration.OWN_RATE)
+    fit = calibration.fit_cpu(planned, 30.0, threads=1)
+    assert fit["attn_tail_s_per_op"] == (pytest.approx(_C_TAIL, rel=0.02) if f16_step == 64 else 0.0)
 
 
 @pytest.mark.slow

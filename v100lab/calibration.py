@@ -9,12 +9,12 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 * decode and prompt time per token of *calibration models only*: a synthetic llama of n_embd 1024 in every type
   of the ladder, pure — for decode deep enough to read 200 MB a token (:func:`wide_spec`: 8 layers in F16, 50 in
   Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair
-  (24 and 6 layers of n_embd 64); a deep, narrow one (24 layers, n_embd 256) at depths 0, 1024 and 2048 and the
-  same with head_dim 96 — the narrow ones in Q4_0, so that they stay in the cache (:data:`NARROW_TYPE`); and the
-  Q4_0 decode rung again at depths 1024 and 2048 (:data:`DEPTH_TYPE`). The wide rungs give each weight type its
-  cost, the thin pair the per-layer overhead, the wide rung's depths the cost of attention over a KV cache read
-  from DRAM (as a real model's is: its weights evict the cache between tokens), the narrow depths the extra cost
-  of a head_dim past the SIMD step;
+  (24 and 6 layers of n_embd 64, in Q4_0 so that they stay in the cache: :data:`NARROW_TYPE`); the Q4_0 decode
+  rung again at depths 1024 and 2048 (:data:`DEPTH_TYPE`); and a Q4_0 rung of head_dim 96 (``calib-wide96``,
+  n_embd 1536, 206 MB a token) at depths 0 and 2048. The wide rungs give each weight type its cost, the thin pair
+  the per-layer overhead, the Q4_0 rung's depths the cost of attention over a KV cache read from DRAM (as a real
+  model's is: its weights evict the cache between tokens), calib-wide96's the extra cost of a head_dim past the
+  SIMD step;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable);
@@ -23,10 +23,9 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error; ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
-  token. The narrow models'
-  weights and attention have rates of their own (:data:`NARROW_RATE`: cache-resident matrices and KV caches run
-  up to 2x faster per element), so they pin the per-layer overhead and the head_dim tail without bending
-  calib-wide's per-type costs or the attention cost that predictions use.
+  token. The thin pair's
+  weights have a rate of their own (:data:`NARROW_RATE`: cache-resident matrices run up to 2x faster per
+  element), so it pins the per-layer overhead without bending calib-wide's per-type costs.
 
 The result is stored in the host profile (``host-profile.json`` in the cache directory, key
 ``speed_calibration``), from which :mod:`v100lab.rates` reads the host's rates. The models the benchmark
@@ -88,9 +87,11 @@ PROMPT_LABEL = "calib-wide-pp"
 WIDE_MIN_READ_BYTES = 200e6
 #: the vocabulary every synthetic model carries (the default model's tokenizer: modelcache.tokenizer_vocab_size)
 WIDE_VOCAB = 49152
-# Attention: many narrow layers (24 × n_embd 256, head_dim 64, 4 query / 2 KV heads) at several depths, and the
-# same with head_dim 96 (n_embd 384): the CPU's f16 kernels run a scalar tail past each multiple of
-# 64 elements (v100lab.work.F16_SIMD_STEP), which makes such heads several times dearer per element.
+# Narrow deep models (24 × n_embd 256, head_dim 64; the same with head_dim 96, n_embd 384): calibration's attention
+# models until issue 18's seventh round (at depths 0, 1024, 2048), kept for the benchmarks (bench_ops,
+# probe_split_kv). Their 17-27 MiB of weights and 13-38 MB of KV stay partly in the shared L3, and their depth
+# points scattered by up to 2x between passes on both builds (benchmarks/RESULTS.md, issue 18, sixth round):
+# calibration now measures attention on rungs that stream from DRAM only (DEPTH_TYPE, CALIB_WIDE96).
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 # The deep model's layers, 6 instead of 24: calibration's per-layer pair until issue 18's fourth round (their
@@ -110,8 +111,8 @@ CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "
 # In F16 calib-deep reads 60 MiB a token and decoded at 110-128 tok/s (1 thread) in four calibrations of this VM
 # and at 294 in a fifth, while calib-shallow F16 (33 MiB) ran at its cache-resident speed in all five: a model
 # near the cache size that the neighbours leave us changes speed with them, and its depth points then measure
-# the neighbours, not attention (benchmarks/RESULTS.md, issue 18, fourth round). In Q4_0 calib-deep reads 17 MiB,
-# calib-deep96 27 MiB, the thin pair under 3 MiB.
+# the neighbours, not attention (benchmarks/RESULTS.md, issue 18, fourth round). In Q4_0 the thin pair reads under
+# 3 MiB a token.
 NARROW_TYPE = "Q4_0"
 CALIB_DEPTHS = (1024, 2048)
 # Attention over a KV cache read from DRAM: the Q4_0 decode rung (28 layers, 16 query / 4 KV heads of 64: 28 KB of
@@ -122,6 +123,16 @@ CALIB_DEPTHS = (1024, 2048)
 # issue 18, fifth and sixth rounds). Q4_0: the most layers for its 200 MB (attention 60 % of a token at 2048),
 # and the default model's head_dim and GQA group (64, 3-4) — at 1 thread a depth-2048 fill takes about 20 s.
 DEPTH_TYPE = "Q4_0"
+# The head_dim tail: ggml-cpu's f16 vector kernels, which the flash-attention kernel runs per KV cell, do SIMD over
+# the largest multiple of GGML_F16_STEP and a scalar loop over the rest (v100lab.work.F16_SIMD_STEP: 64 on an
+# AVX-512 build, so a head_dim of 96 runs 32 elements scalar; 32 on AVX2, no tail). Measured on a second streaming
+# rung, CALIB_WIDE's layer with n_embd 1536 (16 query / 4 KV heads of 96, the head_dim of synth-750m and of many
+# real models), in DEPTH_TYPE with enough layers to read WIDE_MIN_READ_BYTES a token (15: 206 MB), at depth 0 (its
+# weights: the wider rows' cost against CALIB_WIDE's) and WIDE96_DEPTHS (its 15 layers' attention at 2048 read
+# 47 MB of KV a token, 42 % of the ops in the tail on AVX-512). Its KV comes from DRAM, as a real model's does.
+CALIB_WIDE96 = dataclasses.replace(CALIB_WIDE, n_embd=1536)
+WIDE96_LABEL = "calib-wide96"
+WIDE96_DEPTHS = (0, 2048)
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # Every point is measured in this many passes over all points, minutes apart, and the median pass kept
@@ -168,12 +179,13 @@ def _wide_weights(synth: zoo.SynthSpec) -> tuple[int, int]:
     return 2 * e * e + 2 * e * kv + 3 * e * synth.n_ff, e * WIDE_VOCAB
 
 
-def wide_spec(type_name: str) -> zoo.SynthSpec:
-    """The calib-wide rung for ``type_name``: CALIB_WIDE's shape with the fewest layers (at least its 8) that read
-    :data:`WIDE_MIN_READ_BYTES` a token — 8 for F16, 13 for Q8_0, 28 for Q4_0, 50 for Q2_K."""
-    layer, out = _wide_weights(CALIB_WIDE)
+def wide_spec(type_name: str, base: zoo.SynthSpec = CALIB_WIDE) -> zoo.SynthSpec:
+    """The wide rung for ``type_name``: ``base``'s shape (CALIB_WIDE or CALIB_WIDE96) with the fewest layers (at
+    least its 8) that read :data:`WIDE_MIN_READ_BYTES` a token — for CALIB_WIDE 8 in F16, 13 in Q8_0, 28 in
+    Q4_0, 50 in Q2_K; for CALIB_WIDE96 15 in Q4_0."""
+    layer, out = _wide_weights(base)
     n = math.ceil((WIDE_MIN_READ_BYTES / type_sizef(type_name) - out) / layer)
-    return dataclasses.replace(CALIB_WIDE, n_layer=max(CALIB_WIDE.n_layer, n))
+    return dataclasses.replace(base, n_layer=max(base.n_layer, n))
 
 
 def calibration_points() -> list[CalPoint]:
@@ -181,8 +193,8 @@ def calibration_points() -> list[CalPoint]:
     they differ: decode on the rung that streams from DRAM (:func:`wide_spec`), prompt on CALIB_WIDE's 8 layers
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
     and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
-    the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM), the narrow deep pair at the same
-    depths (the head_dim tail)."""
+    the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
+    :data:`WIDE96_DEPTHS` (the head_dim tail); the thin pair (the per-layer overhead)."""
     pts = []
     for t in CALIB_TYPES:
         if wide_spec(t) == CALIB_WIDE:
@@ -191,11 +203,10 @@ def calibration_points() -> list[CalPoint]:
             pts += [CalPoint("calib-wide", wide_spec(t), t, prompt=False),
                     CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False)]
     pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
-                                                                      ("calib-thin-shallow", CALIB_THIN_SHALLOW),
-                                                                      ("calib-deep", CALIB_DEEP))]
+                                                                      ("calib-thin-shallow", CALIB_THIN_SHALLOW))]
     pts += [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
-    pts += [CalPoint("calib-deep", CALIB_DEEP, NARROW_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
-    pts += [CalPoint("calib-deep96", CALIB_DEEP96, NARROW_TYPE, depth=d, prompt=False) for d in (0,) + CALIB_DEPTHS]
+    pts += [CalPoint(WIDE96_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE, depth=d, prompt=False)
+            for d in WIDE96_DEPTHS]
     return pts
 
 
@@ -251,13 +262,16 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
 
 def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
-    about 2.4 GB of models (about 3 minutes on 2 cores)."""
+    about 2.6 GB of models (about 3 minutes on 2 cores)."""
     out = {}
     for t in CALIB_TYPES:
         if progress:
             progress(f"calib-wide:{t} ({wide_spec(t).n_layer} layers)")
         out[("calib-wide", t)] = pure_quantized_synthetic(wide_spec(t), t)
         out[(PROMPT_LABEL, t)] = pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), t)
+    if progress:
+        progress(f"{WIDE96_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE96).n_layer} layers)")
+    out[(WIDE96_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE)
     for label, synth, types in (("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
@@ -273,7 +287,7 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
-    return {wide_spec(t).stem for t in CALIB_TYPES} | {CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem,
+    return {wide_spec(t).stem for t in CALIB_TYPES} | {wide_spec(DEPTH_TYPE, CALIB_WIDE96).stem, CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem,
                                                        CALIB_THIN.stem, CALIB_THIN_SHALLOW.stem}
 
 
@@ -431,30 +445,31 @@ def nnls(A, b, iters: int = 5000):
     return x
 
 
-#: the mark of a weight type's rate key for the narrow calibration models (calib-thin, -thin-shallow, -deep,
-#: -deep96): their matrices (n_embd 64-384, at most a few MiB per layer) stay in the caches, so they get rates of their own
-#: (nuisance parameters, as a fixed effect per model shape), which only those models use; predictions use
-#: calib-wide's (matrices of real models are wider). Their attention gets a rate of its own too
-#: (``attn_narrow_s_per_op``; predictions use the wide rung's depths'). What the narrow models pin down is what
-#: transfers: the per-layer overhead and the head_dim tail.
-NARROW_RATE = "@narrow"
-WIDE_LABELS = ("calib-wide",)
+#: the mark of a rate key that only its own calibration models use (a nuisance parameter, as a fixed effect per
+#: model shape); predictions use calib-wide's plain type keys (``tg_s_per_weight``).
+OWN_RATE = "@"
+#: the narrow calibration models' mark (calib-thin, calib-thin-shallow): their matrices (n_embd 64, 41 k weights a
+#: layer) stay in the caches and run up to 2x faster per weight than a real model's. What the narrow pair pins down
+#: is what transfers: the per-layer overhead.
+NARROW_RATE = OWN_RATE + "narrow"
+#: the labels of the rungs that stream from DRAM (every other calibration model is narrow)
+WIDE_LABELS = ("calib-wide", WIDE96_LABEL)
 
 
 def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
-    """The fit's column for ``type_name``'s weights in ``point``: the type for calib-wide (a point without a
-    label is wide); for the narrow models the type + NARROW_RATE + their width, one nuisance rate per matrix
-    width (calib-thin and calib-thin-shallow share theirs — which is what identifies the per-layer overhead —
-    calib-deep and calib-deep96 have their own: at 1 thread deep96's weights ran 2x dearer per weight than
-    deep's, repeatably)."""
-    if not _is_narrow(point):
+    """The fit's column for ``type_name``'s weights in ``point``: the type for calib-wide (a point without a label
+    is calib-wide); for the other models the type + OWN_RATE + what sets them apart, a rate only they use:
+    calib-wide96 its own (its depth-0 point pins it, so that its depth point gives the head_dim tail and nothing
+    else — its 1536-element rows decoded 9-14 % faster per weight than calib-wide's 1024 in a probe, a difference
+    the validation ladder's synth-750m, also 1536 wide, did not show, and the tail must not take up); the narrow
+    models NARROW_RATE + their width, one rate per matrix width (calib-thin and calib-thin-shallow share theirs,
+    which is what identifies the per-layer overhead)."""
+    label = point.get("label") or WIDE_LABELS[0]
+    if label == WIDE_LABELS[0]:
         return type_name
+    if label == WIDE96_LABEL:
+        return f"{type_name}{OWN_RATE}{label}"
     return f"{type_name}{NARROW_RATE}{point['spec'].n_embd}"
-
-
-def _is_narrow(point: Mapping[str, Any]) -> bool:
-    """Whether ``point`` is of a narrow calibration model (a point without a label is wide)."""
-    return (point.get("label") or WIDE_LABELS[0]) not in WIDE_LABELS
 
 
 _FIT_HOST = Device(id="host", name="host", kind="cpu", memory_gib=1, bandwidth_gbs=1)
@@ -482,8 +497,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     # number of layers, so the overhead is per layer (the output layer counting as one). The narrow models'
     # weights (a few MiB per type, cache-resident) get rates of their own (NARROW_RATE): they run up to 2x
     # faster per weight than calib-wide's, and one shared rate made the fit miss both by 30-50 % (issue 18).
-    # So does their attention (their KV partly cache-resident): its own column, beside the wide rung's, which is
-    # the one predictions use; the tail column (head_dim past the SIMD step) is shared — calib-deep96's only.
+    # calib-wide96's weights have a rate of their own too (_rate_key). Attention is measured on the wide rungs only
+    # (their KV read from DRAM); the tail column (head_dim past the SIMD step) is calib-wide96's, on builds whose
+    # step leaves one.
     rows, y, wts = [], [], []
     for p in points:
         w = _single_device_work(p["spec"], cfg, p["depth"])
@@ -491,33 +507,30 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         n_by_key: dict[str, float] = {}
         for t, tw in w.weights.items():
             n_by_key[_rate_key(p, t)] = n_by_key.get(_rate_key(p, t), 0.0) + tw.n_weights
-        narrow = _is_narrow(p)
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
-                    + [0.0 if narrow else w.attn_ops, w.attn_ops if narrow else 0.0, w.attn_tail_ops,
-                       w.attn_split_layers if threads != 1 else 0.0])
+                    + [w.attn_ops, w.attn_tail_ops, w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
     A = np.array(rows) * np.array(wts)[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-4]))
-    c_attn, c_attn_narrow, c_tail, c_split = x[-4], x[-3], x[-2], x[-1]
+    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-3]))
+    c_attn, c_tail, c_split = x[-3], x[-2], x[-1]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached, relative to the STREAM figure (>= 1 keeps the
     # bandwidth term from ever exceeding a calibrated cost at this thread count)
     achieved = []
     for t, c in costs.items():
-        if c > 0 and NARROW_RATE not in t:
+        if c > 0 and OWN_RATE not in t:
             achieved.append(type_sizef(t) / c / 1e9)
     eff = max([1.0] + [a / bandwidth_gbs for a in achieved])
     out: dict[str, Any] = {
         "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4),
-        "tg_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and NARROW_RATE not in t},
-        "tg_narrow_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and NARROW_RATE in t},
+        "tg_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and OWN_RATE not in t},
+        "tg_own_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and OWN_RATE in t},
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
-        "attn_narrow_s_per_op": float(c_attn_narrow),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
     }
