@@ -289,6 +289,25 @@ def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16
     assert fit["attn_tail_s_per_op"] == (pytest.approx(_C_TAIL, rel=0.02) if f16_step == 64 else 0.0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_decode_fit_keeps_a_degree_of_freedom(threads):
+    """The decode fit has fewer parameters than points at every thread count (2 threads adds the split-KV cost), so
+    its residuals can show a model that does not describe the machine: with calib-wide96 at one depth only, the
+    2-thread fit had exactly one point per parameter and residuals of 0 by construction (issue 18, seventh round)."""
+    from v100lab import work
+
+    planned = _planned_points()
+    for step in (64, 32):
+        work.F16_SIMD_STEP, old = step, work.F16_SIMD_STEP
+        try:
+            fit = calibration.fit_cpu(planned, 30.0, threads=threads)
+        finally:
+            work.F16_SIMD_STEP = old
+        assert fit["tg_parameters"] < len(fit["tg_fit_rel_err"]) == len(planned), (step, fit["tg_parameters"])
+        # the Q4_0 rung's and calib-wide96's depth points are what is left over: one more than attention's costs
+        assert len(planned) - fit["tg_parameters"] >= 1
+
+
 @pytest.mark.slow
 def test_a_pure_synthetic_rung_keeps_no_f16_source(fresh_cache):
     """The deep wide rungs are quantized from an F16 source written beside them and deleted (0.5-1.3 GB each):

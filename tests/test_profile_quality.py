@@ -217,3 +217,20 @@ def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
     assert "attention: 0.319 ns per multiply-add (KV read from DRAM), +1.500 ns in a head's scalar tail" in out
     assert "attention: 0.156 ns per multiply-add (KV read from DRAM), +1.500 ns in a head's scalar tail, " \
            "29 us per layer on the split-KV path" in out
+
+
+def test_calibrate_show_says_how_many_parameters_the_residuals_are_over(fresh_cache, capsys):
+    """The fit's residuals mean something only with points to spare: `--show` prints the parameter count beside the
+    point count, and says so when none are left (each residual then 0 by construction)."""
+    from v100lab import cli
+
+    cal = _calibration(rates.current_build_facts())
+    n = len(cal["threads"]["1"]["tg_fit_rel_err"])
+    cal["threads"]["1"]["tg_parameters"] = n - 2
+    cal["threads"]["2"] = dict(cal["threads"]["1"], tg_parameters=n)
+    _store(cal)
+    assert cli.main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert f"over {n} points for {n - 2} parameters\n" in out
+    assert f"over {n} points for {n} parameters (no degree of freedom left: the residuals are 0 by construction)" in out
+    assert rates.calibration_quality(cal)["threads"]["2"]["tg_parameters"] == n

@@ -11,7 +11,7 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair
   (24 and 6 layers of n_embd 64, in Q4_0 so that they stay in the cache: :data:`NARROW_TYPE`); the Q4_0 decode
   rung again at depths 1024 and 2048 (:data:`DEPTH_TYPE`); and a Q4_0 rung of head_dim 96 (``calib-wide96``,
-  n_embd 1536, 206 MB a token) at depths 0 and 2048. The wide rungs give each weight type its cost, the thin pair
+  n_embd 1536, 206 MB a token) at depths 0, 1024 and 2048. The wide rungs give each weight type its cost, the thin pair
   the per-layer overhead, the Q4_0 rung's depths the cost of attention over a KV cache read from DRAM (as a real
   model's is: its weights evict the cache between tokens), calib-wide96's the extra cost of a head_dim past the
   SIMD step;
@@ -127,12 +127,15 @@ DEPTH_TYPE = "Q4_0"
 # the largest multiple of GGML_F16_STEP and a scalar loop over the rest (v100lab.work.F16_SIMD_STEP: 64 on an
 # AVX-512 build, so a head_dim of 96 runs 32 elements scalar; 32 on AVX2, no tail). Measured on a second streaming
 # rung, CALIB_WIDE's layer with n_embd 1536 (16 query / 4 KV heads of 96, the head_dim of synth-750m and of many
-# real models), in DEPTH_TYPE with enough layers to read WIDE_MIN_READ_BYTES a token (15: 206 MB), at depth 0 (its
-# weights: the wider rows' cost against CALIB_WIDE's) and WIDE96_DEPTHS (its 15 layers' attention at 2048 read
-# 47 MB of KV a token, 42 % of the ops in the tail on AVX-512). Its KV comes from DRAM, as a real model's does.
+# real models), in DEPTH_TYPE with enough layers to read WIDE_MIN_READ_BYTES a token (15: 206 MB), at WIDE96_DEPTHS:
+# depth 0 pins its weights' cost (a rate of its own: _rate_key), 1024 and 2048 its attention (47 MB of KV a token
+# at 2048, a third of the multiply-adds in the tail on AVX-512). Two depths for the tail's one cost, so that a fit
+# at 2 threads keeps a degree of freedom: with one, every decode parameter had exactly one point to match and the
+# residuals were 0 by construction (benchmarks/RESULTS.md, issue 18, seventh round). Its KV comes from DRAM, as a
+# real model's does.
 CALIB_WIDE96 = dataclasses.replace(CALIB_WIDE, n_embd=1536)
 WIDE96_LABEL = "calib-wide96"
-WIDE96_DEPTHS = (0, 2048)
+WIDE96_DEPTHS = (0, 1024, 2048)
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # Every point is measured in this many passes over all points, minutes apart, and the median pass kept
@@ -533,6 +536,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
+        # the columns some point has work in: the fit's parameters (points minus these: the residuals' degrees of
+        # freedom; with none left, every residual is 0 by construction and says nothing about the model)
+        "tg_parameters": int((np.abs(np.array(rows)).sum(axis=0) > 0).sum()),
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention_pp(per token) c_attn + o_pp / n_prompt
     pp_pts = [p for p in measured if p.get("pp")]
@@ -560,7 +566,8 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         predp = np.array(rows) @ xp + (np.array([p["pp"] for p in pp_pts]) - np.array(y))
         out.update({"pp_overhead_s": float(xp[0]), "pp_attn_s_per_op": float(xp[1]),
                     "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[2:]) if c > 0},
-                    "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array([p["pp"] for p in pp_pts]) - 1]})
+                    "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array([p["pp"] for p in pp_pts]) - 1],
+                    "pp_parameters": int((np.abs(np.array(rows)).sum(axis=0) > 0).sum())})
     return out
 
 

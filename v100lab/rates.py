@@ -263,6 +263,8 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[
                 q[f"{kind}_max_residual"] = round(max(errs), 4)
                 q[f"{kind}_median_residual"] = round(statistics.median(errs), 4)
                 q[f"{kind}_points"] = len(errs)
+                if p.get(f"{kind}_parameters") is not None:     # calibrations from issue 18's seventh round on
+                    q[f"{kind}_parameters"] = int(p[f"{kind}_parameters"])
                 if max(errs) > worst[0]:
                     worst = (max(errs), kind, int(th))
         per[str(th)] = q

@@ -74,7 +74,11 @@ def _summary(cal: dict) -> list[str]:
         lines.append(attn)
         errs = [abs(e) for e in p.get("tg_fit_rel_err", [])]
         if errs:
-            lines.append(f"   fit residual |err|: max {100 * max(errs):.1f} % over {len(errs)} points")
+            n_par = p.get("tg_parameters")
+            dof = "" if n_par is None else f" for {n_par} parameters"
+            if n_par is not None and len(errs) <= n_par:
+                dof += " (no degree of freedom left: the residuals are 0 by construction)"
+            lines.append(f"   fit residual |err|: max {100 * max(errs):.1f} % over {len(errs)} points{dof}")
     noisy = [pt for pt in cal.get("points", []) if pt.get("tg_cv", 0) > 0.10 or pt.get("pp_cv", 0) > 0.10]
     if noisy:
         lines.append(f"noisy points (cv > 10 %): {', '.join(pt['config'] + '/' + str(pt['threads']) + 't' for pt in noisy)}"
