@@ -9,7 +9,8 @@ the synth-750m quant ladder (llama.cpp's usual mixes), the default model (SmolLM
 gemma3-270m (Q4_K_M, sliding window) — and the script refuses to judge a calibration model.
 Measured: llama-bench's method through the in-process backend (warmup, then the median of ``-r``
 repetitions, CV recorded, a noisy test rerun; the median of ``--passes`` passes). tg is predicted at depth + n_gen / 2 (the middle of
-the generated tokens).
+the generated tokens). With ``--part host,llamabench`` llama-bench's passes run between the host part's (before each
+and after the last), so that both medians cover the same minutes.
 
 (b) each chip predicted by a fit on the *other* chips (leave-one-chip-out); in-sample figures are printed
 only to show how optimistic they would be. (c) predicted tok/s on v100-16gb per stage beside the claims;
@@ -24,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 from v100lab import calibration, rates, seed, speed, zoo
 from v100lab.config import RunConfig
@@ -68,9 +70,11 @@ CI_VALIDATION = (
 )
 
 
-def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2) -> dict:
+def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2,
+              between: Callable[[], None] | None = None) -> dict:
     """Measure every configuration in ``passes`` passes minutes apart, keep each test's median pass (as
-    calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration."""
+    calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration. ``between`` runs
+    before each pass and after the last (the llama-bench passes, spread over the same minutes)."""
     cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
@@ -80,6 +84,8 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     configs = validation[::3] if quick else validation
     measured: dict[int, dict] = {}
     for k in range(passes):
+        if between:
+            between()
         for i, (alias, threads, depth, with_pp) in enumerate(configs):
             path = zoo.resolve(alias)
             if any(path.name.startswith(s) for s in stems):
@@ -90,6 +96,8 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
             measured[i] = calibration.combine_passes(measured.get(i), m)
             print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} tg {1 / m['tg'].s_per_token:7.2f}"
                   f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    if between:
+        between()
     for i, (alias, threads, depth, with_pp) in enumerate(configs):
         spec = read_spec(zoo.resolve(alias))
         m = measured[i]
@@ -126,46 +134,78 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     return out
 
 
-def llamabench_part(passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5) -> dict:
+class LlamaBenchPasses:
     """The issue's "done when" (18): the default model's host prediction against llama.cpp's own llama-bench
-    (the same-commit build of scripts/build-tools.sh), tg64 and tg128 at 1 and 2 threads, ``passes`` runs
+    (the same-commit build of scripts/build-tools.sh), tg64 and tg128 at 1 and 2 threads, in ``passes`` runs
     minutes apart. Each run's mean (llama-bench's figure) and fastest repetition are kept; the prediction is
-    judged against the median of the passes' means (as calibration keeps the median pass), every pass shown."""
-    from v100lab.backends import BenchTest
-    from v100lab.backends.types import tool_version
-    from v100lab.llamabench import find_llama_bench, run_llama_bench
+    judged against the median of the passes' means (as calibration keeps the median pass), every pass shown.
 
-    binary = find_llama_bench()
-    if binary is None:
-        print("bench_speed: llama-bench not found (scripts/build-tools.sh); the llama-bench part is skipped",
-              file=sys.stderr)
-        return {"rows": [], "skipped": "llama-bench not found"}
-    path = zoo.resolve("default")
-    spec = read_spec(path)
-    host = get_device("host")
-    got: dict[tuple[int, int], dict] = {}
-    for k in range(passes):
-        for th in threads:
+    :meth:`run_pass` runs one pass (nothing once ``passes`` have run); with the host part the passes are spread
+    between its passes (``main``), so that llama-bench's median and the harness's cover the same minutes of a
+    shared VM's phases, as calibration's passes do — four back-to-back passes took 3 minutes, and in one
+    validation llama-bench measured the default model at 1 thread 16 % faster than the harness had minutes before
+    (issue 18, seventh round)."""
+
+    def __init__(self, passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5):
+        from v100lab.llamabench import find_llama_bench
+
+        self.passes, self.threads, self.n_gens, self.repetitions = passes, threads, n_gens, repetitions
+        self.binary = find_llama_bench()
+        self.done = 0
+        self.started_at: list[str] = []
+        self.got: dict[tuple[int, int], dict] = {}
+        if self.binary is None:
+            print("bench_speed: llama-bench not found (scripts/build-tools.sh); the llama-bench part is skipped",
+                  file=sys.stderr)
+
+    def run_pass(self) -> None:
+        from v100lab.backends import BenchTest
+        from v100lab.llamabench import run_llama_bench
+
+        if self.binary is None or self.done >= self.passes:
+            return
+        path = zoo.resolve("default")
+        self.started_at.append(time.strftime("%H:%M:%S", time.gmtime()))
+        for th in self.threads:
             cfg = RunConfig(n_threads=th, n_gpu_layers=0, flash_attn="auto")
-            for r in run_llama_bench(path, cfg, [BenchTest(n_gen=n) for n in n_gens], repetitions=repetitions,
-                                     binary=binary, timeout=600):
-                g = got.setdefault((th, int(r["n_gen"])), {"means": [], "best": 0.0})
+            for r in run_llama_bench(path, cfg, [BenchTest(n_gen=n) for n in self.n_gens],
+                                     repetitions=self.repetitions, binary=self.binary, timeout=600):
+                g = self.got.setdefault((th, int(r["n_gen"])), {"means": [], "best": 0.0})
                 g["means"].append(float(r["avg_ts"]))
                 g["best"] = max([g["best"]] + [float(x) for x in r.get("samples_ts") or []])
-            print(f"  llama-bench pass {k + 1}/{passes} t{th}: " + ", ".join(
-                f"tg{n} {got[(th, n)]['means'][-1]:.1f}" for n in n_gens), file=sys.stderr, flush=True)
-        if k + 1 < passes:
-            time.sleep(20)
-    rows = []
-    for (th, n), g in sorted(got.items()):
-        cfg = RunConfig(n_ctx=max(512, n + 256), n_threads=th, n_gpu_layers=0)
-        pred = speed.predict(spec, [host], cfg, depth=n // 2).tg_tps     # the generated tokens' middle depth
-        typical = statistics.median(g["means"])     # the passes' median, as calibration keeps (combine_passes)
-        rows.append({"model": "default", "threads": th, "test": f"tg{n}", "means_tps": [round(x, 2) for x in g["means"]],
-                     "median_mean_tps": round(typical, 2), "best_sample_tps": round(g["best"], 2),
-                     "predicted_tps": round(pred, 2), "error": pred / typical - 1,
-                     "error_vs_best_sample": pred / g["best"] - 1})
-    return {"rows": rows, "binary": str(binary), "build": tool_version(binary)}
+            print(f"  llama-bench pass {self.done + 1}/{self.passes} t{th}: " + ", ".join(
+                f"tg{n} {self.got[(th, n)]['means'][-1]:.1f}" for n in self.n_gens), file=sys.stderr, flush=True)
+        self.done += 1
+
+    def result(self) -> dict:
+        """Run the passes not yet run (20 s apart), then judge the prediction on their median."""
+        from v100lab.backends.types import tool_version
+
+        if self.binary is None:
+            return {"rows": [], "skipped": "llama-bench not found"}
+        while self.done < self.passes:
+            if self.done:
+                time.sleep(20)
+            self.run_pass()
+        spec = read_spec(zoo.resolve("default"))
+        host = get_device("host")
+        rows = []
+        for (th, n), g in sorted(self.got.items()):
+            cfg = RunConfig(n_ctx=max(512, n + 256), n_threads=th, n_gpu_layers=0)
+            pred = speed.predict(spec, [host], cfg, depth=n // 2).tg_tps     # the generated tokens' middle depth
+            typical = statistics.median(g["means"])     # the passes' median, as calibration keeps (combine_passes)
+            rows.append({"model": "default", "threads": th, "test": f"tg{n}",
+                         "means_tps": [round(x, 2) for x in g["means"]],
+                         "median_mean_tps": round(typical, 2), "best_sample_tps": round(g["best"], 2),
+                         "predicted_tps": round(pred, 2), "error": pred / typical - 1,
+                         "error_vs_best_sample": pred / g["best"] - 1})
+        return {"rows": rows, "binary": str(self.binary), "build": tool_version(self.binary),
+                "passes_started_at_utc": self.started_at}
+
+
+def llamabench_part(passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5) -> dict:
+    """:class:`LlamaBenchPasses`, its passes back to back (20 s apart)."""
+    return LlamaBenchPasses(passes, threads, n_gens, repetitions).result()
 
 
 def print_llamabench(res: dict) -> None:
@@ -173,7 +213,8 @@ def print_llamabench(res: dict) -> None:
     if not res["rows"]:
         print(f"skipped: {res.get('skipped')}\n")
         return
-    print(f"llama-bench: {res['binary']} ({res.get('build')})\n")
+    print(f"llama-bench: {res['binary']} ({res.get('build')}); passes started at "
+          f"{', '.join(res.get('passes_started_at_utc') or ['?'])} UTC\n")
     print("| model | threads | test | llama-bench mean per pass | median of the passes | fastest repetition | "
           "predicted | error | error vs fastest |")
     print("|---|--:|---|---|--:|--:|--:|--:|--:|")
@@ -307,14 +348,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     res = {}
+    lb = None
+    if "llamabench" in parts:
+        lb = LlamaBenchPasses(max(1, args.llamabench_passes or args.passes), threads=(CI_THREADS,) if args.ci else (1, 2))
     if "host" in parts:
-        res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes)
+        # llama-bench's passes between the host part's (before each, and after the last): both medians then span
+        # the same minutes of the VM's phases
+        res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
+                                between=lb.run_pass if lb else None)
         print_host(res["host"])
     if "arch" in parts:
         res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes)
         print_host(res["arch"])
-    if "llamabench" in parts:
-        res["llamabench"] = llamabench_part(max(1, args.llamabench_passes or args.passes), threads=(CI_THREADS,) if args.ci else (1, 2))
+    if lb:
+        res["llamabench"] = lb.result()
         print_llamabench(res["llamabench"])
     if "apple" in parts:
         res["apple"] = apple_part()
