@@ -289,6 +289,15 @@ def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16
     assert fit["attn_tail_s_per_op"] == (pytest.approx(_C_TAIL, rel=0.02) if f16_step == 64 else 0.0)
 
 
+def test_the_prompt_fit_keeps_degrees_of_freedom():
+    """The prompt fit's parameters are one rate per weight type, attention and a per-batch overhead; calibration
+    measures more prompts than that, so its prompt residuals are not 0 by construction either."""
+    prompts = [cp for cp in calibration.calibration_points() if cp.prompt]
+    n_par = len({cp.type_name for cp in prompts}) + 2
+    assert len(prompts) >= n_par + 2, (len(prompts), n_par)
+    assert {cp.label for cp in prompts if not cp.decode} >= {"calib-deep", "calib-deep96"}
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_decode_fit_keeps_a_degree_of_freedom(threads):
     """The decode fit has fewer parameters than points at every thread count (2 threads adds the split-KV cost), so

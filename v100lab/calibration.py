@@ -197,7 +197,8 @@ def calibration_points() -> list[CalPoint]:
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
     and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
     the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
-    :data:`WIDE96_DEPTHS` (the head_dim tail); the thin pair (the per-layer overhead)."""
+    :data:`WIDE96_DEPTHS` (the head_dim tail); the thin pair (the per-layer overhead); the prompt of two narrow
+    deep models (spare points for the prompt fit)."""
     pts = []
     for t in CALIB_TYPES:
         if wide_spec(t) == CALIB_WIDE:
@@ -210,6 +211,10 @@ def calibration_points() -> list[CalPoint]:
     pts += [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
     pts += [CalPoint(WIDE96_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE, depth=d, prompt=False)
             for d in WIDE96_DEPTHS]
+    # the prompt fit's spare points: two more shapes in NARROW_TYPE (prompt only — for decode each would only pin a
+    # width rate of its own). Without them the prompt fit had one point per parameter (issue 18, seventh round).
+    pts += [CalPoint(label, synth, NARROW_TYPE, decode=False) for label, synth in (("calib-deep", CALIB_DEEP),
+                                                                                    ("calib-deep96", CALIB_DEEP96))]
     return pts
 
 
