@@ -1,6 +1,6 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 13-17 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
+``v100lab calibrate`` (about 15-19 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
 dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real
 llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
@@ -295,8 +295,9 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
-    return {wide_spec(t).stem for t in CALIB_TYPES} | {wide_spec(DEPTH_TYPE, CALIB_WIDE96).stem, CALIB_DEEP.stem, CALIB_DEEP96.stem, CALIB_SHALLOW.stem,
-                                                       CALIB_THIN.stem, CALIB_THIN_SHALLOW.stem}
+    return {wide_spec(t).stem for t in CALIB_TYPES} | {wide_spec(DEPTH_TYPE, CALIB_WIDE96).stem, CALIB_DEEP.stem,
+                                                       CALIB_DEEP96.stem, CALIB_SHALLOW.stem, CALIB_THIN.stem,
+                                                       CALIB_THIN_SHALLOW.stem}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -467,9 +468,9 @@ WIDE_LABELS = ("calib-wide", WIDE96_LABEL)
 def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
     """The fit's column for ``type_name``'s weights in ``point``: the type for calib-wide (a point without a label
     is calib-wide); for the other models the type + OWN_RATE + what sets them apart, a rate only they use:
-    calib-wide96 its own (its depth-0 point pins it, so that its depth point gives the head_dim tail and nothing
-    else — its 1536-element rows decoded 9-14 % faster per weight than calib-wide's 1024 in a probe, a difference
-    the validation ladder's synth-750m, also 1536 wide, did not show, and the tail must not take up); the narrow
+    calib-wide96 its own (its depth-0 point pins it, so that its depth points give attention and the head_dim tail
+    and nothing else — per weight its 1536-element rows came out up to 14 % cheaper or dearer than calib-wide's
+    1024 from one calibration to the next, a difference the tail must not take up); the narrow
     models NARROW_RATE + their width, one rate per matrix width (calib-thin and calib-thin-shallow share theirs,
     which is what identifies the per-layer overhead)."""
     label = point.get("label") or WIDE_LABELS[0]
