@@ -203,11 +203,6 @@ class LlamaBenchPasses:
                 "passes_started_at_utc": self.started_at}
 
 
-def llamabench_part(passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5) -> dict:
-    """:class:`LlamaBenchPasses`, its passes back to back (20 s apart)."""
-    return LlamaBenchPasses(passes, threads, n_gens, repetitions).result()
-
-
 def print_llamabench(res: dict) -> None:
     print("### the default model against llama-bench (issue 18, done when)\n")
     if not res["rows"]:
