@@ -299,7 +299,7 @@ def test_the_prompt_fit_keeps_degrees_of_freedom():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_decode_fit_keeps_a_degree_of_freedom(threads):
+def test_the_decode_fit_keeps_a_degree_of_freedom(threads, monkeypatch):
     """The decode fit has fewer parameters than points at every thread count (2 threads adds the split-KV cost), so
     its residuals can show a model that does not describe the machine: with calib-wide96 at one depth only, the
     2-thread fit had exactly one point per parameter and residuals of 0 by construction (issue 18, seventh round)."""
@@ -307,11 +307,8 @@ def test_the_decode_fit_keeps_a_degree_of_freedom(threads):
 
     planned = _planned_points()
     for step in (64, 32):
-        work.F16_SIMD_STEP, old = step, work.F16_SIMD_STEP
-        try:
-            fit = calibration.fit_cpu(planned, 30.0, threads=threads)
-        finally:
-            work.F16_SIMD_STEP = old
+        monkeypatch.setattr(work, "F16_SIMD_STEP", step)
+        fit = calibration.fit_cpu(planned, 30.0, threads=threads)
         assert fit["tg_parameters"] < len(fit["tg_fit_rel_err"]) == len(planned), (step, fit["tg_parameters"])
         # the Q4_0 rung's and calib-wide96's depth points are what is left over: one more than attention's costs
         assert len(planned) - fit["tg_parameters"] >= 1

@@ -488,6 +488,12 @@ def _single_device_work(spec, cfg: RunConfig, depth: int):
     return single_device_work(spec, cfg, depth, _FIT_HOST)
 
 
+def _n_parameters(rows) -> int:
+    """The columns some point has work in: a fit's parameters (points minus these: the residuals' degrees of
+    freedom; with none left, every residual is 0 by construction and says nothing about the model)."""
+    return sum(1 for col in zip(*rows) if any(col))
+
+
 def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: int | None = None) -> dict[str, Any]:
     """Fit one thread count's decode and prompt costs from measured points.
 
@@ -542,9 +548,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
-        # the columns some point has work in: the fit's parameters (points minus these: the residuals' degrees of
-        # freedom; with none left, every residual is 0 by construction and says nothing about the model)
-        "tg_parameters": int((np.abs(np.array(rows)).sum(axis=0) > 0).sum()),
+        "tg_parameters": _n_parameters(rows),
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention_pp(per token) c_attn + o_pp / n_prompt
     pp_pts = [p for p in measured if p.get("pp")]
@@ -573,7 +577,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         out.update({"pp_overhead_s": float(xp[0]), "pp_attn_s_per_op": float(xp[1]),
                     "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[2:]) if c > 0},
                     "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array([p["pp"] for p in pp_pts]) - 1],
-                    "pp_parameters": int((np.abs(np.array(rows)).sum(axis=0) > 0).sum())})
+                    "pp_parameters": _n_parameters(rows)})
     return out
 
 
