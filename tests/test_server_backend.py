@@ -128,6 +128,35 @@ def test_real_llama_bench_json_jsonl_csv(llama_bench_bin, default_model, tmp_pat
         assert parse_llama_bench(out)[0]["n_prompt"] == 16
 
 
+def test_bench_speed_runs_llama_bench_in_passes_and_judges_their_median(llama_bench_bin, default_model):
+    """benchmarks/bench_speed.py's LlamaBenchPasses (issue 18, seventh round): each call runs one pass (nothing
+    once ``passes`` have run), records when it started, and the prediction is judged against the passes' median."""
+    import importlib.util
+    import statistics
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_speed.py"
+    spec = importlib.util.spec_from_file_location("bench_speed_under_test", script)
+    bench_speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_speed)
+
+    lb = bench_speed.LlamaBenchPasses(passes=2, threads=(1,), n_gens=(8,), repetitions=1)
+    assert lb.binary is not None and lb.done == 0
+    for expected in (1, 2, 2):           # the third call runs nothing: two passes were asked for
+        lb.run_pass()
+        assert lb.done == expected and len(lb.started_at) == expected
+    res = lb.result()                    # judges the two passes already run, runs no third
+    assert res["passes_started_at_utc"] == lb.started_at and len(res["passes_started_at_utc"]) == 2
+    [row] = res["rows"]
+    assert (row["threads"], row["test"]) == (1, "tg8")
+    assert len(row["means_tps"]) == 2 and all(m > 0 for m in row["means_tps"])
+    assert row["median_mean_tps"] == pytest.approx(statistics.median(row["means_tps"]), abs=0.01)
+    assert row["best_sample_tps"] >= max(row["means_tps"]) - 0.01
+    assert row["predicted_tps"] > 0
+    median = statistics.median(lb.got[(1, 8)]["means"])
+    assert row["error"] == pytest.approx(row["predicted_tps"] / median - 1, abs=1e-3)
+
+
 def test_load_mode_uses_this_llama_servers_flag():
     """This llama.cpp's llama-server has --load-mode, not --no-mmap/--mlock (common/arg.cpp): the old flags
     would stop it at start-up."""
