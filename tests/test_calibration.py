@@ -69,6 +69,7 @@ _WIDE_COSTS = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALI
 _NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10}   # cache-resident: faster per weight, one rate per width
 _WIDE96_COST = 0.9 * _WIDE_COSTS[calibration.DEPTH_TYPE]    # calib-wide96's weights: a rate of their own
 _O_LAYER, _C_ATTN, _C_TAIL = 2e-5, 3e-11, 9e-11
+_C_ROW = 1e-8          # per matrix row (one vec_dot call): ~6 % of a 1024-weight Q4_0 row here
 
 
 def _planned_points(points=None):
@@ -86,9 +87,10 @@ def _planned_points(points=None):
             dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         w = calibration._single_device_work(spec, cfg, depth)
-        cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE96_LABEL: _WIDE96_COST}.get(
-            cp.label, _NARROW_COSTS.get(s.n_embd))
+        cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE512_LABEL: _WIDE_COSTS[cp.type_name],
+                calibration.WIDE96_LABEL: _WIDE96_COST}.get(cp.label, _NARROW_COSTS.get(s.n_embd))
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
+        t += w.n_rows * _C_ROW if cp.label in calibration.WIDE_LABELS else 0.0     # a narrow rate holds its rows
         t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label})
     return pts
@@ -99,8 +101,8 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
     rungs give each type its cost; the thin pair (24 and 6 layers of n_embd 64, whose weights run at another,
     cache-resident rate) gives the per-layer overhead; the Q4_0 rung's depths give attention, calib-wide96's
-    (head_dim 96) the tail on a build that has one — the fit must recover all of them, and keep the narrow rate
-    out of what predictions use.
+    (head_dim 96) the tail on a build that has one; calib-wide512's rows of half calib-wide's length the cost of
+    a matrix row — the fit must recover all of them, and keep the own rates out of what predictions use.
     The SIMD step is set, not read from the build this test runs on (CI's CPU is not this machine's)."""
     from v100lab import work
 
@@ -117,6 +119,7 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     assert set(fit["tg_s_per_weight"]) == set(_WIDE_COSTS)
     for t, c in fit["tg_s_per_weight"].items():
         assert c == pytest.approx(_WIDE_COSTS[t], rel=0.02)
+    assert fit["tg_row_s"] == pytest.approx(_C_ROW, rel=0.05)
     assert fit["tg_own_s_per_weight"] == {
         f"Q4_0{calibration.NARROW_RATE}64": pytest.approx(_NARROW_COSTS[64], rel=0.02),
         f"{calibration.DEPTH_TYPE}{calibration.OWN_RATE}{calibration.WIDE96_LABEL}": pytest.approx(_WIDE96_COST, rel=0.02)}
@@ -124,8 +127,8 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     # one shared rate per type (the old structure) cannot describe these points
     for p in pts:
         p["label"] = "calib-wide"
-    shared = calibration.fit_cpu(pts, 30.0, threads=1)
-    assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.10
+    shared = calibration.fit_cpu(pts, 30.0, threads=1)      # (the row cost takes up part of the difference)
+    assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.05 > 10 * max(abs(e) for e in fit["tg_fit_rel_err"])
 
 
 def test_the_thin_pair_pins_the_per_layer_cost_under_noise():
@@ -255,6 +258,41 @@ def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
         read = w.weights[cp.type_name].n_weights * type_sizef(cp.type_name)
         assert read >= calibration.WIDE_MIN_READ_BYTES and read > w.kv_bytes, (cp.name, read, w.kv_bytes)
         assert w.attn_ops > 0 and w.attn_tail_ops == 0          # head_dim 64: no tail on any build
+
+
+def test_a_matrix_row_is_calibrated_on_a_rung_of_half_the_row_length_and_charged_in_predictions():
+    """The cost of a matrix row (issue 18, eighth round: one vec_dot call per row, whose setup and horizontal sum
+    a short row pays for with fewer weights): calib-wide512, CALIB_WIDE's layer at half the width, streams from
+    DRAM in DEPTH_TYPE at depth 0 (decode only), with twice calib-wide's rows per weight; the work counts a row as
+    ne[1..] of a matrix read (ne[0] its length); predictions charge rows × the fitted cost on top of the weights'."""
+    cfg = RunConfig()
+    [cp] = [cp for cp in calibration.calibration_points() if cp.label == calibration.WIDE512_LABEL]
+    assert (cp.type_name, cp.depth, cp.decode, cp.prompt) == (calibration.DEPTH_TYPE, 0, True, False)
+    assert cp.synth.n_embd == calibration.CALIB_WIDE.n_embd // 2 and calibration.WIDE512_LABEL in calibration.WIDE_LABELS
+    planned = {p["label"]: p for p in _planned_points() if p["depth"] == calibration.CALIB_N_GEN // 2
+               and p["spec"].tensors[-1].type_name == calibration.DEPTH_TYPE}
+    per_row = {}
+    for label in ("calib-wide", calibration.WIDE512_LABEL):
+        w = calibration._single_device_work(planned[label]["spec"], cfg, planned[label]["depth"])
+        tw = w.weights[calibration.DEPTH_TYPE]
+        assert tw.n_weights * type_sizef(calibration.DEPTH_TYPE) >= calibration.WIDE_MIN_READ_BYTES
+        assert tw.n_rows == sum(t.n_elements / t.shape[0] for t in planned[label]["spec"].tensors
+                                if len(t.shape) >= 2 and t.shape[1] > 1 and t.name != "token_embd.weight"
+                                or t.name == "output.weight")
+        per_row[label] = tw.n_weights / tw.n_rows
+    assert 1.6 < per_row["calib-wide"] / per_row[calibration.WIDE512_LABEL] < 2.2, per_row
+    assert calibration._rate_key(planned[calibration.WIDE512_LABEL], calibration.DEPTH_TYPE) == calibration.DEPTH_TYPE
+    fit = calibration.fit_cpu(_planned_points(), 30.0, threads=1)
+    host = calibration.Device(id="host", name="host", kind="cpu", memory_gib=24, bandwidth_gbs=30)
+    with_rows = rates.cpu_rates_from_calibration(host, {"threads": {"1": fit}}, 1)
+    without = rates.cpu_rates_from_calibration(host, {"threads": {"1": dict(fit, tg_row_s=0.0)}}, 1)
+    assert with_rows.tg_row_s == pytest.approx(_C_ROW, rel=0.05)
+    spec = skeleton_spec("llama2-7b", "Q4_0")
+    one = RunConfig(n_ctx=1024, n_threads=1)
+    w = calibration._single_device_work(spec, one, 16)
+    a = speed.predict(spec, [host], one, depth=16, rates={"host": with_rows}).by_device["host"]
+    b = speed.predict(spec, [host], one, depth=16, rates={"host": without}).by_device["host"]
+    assert a.t_compute_s - b.t_compute_s == pytest.approx(w.n_rows * with_rows.tg_row_s, rel=1e-6)
 
 
 @pytest.mark.parametrize("f16_step", [64, 32])

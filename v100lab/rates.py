@@ -68,6 +68,8 @@ class DeviceRates:
     source: str
     attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
     attn_split_layer_s: float = 0.0           # per layer per token on the CPU flash-attention split-KV path
+    tg_row_s: float = 0.0                     # decode cost per weight-matrix row per token (CPU: each row's dot
+                                              # product's setup and horizontal sum, whatever the row's length)
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
     profile_note: str = ""                    # the host: its profile's age and quality (describe_host_rates)
     profile_warnings: tuple[str, ...] = ()    # the host: the profile was made with another build or CPU
@@ -451,7 +453,7 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     for key in ("tg_s_per_weight", "pp_s_per_weight"):
         mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
                       for t in set(a.get(key, {})) & set(b.get(key, {}))}
-    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op"):
+    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "tg_row_s"):
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
     for key in ("overhead_token_s", "overhead_layer_s", "attn_split_layer_s", "pp_overhead_s", "bandwidth_gbs",
@@ -473,7 +475,8 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         overhead_token_s=float(p.get("overhead_token_s", 0.0)), overhead_layer_s=float(p.get("overhead_layer_s", 0.0)),
         pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source,
         attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup,
-        attn_split_layer_s=float(p.get("attn_split_layer_s", 0.0)))
+        attn_split_layer_s=float(p.get("attn_split_layer_s", 0.0)),
+        tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 ``llama_decode`` call (continuous batching): the step reads every weight once, whatever B, and each
 sequence's own KV cache. So per device, per weight type (the terms of :func:`v100lab.speed.predict`)::
 
-    t_weights(B) = max(bytes / bandwidth, weights × tg_cost, B × weights × pp_cost)
+    t_weights(B) = max(bytes / bandwidth, weights × tg_cost + rows × tg_row_cost, B × weights × pp_cost)
     t_kv(B)      = Σ_sequences max(kv_bytes / bandwidth, attention_ops × attn_cost) + state
     t_step(B)    = Σ_device [Σ_type t_weights(B) + t_kv(B) + layer overheads] + token overhead + host link
 
@@ -135,7 +135,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
             ta = tw.n_weights * r.tg_add_s_per_weight
             tm = tw.n_bytes / r.bandwidth_for(tname) + ta
             c1 = r.tg_cost(tname)
-            tc1 = tw.n_weights * c1 if c1 else 0.0
+            tc1 = (tw.n_weights * c1 + tw.n_rows * r.tg_row_s) if c1 else 0.0      # as speed.roofline
             tcb = batch * tw.n_weights * r.pp_cost(tname)
             fixed += max(tm, tc1)
             grow += tw.n_weights * r.pp_cost(tname)

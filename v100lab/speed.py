@@ -7,13 +7,15 @@ ceiling is right for a GPU and wrong as a *prediction* on a small CPU, where deq
 costs more time than reading them (on a 2-core host, Q4_0 decodes no faster than F16 although it reads a
 quarter of the bytes). So each device gets two terms per weight type, and the larger one wins::
 
-    t_device = Σ_type max(bytes_type / (efficiency × bandwidth), weights_type × cost_type)
+    t_device = Σ_type max(bytes_type / (efficiency × bandwidth), weights_type × cost_type + rows_type × cost_row)
              + max(kv_bytes / (efficiency × bandwidth), attention_ops × cost_attention)
              + state_bytes / (efficiency × bandwidth)
              + overhead_layer × layers_on_device
     t_token  = Σ_device t_device + overhead_token + host-link transfers
 
-The rates — ``cost_type`` (seconds per weight, per thread count), the efficiency and the overheads — are an
+The rates — ``cost_type`` (seconds per weight, per thread count), ``cost_row`` (seconds per matrix row: each row
+is one dot product, whose setup and horizontal sum a short row pays for with fewer weights; CPUs), the
+efficiency and the overheads — are an
 input: :mod:`v100lab.rates` gives them (the host's stored calibration, GPU classes fitted on published
 llama-bench tables, stated assumptions otherwise), and :func:`predict` takes explicit ones too.
 Prompt processing is compute-bound: ``weights × n_prompt × cost_pp_type`` at the device's matmul rate for
@@ -223,7 +225,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         for tname, tw in w.weights.items():
             tm = tw.n_bytes / r.bandwidth_for(tname)
             c = r.tg_cost(tname)
-            tc = tw.n_weights * c if c else 0.0
+            tc = (tw.n_weights * c + tw.n_rows * r.tg_row_s) if c else 0.0
             if c is not None and tname not in r.tg_s_per_weight and k in active:
                 notes.append(f"{k}: no calibrated cost for {tname}; borrowed the nearest type's")
             if tc > tm:

@@ -27,10 +27,13 @@ F16_SIMD_STEP = buildflags.f16_simd_step_in_use()
 
 @dataclass(frozen=True)
 class TypeWork:
-    """Per token, for one ggml type on one device: weights multiplied and bytes read."""
+    """Per token, for one ggml type on one device: weights multiplied, bytes read and matrix rows (one dot product
+    each: ggml-cpu's mul_mat computes a row of the weights against the token's activations per call of the type's
+    ``vec_dot``, whose setup and final horizontal sum do not depend on the row's length)."""
 
     n_weights: float
     n_bytes: float
+    n_rows: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class DeviceWork:
     @property
     def n_weights(self) -> float:
         return sum(w.n_weights for w in self.weights.values())
+
+    @property
+    def n_rows(self) -> float:
+        return sum(w.n_rows for w in self.weights.values())
 
     @property
     def flops(self) -> float:
@@ -147,9 +154,10 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             else:
                 continue
             if read_as_matrix:
-                w = weights.setdefault(t.type_name, [0.0, 0.0])
+                w = weights.setdefault(t.type_name, [0.0, 0.0, 0.0])
                 w[0] += t.n_elements * frac
                 w[1] += t.n_bytes * frac
+                w[2] += t.n_elements / t.shape[0] * frac      # rows: ne[0] is a row's length (ggml order)
             else:
                 other += t.n_bytes
         kv = attn = tail = state = 0.0
@@ -168,7 +176,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             split += fa_split_kv(spec, il, cfg, used)
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
-            weights=MappingProxyType({k: TypeWork(v[0], v[1]) for k, v in sorted(weights.items())}),
+            weights=MappingProxyType({k: TypeWork(*v) for k, v in sorted(weights.items())}),
             other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, attn_split_layers=split,
             state_bytes=state,
             placed_weight_bytes=stored)

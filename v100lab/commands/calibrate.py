@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 from v100lab import calibration
@@ -65,7 +66,10 @@ def _summary(cal: dict) -> list[str]:
         rates = ", ".join(f"{t} {1e-9 / c:.1f}" for t, c in sorted(costs.items(), key=lambda kv: kv[1]))
         lines.append(f"{th} thread(s): bandwidth {p['bandwidth_gbs']:.1f} GB/s (efficiency {p['efficiency']:.2f}), "
                      f"overhead {1e3 * p['overhead_token_s']:.2f} ms/token + {1e3 * p['overhead_layer_s']:.3f} ms/layer")
-        lines.append(f"   decode rate, G weights/s: {rates}")
+        row = (f"; + {1e9 * p['tg_row_s']:.1f} ns per matrix row (a 1024-weight row: "
+               f"{100 * p['tg_row_s'] / (p['tg_row_s'] + 1024 * statistics.median(costs.values())):.0f} % of its cost)"
+               if p.get("tg_row_s") and costs else "")
+        lines.append(f"   decode rate, G weights/s: {rates}{row}")
         attn = (f"   attention: {1e9 * p.get('attn_s_per_op', 0):.3f} ns per multiply-add (KV read from DRAM)")
         if p.get("attn_tail_s_per_op"):
             attn += f", +{1e9 * p['attn_tail_s_per_op']:.3f} ns in a head's scalar tail"
