@@ -20,7 +20,8 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   repeatable);
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
-  + attention_ops × cost_attention + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error; ``split_kv_layers``: layers whose
+  + attention_ops × cost_attention + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error;
+  ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
   token. The thin pair's
@@ -536,14 +537,15 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     rows_per_weight: dict[str, float] = {}      # calib-wide's, per type (for the efficiency below)
     for p in points:
         w = _single_device_work(p["spec"], cfg, p["depth"])
+        label = p.get("label") or WIDE_LABELS[0]
         known = (w.other_bytes + w.state_bytes) / (bandwidth_gbs * 1e9)
         n_by_key: dict[str, float] = {}
         for t, tw in w.weights.items():
             n_by_key[_rate_key(p, t)] = n_by_key.get(_rate_key(p, t), 0.0) + tw.n_weights
-            if (p.get("label") or WIDE_LABELS[0]) == WIDE_LABELS[0] and tw.n_weights:
+            if label == WIDE_LABELS[0] and tw.n_weights:
                 rows_per_weight.setdefault(t, tw.n_rows / tw.n_weights)
         # a narrow model's rate is one per matrix width: it already holds the cost of its rows (64 weights long)
-        n_rows = w.n_rows if (p.get("label") or WIDE_LABELS[0]) in WIDE_LABELS else 0.0
+        n_rows = w.n_rows if label in WIDE_LABELS else 0.0
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
                     + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
