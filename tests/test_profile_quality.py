@@ -177,6 +177,16 @@ def test_thread_counts_that_disagree_are_named_refused_and_warned(fresh_cache):
     two["tg_s_per_weight"] = {t: c / 2.3 for t, c in one["tg_s_per_weight"].items()}
     assert rates.superlinear_scaling(cal) == []
     assert rates.superlinear_scaling({"threads": {"2": two}}) == []
+    # the row's cost is part of a weight's cost (issue 18, eighth round): a 2-thread fit that put more of the time
+    # in the row and less in the weights is not superlinear (a row of 1024 weights costs 1.8x less at 2 threads) ...
+    c = one["tg_s_per_weight"]["Q4_0"]
+    one_r = {**one, "tg_row_s": 0.0}
+    two_r = {**two, "tg_row_s": 1024 * c / 1.8 - 1024 * c / 4.2,
+             "tg_s_per_weight": {**one["tg_s_per_weight"], "Q4_0": c / 4.2}}
+    assert rates.superlinear_scaling({"threads": {"1": one_r, "2": two_r}}) == []
+    # ... while the same per-weight rates without the row's cost are
+    assert rates.superlinear_scaling({"threads": {"1": one_r, "2": {**two_r, "tg_row_s": 0.0}}}) == [
+        "Q4_0 4.2x from 1 to 2 threads"]
 
 
 @pytest.mark.slow

@@ -229,6 +229,8 @@ def _abs_errs(values) -> list[float]:
 
 #: tolerance on the thread-scaling bound: a decode rate may grow at most (n / m) x (1 + this) from m to n threads
 SCALING_TOLERANCE = 0.15
+#: the row length the thread-scaling check judges a weight's cost on: the calibration rungs' (calib-wide, n_embd 1024)
+SCALING_ROW = 1024
 
 
 def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLERANCE) -> list[str]:
@@ -237,7 +239,11 @@ def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLER
     speed (less where they share a core's caches or a memory channel), so a faster growth says the two thread
     counts were measured in different phases of the machine — on a shared VM, one of them while a neighbour was
     quiet — and the profile's rates at one of them are not the machine's usual (issue 18)."""
-    per = {int(k): (v.get("tg_s_per_weight") or {}) for k, v in (cal.get("threads") or {}).items()}
+    # a weight's cost on a row of SCALING_ROW weights, its share of the row's own cost included (tg_row_s: one figure
+    # for all types, which may move between thread counts; the per-weight rates alone would then look superlinear)
+    per = {int(k): {t: c + float(v.get("tg_row_s") or 0.0) / SCALING_ROW
+                    for t, c in (v.get("tg_s_per_weight") or {}).items()}
+           for k, v in (cal.get("threads") or {}).items()}
     out = []
     ks = sorted(per)
     for m, n in zip(ks, ks[1:]):
