@@ -100,6 +100,12 @@ class DeviceRates:
             return self.tg_s_per_weight[type_name]
         return self.tg_s_per_weight.get(nearest_type(type_name, self.tg_s_per_weight))
 
+    def tg_compute_s(self, type_name: str, n_weights: float, n_rows: float) -> float:
+        """Decode compute time of ``n_weights`` weights of ``type_name`` in ``n_rows`` matrix rows: weights × the
+        type's cost + rows × the row's cost (0 where the device has no compute term: GPUs)."""
+        c = self.tg_cost(type_name)
+        return n_weights * c + n_rows * self.tg_row_s if c else 0.0
+
     def pp_cost(self, type_name: str) -> float:
         if type_name in self.pp_s_per_weight:
             return self.pp_s_per_weight[type_name]

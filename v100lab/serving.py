@@ -134,8 +134,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
             # a GPU's CUDA-core work per weight (rates.fit_cuda_rows) adds to its read time, once per step
             ta = tw.n_weights * r.tg_add_s_per_weight
             tm = tw.n_bytes / r.bandwidth_for(tname) + ta
-            c1 = r.tg_cost(tname)
-            tc1 = (tw.n_weights * c1 + tw.n_rows * r.tg_row_s) if c1 else 0.0      # as speed.roofline
+            tc1 = r.tg_compute_s(tname, tw.n_weights, tw.n_rows)
             tcb = batch * tw.n_weights * r.pp_cost(tname)
             fixed += max(tm, tc1)
             grow += tw.n_weights * r.pp_cost(tname)
