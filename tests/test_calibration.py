@@ -269,6 +269,9 @@ def test_a_matrix_row_is_calibrated_on_a_rung_of_half_the_row_length_and_charged
     [cp] = [cp for cp in calibration.calibration_points() if cp.label == calibration.WIDE512_LABEL]
     assert (cp.type_name, cp.depth, cp.decode, cp.prompt) == (calibration.DEPTH_TYPE, 0, True, False)
     assert cp.synth.n_embd == calibration.CALIB_WIDE.n_embd // 2 and calibration.WIDE512_LABEL in calibration.WIDE_LABELS
+    # measured right after the rung it is contrasted with, so that both see the same phase of a shared VM
+    names = [p.name for p in calibration.calibration_points()]
+    assert names[names.index(cp.name) - 1] == f"calib-wide:{calibration.DEPTH_TYPE}"
     planned = {p["label"]: p for p in _planned_points() if p["depth"] == calibration.CALIB_N_GEN // 2
                and p["spec"].tensors[-1].type_name == calibration.DEPTH_TYPE}
     per_row = {}
