@@ -208,16 +208,15 @@ def calibration_points() -> list[CalPoint]:
     deep models (spare points for the prompt fit)."""
     pts = []
     for t in CALIB_TYPES:
-        if wide_spec(t) == CALIB_WIDE:
-            pts.append(CalPoint("calib-wide", CALIB_WIDE, t))
-        else:
-            pts += [CalPoint("calib-wide", wide_spec(t), t, prompt=False),
-                    CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False)]
+        shared = wide_spec(t) == CALIB_WIDE          # decode and prompt on one model
+        pts.append(CalPoint("calib-wide", CALIB_WIDE, t) if shared
+                   else CalPoint("calib-wide", wide_spec(t), t, prompt=False))
         if t == DEPTH_TYPE:
             # the row cost is a contrast between two rungs (calib-wide512 against calib-wide's DEPTH_TYPE rung):
             # measured back to back, both see the same phase of a shared VM (issue 18, ninth round)
-            pts.insert(len(pts) - 1, CalPoint(WIDE512_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE,
-                                              prompt=False))
+            pts.append(CalPoint(WIDE512_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE, prompt=False))
+        if not shared:
+            pts.append(CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False))
     pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
                                                                       ("calib-thin-shallow", CALIB_THIN_SHALLOW))]
     pts += [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
