@@ -1,0 +1,77 @@
+"""Probes of the decode cost's structure on pure synthetic rungs (issue 18, ninth round; benchmarks/RESULTS.md).
+
+    .venv/bin/python benchmarks/probe_rungs.py rows       # a row's cost: Q4_0 and Q4_1, rows of 1024 and 512
+    .venv/bin/python benchmarks/probe_rungs.py kv-heads   # attention vs KV heads: 12 query heads, 12/4/3/1 KV heads
+    .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
+
+Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
+tg16). The models are interleaved in each round, and a model's two depths measured back to back, so that a phase
+of a shared VM falls on both sides of a contrast. Run on a quiet machine (nothing else measuring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from v100lab import calibration, zoo
+from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
+from v100lab.config import RunConfig
+from v100lab.header import read_spec
+
+
+def _emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def rows(rounds: int) -> None:
+    """Pure rungs that stream ~200 MB a token, rows of 1024 against 512, in Q4_0 (repacked on x86) and Q4_1."""
+    paths = {}
+    for ty in ("Q4_0", "Q4_1"):
+        for name, base in (("w1024", CALIB_WIDE), ("w512", CALIB_WIDE512)):
+            paths[(ty, name)] = calibration.pure_quantized_synthetic(wide_spec(ty, base), ty)
+            w = calibration._single_device_work(read_spec(paths[(ty, name)]), RunConfig(), 8).weights[ty]
+            _emit(rows_model=f"{ty}:{name}", weights=w.n_weights, rows=w.n_rows, bytes=w.n_bytes)
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for (ty, name), p in paths.items():
+                m = measure(p, th, depth=0, n_gen=16, repetitions=5)
+                _emit(round=rnd, type=ty, model=name, threads=th, ms=1e3 * m["tg"].s_per_token,
+                      cv=round(m["tg"].cv, 3))
+
+
+def _depth_pairs(paths: dict, depth: int, rounds: int) -> None:
+    for rnd in range(rounds):
+        for th in (2, 1):
+            for name, path in paths.items():
+                for d in (0, depth):
+                    m = measure(path, th, depth=d, n_gen=16, repetitions=5)
+                    _emit(round=rnd, model=name, threads=th, depth=d, ms=1e3 * m["tg"].s_per_token,
+                          cv=round(m["tg"].cv, 3))
+
+
+def kv_heads(rounds: int) -> None:
+    """Four models alike but for their KV heads (30 layers, n_embd 768, 12 query heads of 64, Q4_0), depth 0 and 3072."""
+    specs = {f"kv{k}": zoo.SynthSpec(n_layer=30, n_embd=768, n_ff=1536, n_head=12, n_head_kv=k, n_ctx_train=8192,
+                                     seed=7) for k in (12, 4, 3, 1)}
+    _depth_pairs({k: calibration.pure_quantized_synthetic(s, "Q4_0") for k, s in specs.items()}, 3072, rounds)
+
+
+def heads(rounds: int) -> None:
+    """8, 9 and 16 query heads of 64 (calib-wide512, the default model, calib-wide's Q4_0 rung), depth 0 and 2048."""
+    _depth_pairs({"w1024-16h-28L": calibration.pure_quantized_synthetic(wide_spec("Q4_0"), "Q4_0"),
+                  "w512-8h-118L": calibration.pure_quantized_synthetic(wide_spec("Q4_0", CALIB_WIDE512), "Q4_0"),
+                  "default-9h-30L": zoo.resolve("default")}, 2048, rounds)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("probe", choices=("rows", "kv-heads", "heads"))
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args(argv)
+    {"rows": rows, "kv-heads": kv_heads, "heads": heads}[args.probe](args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
