@@ -240,6 +240,30 @@ def test_every_wide_rung_streams_from_dram():
     assert not {(calibration.wide_spec(t).n_layer, 1024, 2816) for t in calibration.CALIB_TYPES} & ladder
 
 
+def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_point_once():
+    """The row's cost is a contrast between two rungs whose speed moves from one load to the next (issue 18, ninth
+    round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own; nothing else
+    repeats, and the order of the other points is the plan's."""
+    planned = calibration.calibration_points()
+    order = calibration.pass_order(planned)
+    pair = (f"calib-wide:{calibration.DEPTH_TYPE}", f"{calibration.WIDE512_LABEL}:{calibration.DEPTH_TYPE}")
+    names = [cp.name for cp in order]
+    assert calibration.ROW_PAIR_LOADS >= 3
+    assert [n for n in names if n in pair] == list(pair) * calibration.ROW_PAIR_LOADS
+    start = names.index(pair[0])
+    assert names[start:start + 2 * calibration.ROW_PAIR_LOADS] == list(pair) * calibration.ROW_PAIR_LOADS
+    assert list(dict.fromkeys(names)) == [cp.name for cp in planned]
+    assert len(order) == len(planned) + 2 * (calibration.ROW_PAIR_LOADS - 1)
+    # a plan without the pair (a small calibration, the tests' fixture) is measured as planned
+    rest = [cp for cp in planned if cp.label != calibration.WIDE512_LABEL]
+    assert calibration.pass_order(rest) == rest
+    # nine loads of each: combine_passes keeps them all and their median
+    t = None
+    for k in range(3 * calibration.ROW_PAIR_LOADS):
+        t = calibration.combine_passes(t, {"tg": calibration.Timing(0.010 + 0.001 * (k % 3), 0.01, (0.01,))})
+    assert len(t["tg"].pass_best) == 3 * calibration.ROW_PAIR_LOADS and t["tg"].s_per_token == pytest.approx(0.011)
+
+
 def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
     """The attention cost that predictions use comes from depth points on a rung whose weights stream from DRAM
     (issue 18, sixth round): the narrow models' KV stayed partly in the cache and under-charged real models at

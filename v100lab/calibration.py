@@ -115,9 +115,13 @@ CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "
 # the neighbours, not attention (benchmarks/RESULTS.md, issue 18, fourth round). In Q4_0 the thin pair reads under
 # 3 MiB a token.
 NARROW_TYPE = "Q4_0"
-CALIB_DEPTHS = (1024, 2048)
+CALIB_DEPTHS = (1024, 2048, 4096)
 # Attention over a KV cache read from DRAM: the Q4_0 decode rung (28 layers, 16 query / 4 KV heads of 64: 28 KB of
-# KV a cell, 57 MB at depth 2048) at CALIB_DEPTHS. Its 206 MB of weights a token evict the KV between tokens, as a
+# KV a cell, 57 MB at depth 2048, 115 MB at 4096) at CALIB_DEPTHS. To 4096, the depth of the validation's deepest
+# rows and of the seed's contexts: on an AMD EPYC host attention's cost per multiply-add at 2 threads grew with
+# depth (~0.09 ns to 2048, 0.11-0.13 to 3072-4096), and a fit to 1024 and 2048 only predicted the default model
+# at 4096 22 % too fast (benchmarks/RESULTS.md, issue 18, ninth round); the fitted line now spans the range it
+# predicts. Its 206 MB of weights a token evict the KV between tokens, as a
 # real model's do. The narrow models' depths (17-27 MiB of weights, 13-38 MB of KV) keep much of their KV in the
 # shared L3 and gave attention a cache-resident cost: the default model at depth 4096 (94 MB of KV) came out 35 %
 # too fast on the AVX2 build in two calibrations, and their passes scattered by up to 2x (benchmarks/RESULTS.md,
@@ -143,6 +147,14 @@ WIDE96_DEPTHS = (0, 1024, 2048)
 # overhead alone predicted 1-7 %.
 CALIB_WIDE512 = dataclasses.replace(CALIB_WIDE, n_embd=512, n_ff=1408, n_head=8, n_head_kv=2)
 WIDE512_LABEL = "calib-wide512"
+# The row's cost is a contrast of 25-50 % between two rungs (calib-wide512 against calib-wide's DEPTH_TYPE rung),
+# and on a shared VM a rung's speed moves between loads of the model, not only between repetitions: within one
+# load the repetitions agree within a few %, from one load to the next the level moves by up to 25 % (calib-wide
+# Q4_0 at 1 thread: 84, 84, 66 tok/s in calibration 20's three passes, 66, 70, 65 in calibration 21's), so three
+# pairs a calibration put the 1-thread row cost at 0 in two calibrations of four (issue 18, ninth round). The pair
+# is therefore measured this many times a pass, alternating (:func:`pass_order`), each load a pass of its own
+# for :func:`combine_passes`: the median of nine loads, not three. Each load costs a few seconds (decode only).
+ROW_PAIR_LOADS = 3
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # Every point is measured in this many passes over all points, minutes apart, and the median pass kept
@@ -227,6 +239,19 @@ def calibration_points() -> list[CalPoint]:
     pts += [CalPoint(label, synth, NARROW_TYPE, decode=False) for label, synth in (("calib-deep", CALIB_DEEP),
                                                                                     ("calib-deep96", CALIB_DEEP96))]
     return pts
+
+
+def pass_order(points: Sequence[CalPoint]) -> list[CalPoint]:
+    """The measurements of one calibration pass: every point of ``points`` once, in order, except the row's pair
+    (a :data:`WIDE512_LABEL` point and the point just before it, its rung) measured :data:`ROW_PAIR_LOADS` times,
+    alternating — each a separate load of its model."""
+    out: list[CalPoint] = []
+    for i, cp in enumerate(points):
+        if cp.label == WIDE512_LABEL and out and out[-1] == points[i - 1]:
+            out += [cp] + [points[i - 1], cp] * (ROW_PAIR_LOADS - 1)
+        else:
+            out.append(cp)
+    return out
 
 
 def _pure_type(type_name: str) -> tuple[str, int]:
@@ -327,7 +352,8 @@ class Timing:
     cv: float
     samples: tuple[float, ...]
     busy: float = 0.0          # share of all CPUs other processes used just before the test
-    pass_best: tuple[float, ...] = ()   # with several passes (:func:`combine_passes`): each pass's s/token
+    pass_best: tuple[float, ...] = ()   # with several passes (:func:`combine_passes`): each pass's s/token (each
+                                        # load's, for the row's pair: ROW_PAIR_LOADS a pass)
     samples_by_pass: tuple = ()         # (cv, samples, busy) of each pass
 
     @property
@@ -684,7 +710,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     # one after the other, the 2-thread points once came out 2.3x the 1-thread ones: more than two cores give)
     for k in range(passes):
         for th in threads:
-            for cp in planned:
+            for cp in pass_order(planned):
                 if (th, cp.name) in failed:
                     continue
                 say(f"{cp.name}, {th} thread(s)" + (f", pass {k + 1} of {passes}" if passes > 1 else ""))
