@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/probe_rungs.py rows       # a row's cost: Q4_0 and Q4_1, rows of 1024 and 512
     .venv/bin/python benchmarks/probe_rungs.py kv-heads   # attention vs KV heads: 12 query heads, 12/4/3/1 KV heads
     .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
+    .venv/bin/python benchmarks/probe_rungs.py head-dim   # attention vs head_dim: 8 / 2 heads of 64, 128 and 256
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16). The models are interleaved in each round, and a model's two depths measured back to back, so that a phase
@@ -12,6 +13,7 @@ of a shared VM falls on both sides of a contrast. Run on a quiet machine (nothin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from v100lab import calibration, zoo
@@ -64,12 +66,29 @@ def heads(rounds: int) -> None:
                   "default-9h-30L": zoo.resolve("default")}, 2048, rounds)
 
 
+def head_dim(rounds: int) -> None:
+    """8 query / 2 KV heads of 64, 128 and 256 (n_embd 512, 1024, 2048; n_ff 2.75x), each deep enough to stream
+    (:func:`calibration.wide_spec`), Q4_0, depth 0 and 2048: whether attention costs per multiply-add (a cost per
+    cell × head × layer that doubles with head_dim) or per cell × head × layer (softmax and loop bookkeeping,
+    the same whatever head_dim) — calibration measures head_dims 64 and 96 only, gemma3 has 256."""
+    paths = {}
+    for hd in (64, 128, 256):
+        e = 8 * hd
+        base = dataclasses.replace(CALIB_WIDE, n_embd=e, n_ff=e * 11 // 4, n_head=8, n_head_kv=2)
+        spec = wide_spec("Q4_0", base)
+        paths[f"hd{hd}-{spec.n_layer}L"] = calibration.pure_quantized_synthetic(spec, "Q4_0")
+        w = calibration._single_device_work(read_spec(paths[f"hd{hd}-{spec.n_layer}L"]), RunConfig(n_ctx=4096), 2048)
+        _emit(head_dim_model=f"hd{hd}-{spec.n_layer}L", layers=spec.n_layer, attn_ops_d2048=w.attn_ops,
+              head_cells_d2048=w.attn_ops / (2 * hd), kv_bytes_d2048=w.kv_bytes)
+    _depth_pairs(paths, 2048, rounds)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("probe", choices=("rows", "kv-heads", "heads"))
+    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    {"rows": rows, "kv-heads": kv_heads, "heads": heads}[args.probe](args.rounds)
+    {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim}[args.probe](args.rounds)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 15-19 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
+``v100lab calibrate`` (about 20-23 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
 dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real
 llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
@@ -10,14 +10,15 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   of the ladder, pure — for decode deep enough to read 200 MB a token (:func:`wide_spec`: 8 layers in F16, 50 in
   Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair
   (24 and 6 layers of n_embd 64, in Q4_0 so that they stay in the cache: :data:`NARROW_TYPE`); the Q4_0 decode
-  rung again at depths 1024 and 2048 (:data:`DEPTH_TYPE`); and a Q4_0 rung of head_dim 96 (``calib-wide96``,
+  rung again at depths 1024, 2048 and 4096 (:data:`DEPTH_TYPE`); and a Q4_0 rung of head_dim 96 (``calib-wide96``,
   n_embd 1536, 206 MB a token) at depths 0, 1024 and 2048. The wide rungs give each weight type its cost, the thin pair
   the per-layer overhead, the Q4_0 rung's depths the cost of attention over a KV cache read from DRAM (as a real
   model's is: its weights evict the cache between tokens), calib-wide96's the extra cost of a head_dim past the
   SIMD step; and ``calib-wide512`` (CALIB_WIDE's layer at n_embd 512, Q4_0, 118 layers) the cost of a matrix row;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
-  repeatable);
+  repeatable); the row's pair (calib-wide512 and the Q4_0 rung) :data:`ROW_PAIR_LOADS` times a pass,
+  alternating (:func:`pass_order`);
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
   + attention_ops × cost_attention + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error;
