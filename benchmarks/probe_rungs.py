@@ -42,14 +42,20 @@ def rows(rounds: int) -> None:
                       cv=round(m["tg"].cv, 3))
 
 
-def _depth_pairs(paths: dict, depth: int, rounds: int) -> None:
+def _depth_pairs(paths: dict, depth: int, rounds: int) -> dict:
+    """Each model at depth 0 and ``depth``, back to back, per round and thread count; returns
+    {(model, threads): [ms at ``depth`` − ms at 0, one per round]}."""
+    extra: dict = {}
     for rnd in range(rounds):
         for th in (2, 1):
             for name, path in paths.items():
+                ms = {}
                 for d in (0, depth):
                     m = measure(path, th, depth=d, n_gen=16, repetitions=5)
-                    _emit(round=rnd, model=name, threads=th, depth=d, ms=1e3 * m["tg"].s_per_token,
-                          cv=round(m["tg"].cv, 3))
+                    ms[d] = 1e3 * m["tg"].s_per_token
+                    _emit(round=rnd, model=name, threads=th, depth=d, ms=ms[d], cv=round(m["tg"].cv, 3))
+                extra.setdefault((name, th), []).append(ms[depth] - ms[0])
+    return extra
 
 
 def kv_heads(rounds: int) -> None:
@@ -71,16 +77,24 @@ def head_dim(rounds: int) -> None:
     (:func:`calibration.wide_spec`), Q4_0, depth 0 and 2048: whether attention costs per multiply-add (a cost per
     cell × head × layer that doubles with head_dim) or per cell × head × layer (softmax and loop bookkeeping,
     the same whatever head_dim) — calibration measures head_dims 64 and 96 only, gemma3 has 256."""
-    paths = {}
+    paths, ops = {}, {}
     for hd in (64, 128, 256):
         e = 8 * hd
         base = dataclasses.replace(CALIB_WIDE, n_embd=e, n_ff=e * 11 // 4, n_head=8, n_head_kv=2)
         spec = wide_spec("Q4_0", base)
         paths[f"hd{hd}-{spec.n_layer}L"] = calibration.pure_quantized_synthetic(spec, "Q4_0")
         w = calibration._single_device_work(read_spec(paths[f"hd{hd}-{spec.n_layer}L"]), RunConfig(n_ctx=4096), 2048)
+        ops[f"hd{hd}-{spec.n_layer}L"] = (w.attn_ops, hd)
         _emit(head_dim_model=f"hd{hd}-{spec.n_layer}L", layers=spec.n_layer, attn_ops_d2048=w.attn_ops,
               head_cells_d2048=w.attn_ops / (2 * hd), kv_bytes_d2048=w.kv_bytes)
-    _depth_pairs(paths, 2048, rounds)
+    extra = _depth_pairs(paths, 2048, rounds)
+    # attention's time from depth 0 to 2048 (the rounds' mean) per multiply-add and per head × cell × layer
+    # (ops counted at depth 2048; tg16 decodes at 2048-2063)
+    for (name, th), d_ms in extra.items():
+        n_ops, hd = ops[name]
+        mean_s = sum(d_ms) / len(d_ms) / 1e3
+        _emit(summary=name, threads=th, head_dim=hd, rounds=len(d_ms), ns_per_op=round(1e9 * mean_s / n_ops, 4),
+              ns_per_head_cell=round(1e9 * mean_s / (n_ops / (2 * hd)), 2))
 
 
 def main(argv=None) -> int:
