@@ -248,7 +248,7 @@ def pass_order(points: Sequence[CalPoint]) -> list[CalPoint]:
     alternating — each a separate load of its model."""
     out: list[CalPoint] = []
     for i, cp in enumerate(points):
-        if cp.label == WIDE512_LABEL and out and out[-1] == points[i - 1]:
+        if cp.label == WIDE512_LABEL and i > 0:    # calibration_points puts it right after its rung
             out += [cp] + [points[i - 1], cp] * (ROW_PAIR_LOADS - 1)
         else:
             out.append(cp)
