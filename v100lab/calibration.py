@@ -226,7 +226,8 @@ def calibration_points() -> list[CalPoint]:
                    else CalPoint("calib-wide", wide_spec(t), t, prompt=False))
         if t == DEPTH_TYPE:
             # the row cost is a contrast between two rungs (calib-wide512 against calib-wide's DEPTH_TYPE rung):
-            # measured back to back, both see the same phase of a shared VM (issue 18, ninth round)
+            # measured back to back, both see the same phase of a shared VM (issue 18, ninth round); pass_order
+            # alternates the two ROW_PAIR_LOADS times a pass (tenth round)
             pts.append(CalPoint(WIDE512_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE, prompt=False))
         if not shared:
             pts.append(CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False))
