@@ -69,6 +69,7 @@ _WIDE_COSTS = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALI
 _NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10}   # cache-resident: faster per weight, one rate per width
 _WIDE96_COST = 0.9 * _WIDE_COSTS[calibration.DEPTH_TYPE]    # calib-wide96's weights: a rate of their own
 _O_LAYER, _C_ATTN, _C_TAIL = 2e-5, 3e-11, 9e-11
+_C_CELL = 5e-9         # per query head × KV cell: about half of a head_dim-64 cell's attention time, as measured
 _C_ROW = 1e-8          # per matrix row (one vec_dot call): ~6 % of a 1024-weight Q4_0 row here
 
 
@@ -88,10 +89,12 @@ def _planned_points(points=None):
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         w = calibration._single_device_work(spec, cfg, depth)
         cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE512_LABEL: _WIDE_COSTS[cp.type_name],
+                calibration.WIDE128_LABEL: _WIDE_COSTS[cp.type_name],
                 calibration.WIDE96_LABEL: _WIDE96_COST}.get(cp.label, _NARROW_COSTS.get(s.n_embd))
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
         t += w.n_rows * _C_ROW if cp.label in calibration.WIDE_LABELS else 0.0     # a narrow rate holds its rows
         t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
+        t += w.attn_head_cells * _C_CELL
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label})
     return pts
 
@@ -112,6 +115,7 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     fit = calibration.fit_cpu(pts, 30.0, threads=1)
     assert fit["overhead_layer_s"] == pytest.approx(_O_LAYER, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
+    assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.02)
     if f16_step == 64:
         assert fit["attn_tail_s_per_op"] == pytest.approx(_C_TAIL, rel=0.05)
     else:                                             # no tail ops: the column is empty, its cost 0
@@ -352,6 +356,42 @@ def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16
             assert calibration._rate_key(p, calibration.DEPTH_TYPE).startswith(calibration.DEPTH_TYPE + calibration.OWN_RATE)
     fit = calibration.fit_cpu(planned, 30.0, threads=1)
     assert fit["attn_tail_s_per_op"] == (pytest.approx(_C_TAIL, rel=0.02) if f16_step == 64 else 0.0)
+
+
+@pytest.mark.parametrize("f16_step", [64, 32])
+def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(monkeypatch, f16_step):
+    """calib-wide128 (8 query / 2 KV heads of 128) has calib-wide's matrices and, at every depth, the same
+    multiply-adds and KV bytes as calib-wide's DEPTH_TYPE rung on half the query head × cells, and is measured
+    right after it: the fit recovers a per-cell cost beside the per-multiply-add one on either build, and
+    without the per-cell column it cannot describe such points."""
+    from v100lab import work
+
+    monkeypatch.setattr(work, "F16_SIMD_STEP", f16_step)
+    cfg = RunConfig()
+    pts = calibration.calibration_points()
+    names = [cp.name for cp in pts]
+    for d in calibration.WIDE128_DEPTHS:
+        assert d in calibration.CALIB_DEPTHS
+        i = names.index(f"{calibration.WIDE128_LABEL}:{calibration.DEPTH_TYPE}@d{d}")
+        assert names[i - 1] == f"calib-wide:{calibration.DEPTH_TYPE}@d{d}"
+    planned = {(p["label"], p["depth"]): p for p in _planned_points()}
+    for d in calibration.WIDE128_DEPTHS:
+        d += calibration.CALIB_N_GEN // 2
+        a = calibration._single_device_work(planned[("calib-wide", d)]["spec"], cfg, d)
+        b = calibration._single_device_work(planned[(calibration.WIDE128_LABEL, d)]["spec"], cfg, d)
+        assert (b.n_weights, b.n_rows, b.attn_ops, b.kv_bytes) == (a.n_weights, a.n_rows, a.attn_ops, a.kv_bytes)
+        assert b.attn_head_cells == pytest.approx(a.attn_head_cells / 2) and b.attn_tail_ops == 0
+    fit = calibration.fit_cpu(list(planned.values()), 30.0, threads=2)
+    assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.02)
+    assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
+    assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 1e-3
+    # the same points without calib-wide128: per cell and per multiply-add are one column at head_dim 64 (on AVX2,
+    # where 96 has no tail, calib-wide96 still separates them; on AVX-512 its tail column takes that role)
+    rest = [p for k, p in planned.items() if k[0] != calibration.WIDE128_LABEL]
+    alone = calibration.fit_cpu(rest, 30.0, threads=2)
+    if f16_step == 64:
+        assert alone["attn_s_per_head_cell"] != pytest.approx(_C_CELL, rel=0.02) or \
+            alone["attn_tail_s_per_op"] != pytest.approx(_C_TAIL, rel=0.02)
 
 
 def test_the_prompt_fit_keeps_degrees_of_freedom():

@@ -14,14 +14,16 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   n_embd 1536, 206 MB a token) at depths 0, 1024 and 2048. The wide rungs give each weight type its cost, the thin pair
   the per-layer overhead, the Q4_0 rung's depths the cost of attention over a KV cache read from DRAM (as a real
   model's is: its weights evict the cache between tokens), calib-wide96's the extra cost of a head_dim past the
-  SIMD step; and ``calib-wide512`` (CALIB_WIDE's layer at n_embd 512, Q4_0, 118 layers) the cost of a matrix row;
+  SIMD step, ``calib-wide128`` (calib-wide's matrices, 8 query heads of 128) at depths 2048 and 4096 the cost per
+  query head × KV cell; and ``calib-wide512`` (CALIB_WIDE's layer at n_embd 512, Q4_0, 118 layers) the cost of a
+  matrix row;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable); the row's pair (calib-wide512 and the Q4_0 rung) :data:`ROW_PAIR_LOADS` times a pass,
   alternating (:func:`pass_order`);
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
-  + attention_ops × cost_attention + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error;
+  + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error;
   ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
@@ -142,6 +144,20 @@ DEPTH_TYPE = "Q4_0"
 CALIB_WIDE96 = dataclasses.replace(CALIB_WIDE, n_embd=1536)
 WIDE96_LABEL = "calib-wide96"
 WIDE96_DEPTHS = (0, 1024, 2048)
+# Attention's cost per query head × KV cell (issue 18, eleventh round): ggml-cpu's flash-attention kernel
+# (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) spends per cell and query head
+# a kq_vec_dot and a ggml_vec_mad_f16 of head_dim elements (the multiply-adds) and besides them a mask read, a
+# scale, one expf and the online softmax's bookkeeping, whatever head_dim is. A probe (benchmarks/probe_rungs.py
+# head-dim) on an AMD EPYC host put half or more of attention's time at head_dim 64 in that per-cell part: charged
+# per multiply-add only, gemma3-270m (head_dim 256) came out 11-29 % too slow at depth 4096. CALIB_WIDE's layer with
+# 8 query / 2 KV heads of 128: every matrix has calib-wide's shape (it shares calib-wide's DEPTH_TYPE rate, the same
+# 28 layers), and at every depth the same multiply-adds and KV bytes as calib-wide's DEPTH_TYPE rung, on half the
+# head × cells — measured right after that rung at WIDE128_DEPTHS, their difference is the per-cell cost. 128 has
+# no scalar tail on any build, so on AVX-512 the three attention costs (per cell, per multiply-add, per tail
+# multiply-add) come from three head_dims: 64, 96 and 128.
+CALIB_WIDE128 = dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2)
+WIDE128_LABEL = "calib-wide128"
+WIDE128_DEPTHS = (2048, 4096)
 # The cost of a matrix row (issue 18, eighth round): CALIB_WIDE's layer at half the width (rows of 512 weights,
 # ffn_down's of 1408), in DEPTH_TYPE, deep enough to stream (118 layers). A probe on an AMD EPYC host: per weight
 # 18 % (1 thread) and 55 % (2 threads) dearer than calib-wide's, where the per-type rates and the per-layer
@@ -217,7 +233,7 @@ def calibration_points() -> list[CalPoint]:
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
     and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
     the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
-    :data:`WIDE96_DEPTHS` (the head_dim tail); the thin pair (the per-layer overhead); the prompt of two narrow
+    :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell); the thin pair (the per-layer overhead); the prompt of two narrow
     deep models (spare points for the prompt fit)."""
     pts = []
     for t in CALIB_TYPES:
@@ -233,7 +249,10 @@ def calibration_points() -> list[CalPoint]:
             pts.append(CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False))
     pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
                                                                       ("calib-thin-shallow", CALIB_THIN_SHALLOW))]
-    pts += [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False) for d in CALIB_DEPTHS]
+    for d in CALIB_DEPTHS:       # each calib-wide128 depth right after the rung's: the per-cell cost is their contrast
+        pts.append(CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False))
+        if d in WIDE128_DEPTHS:
+            pts.append(CalPoint(WIDE128_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE, depth=d, prompt=False))
     pts += [CalPoint(WIDE96_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE, depth=d, prompt=False)
             for d in WIDE96_DEPTHS]
     # the prompt fit's spare points: two more shapes in NARROW_TYPE (prompt only — for decode each would only pin a
@@ -321,6 +340,9 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
     if progress:
         progress(f"{WIDE512_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE512).n_layer} layers)")
     out[(WIDE512_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE)
+    if progress:
+        progress(f"{WIDE128_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE128).n_layer} layers)")
+    out[(WIDE128_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE)
     for label, synth, types in (("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
@@ -337,7 +359,8 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
     return {wide_spec(t).stem for t in CALIB_TYPES} | {wide_spec(DEPTH_TYPE, CALIB_WIDE96).stem,
-                                                       wide_spec(DEPTH_TYPE, CALIB_WIDE512).stem, CALIB_DEEP.stem,
+                                                       wide_spec(DEPTH_TYPE, CALIB_WIDE512).stem,
+                                                       wide_spec(DEPTH_TYPE, CALIB_WIDE128).stem, CALIB_DEEP.stem,
                                                        CALIB_DEEP96.stem, CALIB_SHALLOW.stem, CALIB_THIN.stem,
                                                        CALIB_THIN_SHALLOW.stem}
 
@@ -505,7 +528,7 @@ OWN_RATE = "@"
 #: is what transfers: the per-layer overhead.
 NARROW_RATE = OWN_RATE + "narrow"
 #: the labels of the rungs that stream from DRAM (every other calibration model is narrow)
-WIDE_LABELS = ("calib-wide", WIDE96_LABEL, WIDE512_LABEL)
+WIDE_LABELS = ("calib-wide", WIDE96_LABEL, WIDE512_LABEL, WIDE128_LABEL)
 
 
 def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
@@ -518,7 +541,7 @@ def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
     per matrix width (calib-thin and calib-thin-shallow share theirs, which is what identifies the per-layer
     overhead)."""
     label = point.get("label") or WIDE_LABELS[0]
-    if label in (WIDE_LABELS[0], WIDE512_LABEL):
+    if label in (WIDE_LABELS[0], WIDE512_LABEL, WIDE128_LABEL):
         return type_name
     if label == WIDE96_LABEL:
         return f"{type_name}{OWN_RATE}{label}"
@@ -563,7 +586,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     # one per width, holds them (counted, their 49 k output rows of 64 capped the row's cost far below what
     # calib-wide512 costs, and its residual stayed at 11.5 %). Attention is measured on the wide rungs only
     # (their KV read from DRAM); the tail column (head_dim past the SIMD step) is calib-wide96's, on builds whose
-    # step leaves one.
+    # step leaves one; the per-cell column (query heads × KV cells) is pinned by calib-wide128 against calib-wide.
     rows, y, wts = [], [], []
     rows_per_weight: dict[str, float] = {}      # calib-wide's, per type (for the efficiency below)
     for p in points:
@@ -578,15 +601,16 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         # a narrow model's rate is one per matrix width: it already holds the cost of its rows (64 weights long)
         n_rows = w.n_rows if label in WIDE_LABELS else 0.0
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
-                    + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_split_layers if threads != 1 else 0.0])
+                    + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells,
+                       w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
     A = np.array(rows) * np.array(wts)[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-4]))
-    c_row, c_attn, c_tail, c_split = x[-4], x[-3], x[-2], x[-1]
+    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-5]))
+    c_row, c_attn, c_tail, c_cell, c_split = x[-5:]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached on calib-wide (its rows' cost included), relative to
@@ -602,6 +626,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_own_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and OWN_RATE in t},
         "tg_row_s": float(c_row),
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
+        "attn_s_per_head_cell": float(c_cell),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
         "tg_parameters": _n_parameters(rows),

@@ -68,6 +68,8 @@ class DeviceRates:
     source: str
     attn_tail_s_per_op: float = 0.0           # extra cost per multiply-add in a head's scalar tail (CPU)
     attn_split_layer_s: float = 0.0           # per layer per token on the CPU flash-attention split-KV path
+    attn_s_per_head_cell: float = 0.0         # per query head × KV cell (CPU: the softmax step of ggml-cpu's flash
+                                              # attention, whatever head_dim is), beside the cost per multiply-add
     tg_row_s: float = 0.0                     # decode cost per weight-matrix row per token (CPU: each row's dot
                                               # product's setup and horizontal sum, whatever the row's length)
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
@@ -105,6 +107,11 @@ class DeviceRates:
         type's cost + rows × the row's cost (0 where the device has no compute term: GPUs)."""
         c = self.tg_cost(type_name)
         return n_weights * c + n_rows * self.tg_row_s if c else 0.0
+
+    def attn_compute_s(self, ops: float, tail_ops: float = 0.0, head_cells: float = 0.0) -> float:
+        """Decode attention's compute time: ``ops`` multiply-adds (``tail_ops`` of them in a head's scalar tail)
+        over ``head_cells`` query heads × KV cells (one softmax step each)."""
+        return ops * self.attn_s_per_op + tail_ops * self.attn_tail_s_per_op + head_cells * self.attn_s_per_head_cell
 
     def pp_cost(self, type_name: str) -> float:
         if type_name in self.pp_s_per_weight:
@@ -465,7 +472,7 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     for key in ("tg_s_per_weight", "pp_s_per_weight"):
         mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
                       for t in set(a.get(key, {})) & set(b.get(key, {}))}
-    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "tg_row_s"):
+    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell", "tg_row_s"):
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
     for key in ("overhead_token_s", "overhead_layer_s", "attn_split_layer_s", "pp_overhead_s", "bandwidth_gbs",
@@ -488,6 +495,7 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         pp_overhead_s=float(p.get("pp_overhead_s", 0.0)), host_link_gbs=None, source=source,
         attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup,
         attn_split_layer_s=float(p.get("attn_split_layer_s", 0.0)),
+        attn_s_per_head_cell=float(p.get("attn_s_per_head_cell", 0.0)) / speedup,
         tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup)
 
 

@@ -155,7 +155,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
         t_w += w.other_bytes / bw
         mem_part += w.other_bytes / bw
         tm = w.kv_bytes / bw
-        tc = w.attn_ops * r.attn_s_per_op + w.attn_tail_ops * r.attn_tail_s_per_op
+        tc = r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells)
         t_kv += batch * (max(tm, tc) + w.state_bytes / bw)
         if tc > tm:
             cmp_part += batch * tc

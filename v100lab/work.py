@@ -51,6 +51,8 @@ class DeviceWork:
     placed_weight_bytes: float        # the device's share of the file's weight bytes (the seed's ceiling uses these)
     attn_tail_ops: float = 0.0        # the part of attn_ops in each head's scalar tail (head_dim mod F16_SIMD_STEP)
     attn_split_layers: int = 0        # layers whose decode attention takes the CPU split-KV path (fa_split_kv)
+    attn_head_cells: float = 0.0      # Σ query heads × cells: one softmax step each (mask, scale, expf, the online
+                                      # max and sum), whatever head_dim is
 
     @property
     def weight_bytes_read(self) -> float:
@@ -160,7 +162,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
                 w[2] += t.n_elements / t.shape[0] * frac      # rows: ne[0] is a row's length (ggml order)
             else:
                 other += t.n_bytes
-        kv = attn = tail = state = 0.0
+        kv = attn = tail = head_cells = state = 0.0
         split = 0
         dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
         for il in sorted(layers):
@@ -173,11 +175,13 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             kv += cells * kv_cell_bytes(spec, il, cfg.cache_type_k, cfg.cache_type_v)
             attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
             tail += cells * spec.n_head_at(il) * dtail
+            head_cells += cells * spec.n_head_at(il)
             split += fa_split_kv(spec, il, cfg, used)
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
             weights=MappingProxyType({k: TypeWork(*v) for k, v in sorted(weights.items())}),
             other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, attn_split_layers=split,
+            attn_head_cells=head_cells,
             state_bytes=state,
             placed_weight_bytes=stored)
     return out
