@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/probe_rungs.py kv-heads   # attention vs KV heads: 12 query heads, 12/4/3/1 KV heads
     .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
     .venv/bin/python benchmarks/probe_rungs.py head-dim   # attention vs head_dim: 8 / 2 heads of 64, 128 and 256
+    .venv/bin/python benchmarks/probe_rungs.py pp-width   # prompt cost per weight vs n_embd: 1024, 1536, 2048
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
-tg16). The models are interleaved in each round, and a model's two depths measured back to back, so that a phase
+tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths measured back to back, so that a phase
 of a shared VM falls on both sides of a contrast. Run on a quiet machine (nothing else measuring).
 """
 
@@ -97,12 +98,38 @@ def head_dim(rounds: int) -> None:
               ns_per_head_cell=round(1e9 * mean_s / (n_ops / (2 * hd)), 2))
 
 
+def pp_width(rounds: int) -> None:
+    """Prompt processing (pp512, depth 0) per weight of CALIB_WIDE's 8 layers at n_embd 1024 (calibration's prompt
+    rung, calib-wide-pp), 1536 (synth-750m's width) and 2048 (n_ff 2.75x, 16 query / 4 KV heads), pure Q4_K, Q6_K and
+    Q4_0: whether the prompt's cost per weight depends on the matrices' width — calibration measures the prompt at
+    n_embd 1024 only (and 256/384 in Q4_0), and the validation's synth-750m prompts came out 20-40 % slower than
+    predicted in K-quants (benchmarks/RESULTS.md, issue 18, tenth round). ggml-cpu's mul_mat streams the whole
+    quantized activation (512 tokens × a row, Q8_K for k-quants: ~0.6 MB at 1024, 0.9 at 1536, 1.1 at 2048)
+    once per block of weight rows, so where it outgrows a core's L2 the weights' cost should rise."""
+    paths, n_w = {}, {}
+    for ty in ("Q4_K", "Q6_K", "Q4_0"):
+        for e in (1024, 1536, 2048):
+            spec = dataclasses.replace(CALIB_WIDE, n_embd=e, n_ff=e * 11 // 4)
+            paths[(ty, e)] = (calibration.pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), ty) if spec == CALIB_WIDE
+                              else calibration.pure_quantized_synthetic(spec, ty))   # calib-wide-pp's own file
+            n_w[(ty, e)] = sum(t.n_elements for t in read_spec(paths[(ty, e)]).tensors
+                               if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1)
+            _emit(pp_model=f"{ty}:w{e}", layer_weights=n_w[(ty, e)])
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for (ty, e), path in paths.items():
+                m = measure(path, th, depth=0, n_gen=0, n_prompt=512, repetitions=3)
+                _emit(round=rnd, type=ty, n_embd=e, threads=th, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
+                      ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[(ty, e)], 4), cv=round(m["pp"].cv, 3))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim"))
+    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "pp-width"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim}[args.probe](args.rounds)
+    {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim,
+     "pp-width": pp_width}[args.probe](args.rounds)
     return 0
 
 
