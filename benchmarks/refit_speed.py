@@ -1,6 +1,6 @@
 """Refit a stored calibration with this commit's fit, and judge it on stored validation rows — no measuring.
 
-    .venv/bin/python benchmarks/refit_speed.py CAL.json [VALIDATION.json] [--median-of-passes]
+    .venv/bin/python benchmarks/refit_speed.py CAL.json [VALIDATION.json] [--median-of-passes] [--no-head-cells]
 
 ``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
 re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
@@ -9,6 +9,8 @@ median of the point's passes (``tg_pass_tps``/``pp_pass_tps``, the rule of :func
 its host rows are predicted from the refitted profile (with ``--median-of-passes`` a row measured in two passes
 is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
 benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
+``--no-head-cells``: fit without attention's cost per query head × KV cell (the model before the eleventh round),
+to judge that term on the same measurements.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def _median_tps(values) -> float:
     return 1.0 / statistics.median([1.0 / float(x) for x in values])
 
 
-def refit(cal: dict, median_of_passes: bool) -> dict:
+def refit(cal: dict, median_of_passes: bool, head_cells: bool = True) -> dict:
     """``cal`` with every thread count refitted (and, optionally, each point's figure the median of its passes)."""
     paths = calibration.calibration_model_paths()
     specs = {f"{label}:{t}": read_spec(p) for (label, t), p in paths.items()}
@@ -48,12 +50,12 @@ def refit(cal: dict, median_of_passes: bool) -> dict:
              "pp": (1.0 / p["pp_tps"]) if p.get("pp_tps") else None, "n_prompt": calibration.CALIB_N_PROMPT})
     for th, pts in sorted(by_threads.items()):
         old = out["threads"][str(th)]
-        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"], threads=th)
+        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"], threads=th, head_cells=head_cells)
         fit["bandwidth_cv"] = old.get("bandwidth_cv")
         out["threads"][str(th)] = fit
         res = fit["tg_fit_rel_err"]
         print(f"{th} thread(s): per-layer overhead {1e6 * fit['overhead_layer_s']:.1f} us, attention "
-              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op (head_dim tail {1e9 * fit.get('attn_tail_s_per_op', 0):.3f}), split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer; decode residual max {100 * max(map(abs, res)):.1f} %, "
+              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op + {1e9 * fit.get('attn_s_per_head_cell', 0):.2f} ns/head-cell (head_dim tail {1e9 * fit.get('attn_tail_s_per_op', 0):.3f}), split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer; decode residual max {100 * max(map(abs, res)):.1f} %, "
               f"prompt max {100 * max(map(abs, fit.get('pp_fit_rel_err') or [0])):.1f} %")
         print("   decode points beyond 5 %: " + (", ".join(f"{p['name']} {100 * r:+.0f} %" for p, r in zip([q for q in pts if q["tg"]], res)
                                                     if abs(r) > 0.05) or "none"))
@@ -91,11 +93,12 @@ def main(argv=None) -> int:
     ap.add_argument("calibration")
     ap.add_argument("validation", nargs="?")
     ap.add_argument("--median-of-passes", action="store_true")
+    ap.add_argument("--no-head-cells", action="store_true", help="leave the cost per query head × KV cell out")
     args = ap.parse_args(argv)
     with open(args.calibration) as f:
         cal = json.load(f)
     cal = cal.get("speed_calibration", cal)
-    new = refit(cal, args.median_of_passes)
+    new = refit(cal, args.median_of_passes, head_cells=not args.no_head_cells)
     if args.validation:
         with open(args.validation) as f:
             judge(new, json.load(f), args.median_of_passes)

@@ -385,6 +385,10 @@ def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(mo
     assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
     assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 1e-3
+    # the model without the column (refit_speed.py --no-head-cells) cannot describe these points
+    off = calibration.fit_cpu(list(planned.values()), 30.0, threads=2, head_cells=False)
+    assert off["attn_s_per_head_cell"] == 0.0 and off["tg_parameters"] == fit["tg_parameters"] - 1
+    assert max(abs(e) for e in off["tg_fit_rel_err"]) > 0.01
     # the same points without calib-wide128: per cell and per multiply-add are one column at head_dim 64 (on AVX2,
     # where 96 has no tail, calib-wide96 still separates them; on AVX-512 its tail column takes that role)
     rest = [p for k, p in planned.items() if k[0] != calibration.WIDE128_LABEL]

@@ -1,6 +1,6 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 20-26 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
+``v100lab calibrate`` (about 25-31 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
 dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real
 llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
@@ -327,7 +327,7 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
 
 def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
-    about 2.8 GB of models (about 3 minutes on 2 cores)."""
+    about 3 GB of models (about 3 minutes on 2 cores)."""
     out = {}
     for t in CALIB_TYPES:
         if progress:
@@ -561,13 +561,16 @@ def _n_parameters(rows) -> int:
     return sum(1 for col in zip(*rows) if any(col))
 
 
-def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: int | None = None) -> dict[str, Any]:
+def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: int | None = None,
+            head_cells: bool = True) -> dict[str, Any]:
     """Fit one thread count's decode and prompt costs from measured points.
 
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
     generated tokens; None for a prompt-only point), optionally ``pp`` (s/token for ``n_prompt`` tokens).
     ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has
-    no barrier and one partial per head, so its per-layer cost is not fitted there (0). Returns the JSON-able
+    no barrier and one partial per head, so its per-layer cost is not fitted there (0). ``head_cells=False`` leaves
+    attention's cost per query head × KV cell out (0; the tenth round's model, for benchmarks/refit_speed.py's
+    comparisons on the same measurements). Returns the JSON-able
     parameters stored in the host profile."""
     import numpy as np   # heavy: only the fits need it
 
@@ -601,7 +604,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         # a narrow model's rate is one per matrix width: it already holds the cost of its rows (64 weights long)
         n_rows = w.n_rows if label in WIDE_LABELS else 0.0
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
-                    + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells,
+                    + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells if head_cells else 0.0,
                        w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
