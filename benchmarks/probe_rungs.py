@@ -77,7 +77,8 @@ def head_dim(rounds: int) -> None:
     """8 query / 2 KV heads of 64, 128 and 256 (n_embd 512, 1024, 2048; n_ff 2.75x), each deep enough to stream
     (:func:`calibration.wide_spec`), Q4_0, depth 0 and 2048: whether attention costs per multiply-add (a cost per
     cell × head × layer that doubles with head_dim) or per cell × head × layer (softmax and loop bookkeeping,
-    the same whatever head_dim) — calibration measures head_dims 64 and 96 only, gemma3 has 256."""
+    the same whatever head_dim) — until the eleventh round calibration measured head_dims 64 and 96 only (now also
+    128: calib-wide128), gemma3 has 256."""
     paths, ops = {}, {}
     for hd in (64, 128, 256):
         e = 8 * hd
