@@ -7,8 +7,8 @@
     .venv/bin/python benchmarks/probe_rungs.py pp-width   # prompt cost per weight vs n_embd: 1024, 1536, 2048
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
-tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths measured back to back, so that a phase
-of a shared VM falls on both sides of a contrast. Run on a quiet machine (nothing else measuring).
+tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
+measured back to back, so that a phase of a shared VM falls on both sides of a contrast. Run on a quiet machine (nothing else measuring).
 """
 
 from __future__ import annotations

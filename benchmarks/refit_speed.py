@@ -55,7 +55,10 @@ def refit(cal: dict, median_of_passes: bool, head_cells: bool = True) -> dict:
         out["threads"][str(th)] = fit
         res = fit["tg_fit_rel_err"]
         print(f"{th} thread(s): per-layer overhead {1e6 * fit['overhead_layer_s']:.1f} us, attention "
-              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op + {1e9 * fit.get('attn_s_per_head_cell', 0):.2f} ns/head-cell (head_dim tail {1e9 * fit.get('attn_tail_s_per_op', 0):.3f}), split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer; decode residual max {100 * max(map(abs, res)):.1f} %, "
+              f"{1e9 * fit['attn_s_per_op']:.3f} ns/op + {1e9 * fit.get('attn_s_per_head_cell', 0):.2f} ns/head-cell "
+              f"(head_dim tail {1e9 * fit.get('attn_tail_s_per_op', 0):.3f}), "
+              f"split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer; "
+              f"decode residual max {100 * max(map(abs, res)):.1f} %, "
               f"prompt max {100 * max(map(abs, fit.get('pp_fit_rel_err') or [0])):.1f} %")
         print("   decode points beyond 5 %: " + (", ".join(f"{p['name']} {100 * r:+.0f} %" for p, r in zip([q for q in pts if q["tg"]], res)
                                                     if abs(r) > 0.05) or "none"))

@@ -23,8 +23,8 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   alternating (:func:`pass_order`);
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
-  + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t, i.e. relative error;
-  ``split_kv_layers``: layers whose
+  + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t,
+  i.e. relative error; ``head_cells``: query heads × KV cells; ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
   token. The thin pair's
@@ -233,8 +233,8 @@ def calibration_points() -> list[CalPoint]:
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
     and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
     the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
-    :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell); the thin pair (the per-layer overhead); the prompt of two narrow
-    deep models (spare points for the prompt fit)."""
+    :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell);
+    the thin pair (the per-layer overhead); the prompt of two narrow deep models (spare points for the prompt fit)."""
     pts = []
     for t in CALIB_TYPES:
         shared = wide_spec(t) == CALIB_WIDE          # decode and prompt on one model
