@@ -389,13 +389,11 @@ def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(mo
     off = calibration.fit_cpu(list(planned.values()), 30.0, threads=2, head_cells=False)
     assert off["attn_s_per_head_cell"] == 0.0 and off["tg_parameters"] == fit["tg_parameters"] - 1
     assert max(abs(e) for e in off["tg_fit_rel_err"]) > 0.01
-    # the same points without calib-wide128: per cell and per multiply-add are one column at head_dim 64 (on AVX2,
-    # where 96 has no tail, calib-wide96 still separates them; on AVX-512 its tail column takes that role)
+    # the same points without calib-wide128 (it crashed): the per-cell column would be a combination of the others
+    # on AVX-512 (head_dims 64 and 96, the tail), so the fit leaves it out rather than split attention at random
     rest = [p for k, p in planned.items() if k[0] != calibration.WIDE128_LABEL]
     alone = calibration.fit_cpu(rest, 30.0, threads=2)
-    if f16_step == 64:
-        assert alone["attn_s_per_head_cell"] != pytest.approx(_C_CELL, rel=0.02) or \
-            alone["attn_tail_s_per_op"] != pytest.approx(_C_TAIL, rel=0.02)
+    assert alone["attn_s_per_head_cell"] == 0.0 and alone["tg_parameters"] == off["tg_parameters"]
 
 
 def test_the_prompt_fit_keeps_degrees_of_freedom():

@@ -576,6 +576,12 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
 
     cfg = RunConfig(flash_attn="auto")
     measured, points = points, [p for p in points if p.get("tg")]
+    if head_cells and not any(p.get("label") == WIDE128_LABEL for p in points):
+        # without calib-wide128 (it crashed, or an older calibration's points) the per-cell column is a combination
+        # of the per-op and tail columns at head_dims 64 and 96: the fit would split attention between them at
+        # random, and predictions for other head_dims with it. The tenth round's model instead.
+        log.warning("no %s point measured: attention fitted per multiply-add only", WIDE128_LABEL)
+        head_cells = False
     types = sorted({_rate_key(p, t) for p in points for t in _single_device_work(p["spec"], cfg, p["depth"]).weights})
     # decode: t = o_layer (L + 1) + Σ n_T c_T + rows c_row + attn c_attn + (other bytes) / bandwidth. A separate
     # per-token constant is not identifiable from two model shapes; graph and sync costs grow with the
