@@ -8,7 +8,8 @@
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
-measured back to back, so that a phase of a shared VM falls on both sides of a contrast. Run on a quiet machine (nothing else measuring).
+measured back to back, so that a phase of a shared VM falls on both sides of a contrast. Run on a quiet machine
+(nothing else measuring).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from v100lab import calibration, zoo
 from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
 from v100lab.config import RunConfig
 from v100lab.header import read_spec
+from v100lab.work import layer_matrices
 
 
 def _emit(**row) -> None:
@@ -86,17 +88,17 @@ def head_dim(rounds: int) -> None:
         spec = wide_spec("Q4_0", base)
         paths[f"hd{hd}-{spec.n_layer}L"] = calibration.pure_quantized_synthetic(spec, "Q4_0")
         w = calibration._single_device_work(read_spec(paths[f"hd{hd}-{spec.n_layer}L"]), RunConfig(n_ctx=4096), 2048)
-        ops[f"hd{hd}-{spec.n_layer}L"] = (w.attn_ops, hd)
+        ops[f"hd{hd}-{spec.n_layer}L"] = (w.attn_ops, w.attn_head_cells, hd)
         _emit(head_dim_model=f"hd{hd}-{spec.n_layer}L", layers=spec.n_layer, attn_ops_d2048=w.attn_ops,
-              head_cells_d2048=w.attn_ops / (2 * hd), kv_bytes_d2048=w.kv_bytes)
+              head_cells_d2048=w.attn_head_cells, kv_bytes_d2048=w.kv_bytes)
     extra = _depth_pairs(paths, 2048, rounds)
     # attention's time from depth 0 to 2048 (the rounds' mean) per multiply-add and per head × cell × layer
     # (ops counted at depth 2048; tg16 decodes at 2048-2063)
     for (name, th), d_ms in extra.items():
-        n_ops, hd = ops[name]
+        n_ops, n_cells, hd = ops[name]
         mean_s = sum(d_ms) / len(d_ms) / 1e3
         _emit(summary=name, threads=th, head_dim=hd, rounds=len(d_ms), ns_per_op=round(1e9 * mean_s / n_ops, 4),
-              ns_per_head_cell=round(1e9 * mean_s / (n_ops / (2 * hd)), 2))
+              ns_per_head_cell=round(1e9 * mean_s / n_cells, 2))
 
 
 def pp_width(rounds: int) -> None:
@@ -113,8 +115,7 @@ def pp_width(rounds: int) -> None:
             spec = dataclasses.replace(CALIB_WIDE, n_embd=e, n_ff=e * 11 // 4)
             paths[(ty, e)] = (calibration.pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), ty) if spec == CALIB_WIDE
                               else calibration.pure_quantized_synthetic(spec, ty))   # calib-wide-pp's own file
-            n_w[(ty, e)] = sum(t.n_elements for t in read_spec(paths[(ty, e)]).tensors
-                               if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1)
+            n_w[(ty, e)] = sum(t.n_elements for t in layer_matrices(read_spec(paths[(ty, e)]), range(spec.n_layer)))
             _emit(pp_model=f"{ty}:w{e}", layer_weights=n_w[(ty, e)])
     for rnd in range(rounds):
         for th in (1, 2):
