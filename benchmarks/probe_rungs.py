@@ -5,6 +5,9 @@
     .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
     .venv/bin/python benchmarks/probe_rungs.py head-dim   # attention vs head_dim: 8 / 2 heads of 64, 128 and 256
     .venv/bin/python benchmarks/probe_rungs.py pp-width   # prompt cost per weight vs n_embd: 1024, 1536, 2048
+    .venv/bin/python benchmarks/probe_rungs.py pp-attn    # prompt attention vs depth and head_dim on one set of matrices
+    .venv/bin/python benchmarks/probe_rungs.py pp-rows    # prompt cost per weight at rows of 512 and 1024
+    .venv/bin/python benchmarks/probe_rungs.py pp-twin    # the default model's prompt against its pure synthetic twin
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -125,13 +128,85 @@ def pp_width(rounds: int) -> None:
                       ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[(ty, e)], 4), cv=round(m["pp"].cv, 3))
 
 
+PP_ATTN_SHAPES = {64: CALIB_WIDE, 128: dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2),
+                  256: dataclasses.replace(CALIB_WIDE, n_head=4, n_head_kv=1)}
+
+
+def pp_attn(rounds: int) -> None:
+    """Prompt processing (pp512) of CALIB_WIDE's 8 layers in Q4_0 at depths 0, 1024 and 2048 with 16 query heads of
+    64, 8 of 128 and 4 of 256 — one set of matrices (the query, key and value projections keep their sizes), so a
+    contrast between two of them is attention alone: at one depth, the same multiply-adds on 1/2 or 1/4 of the
+    query head × KV cells; at one head_dim, the causal triangle's cells grow with the depth. ggml-cpu's prompt
+    attention is the tiled flash attention (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled:
+    64 queries × 64 KV cells a tile, each tile's K and V converted to F32 once per query tile, softmax per query
+    and cell), not decode's one query at a time; calibration's prompt fit pinned its attention on narrow models
+    only (benchmarks/RESULTS.md, issue 18, twelfth round)."""
+    paths = {}
+    for hd, spec in PP_ATTN_SHAPES.items():
+        paths[hd] = (calibration.pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), "Q4_0") if spec == CALIB_WIDE
+                     else calibration.pure_quantized_synthetic(spec, "Q4_0"))
+        _emit(pp_model=f"hd{hd}", n_head=spec.n_head, n_head_kv=spec.n_head_kv)
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for hd, path in paths.items():
+                for d in (0, 1024, 2048):
+                    m = measure(path, th, depth=d, n_gen=0, n_prompt=512, repetitions=3)
+                    _emit(round=rnd, head_dim=hd, threads=th, depth=d, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
+                          ms_per_token=round(1e3 * m["pp"].s_per_token, 4), cv=round(m["pp"].cv, 3))
+
+
+def pp_rows(rounds: int) -> None:
+    """Prompt processing (pp512, depth 0) per weight of CALIB_WIDE's 8 layers at n_embd 1024 (calib-wide-pp) and of
+    CALIB_WIDE512's (n_embd 512, n_ff 1408, 8 heads of 64), pure Q4_0 (repacked on x86), Q4_1 and Q5_0 (not): after
+    prompt attention was pinned on the wide matrices, the narrow validation models (n_embd 576 and 640) came out
+    16-34 % too fast at 2 threads and within 2-16 % at 1 — whether a prompt's matmuls cost per row (per token) as
+    well as per weight, and more so at 2 threads."""
+    paths, n_w = {}, {}
+    for ty in ("Q4_0", "Q4_1", "Q5_0"):
+        for e, spec in ((1024, CALIB_WIDE), (512, dataclasses.replace(CALIB_WIDE512, n_layer=CALIB_WIDE.n_layer))):
+            paths[(ty, e)] = (calibration.pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), ty) if spec == CALIB_WIDE
+                              else calibration.pure_quantized_synthetic(spec, ty))
+            mats = list(layer_matrices(read_spec(paths[(ty, e)]), range(spec.n_layer)))
+            n_w[(ty, e)] = sum(t.n_elements for t in mats)
+            _emit(pp_model=f"{ty}:w{e}", layer_weights=n_w[(ty, e)], rows=sum(t.shape[1] for t in mats))
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for (ty, e), path in paths.items():
+                m = measure(path, th, depth=0, n_gen=0, n_prompt=512, repetitions=3)
+                _emit(round=rnd, type=ty, n_embd=e, threads=th, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
+                      ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[(ty, e)], 4), cv=round(m["pp"].cv, 3))
+
+
+def pp_twin(rounds: int) -> None:
+    """Prompt processing (pp512, depth 0) of the default model (SmolLM2-135M: 30 layers of n_embd 576, Q4_1) against
+    a pure Q4_1 synthetic model of its shape (the same tokenizer's vocabulary) and against CALIB_WIDE's 8 layers
+    in Q4_1 and a 30-layer version of them: whether what the prompt fit misses on the default model at 2 threads
+    (benchmarks/RESULTS.md, issue 18, twelfth round) belongs to its shape, its layer count, or the real file."""
+    twin = zoo.SynthSpec(n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, n_ctx_train=4096, seed=5)
+    deep = dataclasses.replace(CALIB_WIDE, n_layer=30)
+    paths = {"default": zoo.resolve("default"), "twin": calibration.pure_quantized_synthetic(twin, "Q4_1"),
+             "wide8": calibration.pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), "Q4_1"),
+             "wide30": calibration.pure_quantized_synthetic(deep, "Q4_1")}
+    n_w = {}
+    for name, path in paths.items():
+        spec = read_spec(path)
+        n_w[name] = sum(t.n_elements for t in layer_matrices(spec, range(spec.n_layer)))
+        _emit(pp_model=name, layer_weights=n_w[name], n_layer=spec.n_layer)
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for name, path in paths.items():
+                m = measure(path, th, depth=0, n_gen=0, n_prompt=512, repetitions=3)
+                _emit(round=rnd, model=name, threads=th, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
+                      ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[name], 4), cv=round(m["pp"].cv, 3))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "pp-width"))
+    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "pp-width", "pp-attn", "pp-rows", "pp-twin"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim,
-     "pp-width": pp_width}[args.probe](args.rounds)
+     "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin}[args.probe](args.rounds)
     return 0
 
 

@@ -47,7 +47,8 @@ def refit(cal: dict, median_of_passes: bool, head_cells: bool = True) -> dict:
         by_threads.setdefault(int(p["threads"]), []).append(
             {"spec": specs[base], "label": base.split(":")[0], "name": p["config"],
              "depth": (int(d) if d else 0) + calibration.CALIB_N_GEN // 2, "tg": (1.0 / p["tg_tps"]) if p.get("tg_tps") else None,
-             "pp": (1.0 / p["pp_tps"]) if p.get("pp_tps") else None, "n_prompt": calibration.CALIB_N_PROMPT})
+             "pp": (1.0 / p["pp_tps"]) if p.get("pp_tps") else None, "n_prompt": calibration.CALIB_N_PROMPT,
+             "pp_depth": int(d) if d else 0})
     for th, pts in sorted(by_threads.items()):
         old = out["threads"][str(th)]
         fit = calibration.fit_cpu(pts, old["bandwidth_gbs"], threads=th, head_cells=head_cells)

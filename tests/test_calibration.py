@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from v100lab import calibration, rates, speed, zoo
+from v100lab import calibration, devices, llama_context, rates, speed, zoo
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.llama_context import type_sizef
@@ -236,7 +236,8 @@ def test_every_wide_rung_streams_from_dram():
     assert layers["F16"] == calibration.CALIB_WIDE.n_layer
     assert layers["Q2_K"] > layers["Q4_0"] > layers["Q8_0"] > layers["F16"]
     # the prompt of every type on CALIB_WIDE's 8 layers (a prompt reuses each matrix: the cache does not set its pace)
-    prompt = [cp for cp in calibration.calibration_points() if cp.prompt and cp.label.startswith("calib-wide")]
+    prompt = [cp for cp in calibration.calibration_points() if cp.prompt and cp.depth == 0
+              and cp.label in ("calib-wide", calibration.PROMPT_LABEL)]
     assert sorted(cp.type_name for cp in prompt) == sorted(calibration.CALIB_TYPES)
     assert {cp.synth for cp in prompt} == {calibration.CALIB_WIDE}
     assert len({cp.name for cp in calibration.calibration_points()}) == len(calibration.calibration_points())
@@ -342,7 +343,7 @@ def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16
     assert sorted(cp.depth for cp in w96) == sorted(calibration.WIDE96_DEPTHS) and 0 in calibration.WIDE96_DEPTHS
     assert {(cp.synth.head_dim, cp.type_name, cp.prompt, cp.decode) for cp in w96} == {(96, calibration.DEPTH_TYPE, False, True)}
     assert calibration.WIDE96_LABEL in calibration.WIDE_LABELS
-    assert not [cp for cp in pts if cp.depth and cp.label not in calibration.WIDE_LABELS]   # no narrow depth point
+    assert not [cp for cp in pts if cp.depth and cp.label in calibration.NARROW_LABELS]   # no narrow depth point
     planned = _planned_points()
     for p in planned:
         w = calibration._single_device_work(p["spec"], cfg, p["depth"])
@@ -397,12 +398,66 @@ def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(mo
 
 
 def test_the_prompt_fit_keeps_degrees_of_freedom():
-    """The prompt fit's parameters are one rate per weight type, attention and a per-batch overhead; calibration
-    measures more prompts than that, so its prompt residuals are not 0 by construction either."""
+    """The prompt fit's parameters are one rate per weight type and attention's two costs; calibration measures more
+    prompts than that, so its prompt residuals are not 0 by construction either."""
     prompts = [cp for cp in calibration.calibration_points() if cp.prompt]
     n_par = len({cp.type_name for cp in prompts}) + 2
     assert len(prompts) >= n_par + 2, (len(prompts), n_par)
-    assert {cp.label for cp in prompts if not cp.decode} >= {"calib-deep", "calib-deep96"}
+    # every prompt on calib-wide's matrices: the narrow models' own matmul speed once became attention
+    assert not {cp.label for cp in prompts} & set(calibration.NARROW_LABELS)
+    assert {(cp.synth.n_embd, cp.synth.n_ff, cp.synth.n_layer) for cp in prompts} == {(1024, 2816, 8)}
+
+
+_PP_COSTS = {t: (0.5 + 0.1 * i) * 1e-11 for i, t in enumerate(calibration.CALIB_TYPES)}
+_PP_OP, _PP_CELL = 2e-11, 3e-9       # prompt attention per multiply-add and per head × cell, as probed
+
+
+def _planned_prompts(points=None):
+    """Prompt times (s/token of a pp512) of calibration's prompt points, generated from known costs."""
+    pts = []
+    for cp in points or calibration.calibration_points():
+        if not cp.prompt:
+            continue
+        s = cp.synth
+        f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
+                             "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
+                             "n_vocab": 49152}, "F16")
+        spec = dataclasses.replace(f16, tensors=tuple(
+            dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
+        n = calibration.CALIB_N_PROMPT
+        weights = sum(t.n_elements for t in spec.tensors if t.layer is not None and len(t.shape) >= 2)
+        cells = s.n_layer * s.n_head * llama_context.fa_prompt_cells(cp.depth, n) / n
+        t = weights * _PP_COSTS[cp.type_name] + cells * _PP_CELL + cells * 2 * spec.head_dim_k * _PP_OP
+        pts.append({"spec": spec, "depth": cp.depth + calibration.CALIB_N_GEN // 2, "pp_depth": cp.depth,
+                    "tg": None, "pp": t, "n_prompt": n, "label": cp.label})
+    return pts
+
+
+def test_prompt_attention_is_pinned_on_the_wide_matrices_and_split_per_head_cell():
+    """The prompt fit recovers attention's cost per multiply-add and per head × cell from calib-wide-pp's depth
+    contrast and the head_dim contrast (heads of 64, 128, 256 on one set of matrices), and every type's rate; a
+    narrow model's prompt, however slow its own matmuls, changes none of them."""
+    pts = _planned_prompts()
+    labels = {p["label"] for p in pts}
+    assert {calibration.PROMPT_LABEL, calibration.WIDE128_PP_LABEL, calibration.WIDE256_PP_LABEL} <= labels
+    assert {p["pp_depth"] for p in pts} == {0, calibration.PP_DEPTH}
+    deep = _planned_prompts([calibration.CalPoint("calib-deep", calibration.CALIB_DEEP, "Q4_0", decode=False)])[0]
+    deep["pp"] *= 3                                        # cache-resident, small matrices: slow per weight
+    decode = _planned_points()
+    for with_deep in (False, True):
+        fit = calibration.fit_cpu(decode + pts + ([deep] if with_deep else []), 30.0, threads=2)
+        assert fit["pp_attn_s_per_op"] == pytest.approx(_PP_OP, rel=1e-3)
+        assert fit["pp_attn_s_per_head_cell"] == pytest.approx(_PP_CELL, rel=1e-3)
+        assert fit["pp_s_per_weight"] == pytest.approx(_PP_COSTS, rel=1e-3)
+        assert len(fit["pp_fit_rel_err"]) == len(pts) and fit["pp_parameters"] == len(_PP_COSTS) + 2
+    # without the depth contrast (a calibration stored before it) attention is not fitted, not guessed
+    flat = calibration.fit_cpu(decode + [p for p in pts if p["pp_depth"] == 0 and p["label"] in
+                                         (calibration.PROMPT_LABEL, "calib-wide")], 30.0, threads=2)
+    assert flat["pp_attn_s_per_op"] == flat["pp_attn_s_per_head_cell"] == 0.0
+    # and a prediction charges the tiles' cells: the per-cell cost appears in the host's rates
+    r = rates._rates_from(devices.get_device("host"), fit, 1.0, "test")
+    assert r.pp_attn_s_per_head_cell == pytest.approx(_PP_CELL, rel=1e-3)
+    assert r.pp_attn_compute_s(1e6, 1e4) == pytest.approx(1e6 * _PP_OP + 1e4 * _PP_CELL, rel=1e-3)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -90,6 +90,31 @@ def test_causal_cells_closed_form():
         assert llama_context.causal_cells(depth, n, w) == pytest.approx(brute)
 
 
+def _tiled_cells_brute(depth: int, n: int, window: int | None) -> int:
+    """ggml_compute_forward_flash_attn_ext_tiled's loop, cell by cell: a 64-cell KV tile is computed for a 64-query
+    tile unless the mask hides every one of its cells from every query of the tile (``can_skip``)."""
+    n_kv = depth + n
+    total = 0
+    for q0 in range(0, n, 64):
+        q_rows = range(q0, min(q0 + 64, n))
+        for ic in range(0, n_kv, 64):
+            # query i sees cells depth+i-window+1 .. depth+i: does any of them fall in this tile?
+            visible = any(max(ic, depth + i - (window or n_kv) + 1) <= min(ic + 63, depth + i) for i in q_rows)
+            total += len(q_rows) * 64 if visible else 0
+    return total
+
+
+@pytest.mark.parametrize("depth,n,window", [(0, 512, None), (2048, 512, None), (100, 200, None), (0, 512, 128),
+                                             (1000, 300, 512), (4096, 512, 512)])
+def test_prompt_attention_counts_the_cells_of_the_tiles_ggml_cpu_computes(depth, n, window):
+    assert llama_context.fa_prompt_cells(depth, n, window) == _tiled_cells_brute(depth, n, window)
+    # the tiles' overshoot: about half a tile per query on the diagonal (and at the window's start)
+    extra = llama_context.fa_prompt_cells(depth, n, window) - llama_context.causal_cells(depth, n, window)
+    assert 0 < extra <= n * 64 * (2 if window else 1)
+    # below one query tile, the one-query-at-a-time kernel: the causal cells
+    assert llama_context.fa_prompt_cells(depth, 63, window) == llama_context.causal_cells(depth, 63, window)
+
+
 # ---- bytes and work per token ------------------------------------------------------------------
 
 def test_decode_work_counts_what_llama_cpp_reads(default_model):

@@ -26,8 +26,10 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
   + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t,
   i.e. relative error; ``head_cells``: query heads × KV cells; ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
-  a barrier and a reduction per layer, fitted at 2 threads and more), and the same for prompt processing per
-  token. The thin pair's
+  a barrier and a reduction per layer, fitted at 2 threads and more); for prompt processing per token
+  ``Σ_type weights_type × cost_type + attention_ops × cost_op + head_cells × cost_cell`` on calib-wide's matrices
+  only, its attention pinned by calib-wide-pp at depth :data:`PP_DEPTH` and by its 128- and 256-wide heads
+  (``calib-wide128-pp``, ``calib-wide256-pp``), the cells those of ggml-cpu's 64 × 64 tiles. The thin pair's
   weights have a rate of their own (:data:`NARROW_RATE`: cache-resident matrices run up to 2x faster per
   element), so it pins the per-layer overhead without bending calib-wide's per-type costs.
 
@@ -62,7 +64,7 @@ from v100lab.config import RunConfig
 from v100lab.devices import Device
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.header import read_spec
-from v100lab.llama_context import CTX_PAD, causal_cells, pad, type_sizef
+from v100lab.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
 from v100lab.rates import PROFILE_KEY, calibration_quality, current_build_facts
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
 from v100lab.work import single_device_work
@@ -158,6 +160,23 @@ WIDE96_DEPTHS = (0, 1024, 2048)
 CALIB_WIDE128 = dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2)
 WIDE128_LABEL = "calib-wide128"
 WIDE128_DEPTHS = (2048, 4096)
+# Prompt attention (issue 18, twelfth round). A prompt's attention is ggml-cpu's tiled flash attention
+# (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled; v100lab.llama_context.fa_prompt_cells), not
+# decode's one query at a time: per query head × KV cell a mask read, a scale and a softmax step, per multiply-add
+# the two F32 GEMMs and the tile's K and V conversion. Fitted before on depth-0 prompts whose attention costs
+# differed only through the narrow models (calib-deep, calib-deep96, the thin pair), their matmuls' own
+# inefficiency at n_embd 64-384 became attention: at 2 threads 0.10 ns per multiply-add, 73 % of calib-wide-pp's
+# Q6_K prompt, and every wide model's weights too cheap (synth-750m's prompts 15-35 % too fast). A probe
+# (benchmarks/probe_rungs.py pp-attn) on one set of matrices — CALIB_WIDE's 8 layers in Q4_0 with 16 heads of 64, 8
+# of 128 and 4 of 256 — put attention at 0.95 ms a token at 2 threads from depth 0 to 2048 where that fit said 3.3.
+# So the prompt's attention is now pinned on those wide matrices: calib-wide-pp's DEPTH_TYPE prompt at PP_DEPTH
+# (the depth contrast) and calib-wide128-pp and calib-wide256-pp (CALIB_WIDE with 8 query / 2 KV and 4 / 1 heads:
+# every matrix calib-wide's, so they share its rate) at 0 and PP_DEPTH, right after it (the head_dim contrast: the
+# same multiply-adds on 1/2 and 1/4 of the head × cells); the narrow models' prompts are no longer measured.
+PP_DEPTH = 2048
+CALIB_WIDE256 = dataclasses.replace(CALIB_WIDE, n_head=4, n_head_kv=1)
+WIDE128_PP_LABEL = "calib-wide128-pp"
+WIDE256_PP_LABEL = "calib-wide256-pp"
 # The cost of a matrix row (issue 18, eighth round): CALIB_WIDE's layer at half the width (rows of 512 weights,
 # ffn_down's of 1408), in DEPTH_TYPE, deep enough to stream (118 layers). A probe on an AMD EPYC host: per weight
 # 18 % (1 thread) and 55 % (2 threads) dearer than calib-wide's, where the per-type rates and the per-layer
@@ -234,7 +253,8 @@ def calibration_points() -> list[CalPoint]:
     and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
     the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
     :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell);
-    the thin pair (the per-layer overhead); the prompt of two narrow deep models (spare points for the prompt fit)."""
+    the thin pair's decode (the per-layer overhead); prompt attention on calib-wide-pp's matrices at depths 0 and
+    :data:`PP_DEPTH` with heads of 64, 128 and 256."""
     pts = []
     for t in CALIB_TYPES:
         shared = wide_spec(t) == CALIB_WIDE          # decode and prompt on one model
@@ -247,18 +267,23 @@ def calibration_points() -> list[CalPoint]:
             pts.append(CalPoint(WIDE512_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE, prompt=False))
         if not shared:
             pts.append(CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False))
-    pts += [CalPoint(label, synth, NARROW_TYPE) for label, synth in (("calib-thin", CALIB_THIN),
-                                                                      ("calib-thin-shallow", CALIB_THIN_SHALLOW))]
+        if t == DEPTH_TYPE:
+            # prompt attention: the depth contrast on calib-wide-pp, then the head_dim contrast at each depth, back to
+            # back (one phase of a shared VM on both sides)
+            pts += [CalPoint(PROMPT_LABEL, CALIB_WIDE, t, depth=PP_DEPTH, decode=False),
+                    CalPoint(WIDE128_PP_LABEL, CALIB_WIDE128, t, depth=PP_DEPTH, decode=False),
+                    CalPoint(WIDE256_PP_LABEL, CALIB_WIDE256, t, depth=PP_DEPTH, decode=False),
+                    CalPoint(WIDE128_PP_LABEL, CALIB_WIDE128, t, decode=False),
+                    CalPoint(WIDE256_PP_LABEL, CALIB_WIDE256, t, decode=False)]
+    pts += [CalPoint(label, synth, NARROW_TYPE, prompt=False) for label, synth in (("calib-thin", CALIB_THIN),
+                                                                                    ("calib-thin-shallow",
+                                                                                     CALIB_THIN_SHALLOW))]
     for d in CALIB_DEPTHS:       # each calib-wide128 depth right after the rung's: the per-cell cost is their contrast
         pts.append(CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False))
         if d in WIDE128_DEPTHS:
             pts.append(CalPoint(WIDE128_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE, depth=d, prompt=False))
     pts += [CalPoint(WIDE96_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE, depth=d, prompt=False)
             for d in WIDE96_DEPTHS]
-    # the prompt fit's spare points: two more shapes in NARROW_TYPE (prompt only — for decode each would only pin a
-    # width rate of its own). Without them the prompt fit had one point per parameter (issue 18, seventh round).
-    pts += [CalPoint(label, synth, NARROW_TYPE, decode=False) for label, synth in (("calib-deep", CALIB_DEEP),
-                                                                                    ("calib-deep96", CALIB_DEEP96))]
     return pts
 
 
@@ -343,6 +368,10 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
     if progress:
         progress(f"{WIDE128_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE128).n_layer} layers)")
     out[(WIDE128_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE)
+    for label, synth in ((WIDE128_PP_LABEL, CALIB_WIDE128), (WIDE256_PP_LABEL, CALIB_WIDE256)):
+        if progress:
+            progress(f"{label}:{DEPTH_TYPE} ({synth.n_layer} layers)")
+        out[(label, DEPTH_TYPE)] = pure_quantized_synthetic(synth, DEPTH_TYPE)
     for label, synth, types in (("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
@@ -360,7 +389,8 @@ def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
     return {wide_spec(t).stem for t in CALIB_TYPES} | {wide_spec(DEPTH_TYPE, CALIB_WIDE96).stem,
                                                        wide_spec(DEPTH_TYPE, CALIB_WIDE512).stem,
-                                                       wide_spec(DEPTH_TYPE, CALIB_WIDE128).stem, CALIB_DEEP.stem,
+                                                       wide_spec(DEPTH_TYPE, CALIB_WIDE128).stem, CALIB_WIDE128.stem,
+                                                       CALIB_WIDE256.stem, CALIB_DEEP.stem,
                                                        CALIB_DEEP96.stem, CALIB_SHALLOW.stem, CALIB_THIN.stem,
                                                        CALIB_THIN_SHALLOW.stem}
 
@@ -529,6 +559,13 @@ OWN_RATE = "@"
 NARROW_RATE = OWN_RATE + "narrow"
 #: the labels of the rungs that stream from DRAM (every other calibration model is narrow)
 WIDE_LABELS = ("calib-wide", WIDE96_LABEL, WIDE512_LABEL, WIDE128_LABEL)
+#: the narrow models (cache-resident matrices of n_embd 64-384): their prompts are left out of the prompt fit
+NARROW_LABELS = ("calib-thin", "calib-thin-shallow", "calib-deep", "calib-deep96", "calib-shallow")
+
+
+def _pp_depth(point: Mapping[str, Any]) -> int:
+    """The depth a point's prompt started at (``pp_depth``; a point stored without it: ``depth``, its decode's)."""
+    return int(point.get("pp_depth", point["depth"]))
 
 
 def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
@@ -640,11 +677,19 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
         "tg_parameters": _n_parameters(rows),
     }
-    # prompt: t_pp(per token) = Σ n_T p_T + attention_pp(per token) c_attn + o_pp / n_prompt
-    pp_pts = [p for p in measured if p.get("pp")]
+    # prompt: t_pp(per token) = Σ n_T p_T + attention's multiply-adds c_op + its head × cells c_cell, on the wide
+    # matrices only: the narrow models' matmuls run at a speed of their own, and fitted with them, their
+    # inefficiency became attention (issue 18, twelfth round). Every point is a pp512, so a per-ubatch overhead
+    # is not identifiable (pp_overhead_s stays 0); the depth contrast pins attention, the head_dim contrast splits it.
+    pp_pts = [p for p in measured if p.get("pp") and (p.get("label") or WIDE_LABELS[0]) not in NARROW_LABELS]
     if pp_pts:
         ptypes = sorted({t.type_name for p in pp_pts for t in p["spec"].tensors
                          if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1})
+        depths = {_pp_depth(p) for p in pp_pts}
+        pp_cells = any(p.get("label") in (WIDE128_PP_LABEL, WIDE256_PP_LABEL) for p in pp_pts)
+        if len(depths) < 2:
+            # a calibration stored before the twelfth round: nothing pins attention apart from the weights
+            log.warning("no prompt point at a second depth: prompt attention not fitted (0)")
         rows, y, wts = [], [], []
         for p in pp_pts:
             spec, n = p["spec"], p["n_prompt"]
@@ -652,21 +697,21 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
             for t in spec.tensors:
                 if t.layer is not None and len(t.shape) >= 2 and t.shape[1] > 1:
                     per_type[t.type_name] += t.n_elements
-            # prompt attention is fitted on its own: llama.cpp's CPU flash attention over a batch of
-            # queries costs far less per multiply-add than one query at a time
-            ops = sum(causal_cells(p["depth"], n) * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-                      for il in range(spec.n_layer) if spec.has_kv(il)) / n
-            rows.append([1.0 / n, ops] + [per_type[t] for t in ptypes])
+            cells = sum(fa_prompt_cells(_pp_depth(p), n) * spec.n_head_at(il)
+                        for il in range(spec.n_layer) if spec.has_kv(il)) / n
+            ops = cells * (spec.head_dim_k + spec.head_dim_v)
+            rows.append([ops if len(depths) > 1 else 0.0, cells if pp_cells and len(depths) > 1 else 0.0]
+                        + [per_type[t] for t in ptypes])
             y.append(p["pp"])
             wts.append(1.0 / p["pp"])
         A = np.array(rows) * np.array(wts)[:, None]
         scale = np.abs(A).max(axis=0)
         scale[scale == 0] = 1.0
         xp = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-        predp = np.array(rows) @ xp + (np.array([p["pp"] for p in pp_pts]) - np.array(y))
-        out.update({"pp_overhead_s": float(xp[0]), "pp_attn_s_per_op": float(xp[1]),
+        predp = np.array(rows) @ xp
+        out.update({"pp_overhead_s": 0.0, "pp_attn_s_per_op": float(xp[0]), "pp_attn_s_per_head_cell": float(xp[1]),
                     "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[2:]) if c > 0},
-                    "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array([p["pp"] for p in pp_pts]) - 1],
+                    "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array(y) - 1],
                     "pp_parameters": _n_parameters(rows)})
     return out
 
@@ -772,7 +817,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
             pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
                         "tg": tm["tg"].s_per_token if "tg" in tm else None,
                         "pp": tm["pp"].s_per_token if "pp" in tm else None,
-                        "n_prompt": CALIB_N_PROMPT, "label": cp.label})
+                        "n_prompt": CALIB_N_PROMPT, "pp_depth": cp.depth, "label": cp.label})
             row: dict[str, Any] = {"config": cp.name, "threads": th}
             if "tg" in tm:
                 row.update({"tg_tps": round(1 / tm["tg"].s_per_token, 2), "tg_cv": round(tm["tg"].cv, 4),

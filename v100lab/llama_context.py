@@ -207,6 +207,31 @@ def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
     return m * a + m * (m - 1) / 2 + (n - m) * window
 
 
+#: ggml/src/ggml-cpu/common.h: GGML_FA_TILE_Q and GGML_FA_TILE_KV, the tiles of CPU flash attention over a batch
+FA_TILE_Q = 64
+FA_TILE_KV = 64
+
+
+def fa_prompt_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
+    """Σ over a prompt's tokens of the KV cells CPU flash attention computes for it. With at least FA_TILE_Q
+    queries, ggml-cpu takes the tiled kernel (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16:
+    ``use_tiled`` when ``neq1 >= Q_TILE_SZ``; ggml_compute_forward_flash_attn_ext_tiled): a tile of 64 queries runs
+    over the KV cells 64 at a time and skips a KV tile only where the mask hides all of it from every query of the
+    tile (``can_skip``) — each query computes to the end of the KV tile that holds its tile's last visible cell,
+    and, in a sliding-window layer, from the start of the tile that holds its tile's first. Fewer queries: the
+    causal cells (:func:`causal_cells`). Cells count from 0 at the cache's first, as in a cache filled in order."""
+    if n_prompt < FA_TILE_Q:
+        return causal_cells(depth, n_prompt, window)
+    total = 0.0
+    for q0 in range(0, n_prompt, FA_TILE_Q):
+        rows = min(FA_TILE_Q, n_prompt - q0)
+        last = depth + q0 + rows - 1                              # the tile's last query sees cells 0..last
+        first = max(0, depth + q0 - window + 1) if window else 0  # its first query's window starts here
+        tiles = last // FA_TILE_KV - first // FA_TILE_KV + 1
+        total += rows * tiles * FA_TILE_KV
+    return total
+
+
 # ------------------------------------------------------------------------------------------------
 # KV bytes
 # ------------------------------------------------------------------------------------------------

@@ -70,6 +70,8 @@ class DeviceRates:
     attn_split_layer_s: float = 0.0           # per layer per token on the CPU flash-attention split-KV path
     attn_s_per_head_cell: float = 0.0         # per query head × KV cell (CPU: the softmax step of ggml-cpu's flash
                                               # attention, whatever head_dim is), beside the cost per multiply-add
+    pp_attn_s_per_head_cell: float = 0.0      # prompt attention per query head × KV cell computed (CPU: the tiled
+                                              # flash attention's mask, scale and softmax per cell), beside per op
     tg_row_s: float = 0.0                     # decode cost per weight-matrix row per token (CPU: each row's dot
                                               # product's setup and horizontal sum, whatever the row's length)
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
@@ -121,6 +123,11 @@ class DeviceRates:
             if near:
                 return self.pp_s_per_weight[near]
         return self.pp_default_s_per_weight
+
+    def pp_attn_compute_s(self, ops: float, head_cells: float) -> float:
+        """Prompt attention's compute time: ``ops`` multiply-adds over ``head_cells`` query heads × KV cells (the
+        cells the tiled kernel computes: :func:`v100lab.llama_context.fa_prompt_cells`)."""
+        return ops * self.pp_attn_s_per_op + head_cells * self.pp_attn_s_per_head_cell
 
 
 def nearest_type(type_name: str, known: Mapping[str, float]) -> str | None:
@@ -472,7 +479,8 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     for key in ("tg_s_per_weight", "pp_s_per_weight"):
         mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
                       for t in set(a.get(key, {})) & set(b.get(key, {}))}
-    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell", "tg_row_s"):
+    for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell",
+                "pp_attn_s_per_head_cell", "tg_row_s"):
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
     for key in ("overhead_token_s", "overhead_layer_s", "attn_split_layer_s", "pp_overhead_s", "bandwidth_gbs",
@@ -496,6 +504,7 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         attn_tail_s_per_op=float(p.get("attn_tail_s_per_op", 0.0)) / speedup,
         attn_split_layer_s=float(p.get("attn_split_layer_s", 0.0)),
         attn_s_per_head_cell=float(p.get("attn_s_per_head_cell", 0.0)) / speedup,
+        pp_attn_s_per_head_cell=float(p.get("pp_attn_s_per_head_cell", 0.0)) / speedup,
         tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup)
 
 

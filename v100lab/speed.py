@@ -37,7 +37,7 @@ from v100lab import memory
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device
 from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import causal_cells, kv_cells, n_kv_cells, resolve_flash_attn
+from v100lab.llama_context import causal_cells, fa_prompt_cells, kv_cells, n_kv_cells, resolve_flash_attn
 from v100lab.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
                            fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
 from v100lab.spec import ModelSpec
@@ -333,18 +333,24 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
         out_t = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
         if out_t is not None:
             t_cmp += out_t.n_elements * r.pp_cost(out_t.type_name)
-    # attention: the i-th prompt token sees depth + i + 1 cells (causal); per cell heads × (dk + dv)
-    attn = 0.0
+    # attention: the i-th prompt token sees depth + i + 1 cells (causal); per cell heads × (dk + dv). ggml-cpu's
+    # flash attention computes whole 64-cell tiles for 64-query tiles (fa_prompt_cells), and spends per head × cell
+    # besides per multiply-add (pp_attn_s_per_head_cell: mask, scale, softmax)
+    attn = head_cells = 0.0
     for il in set(w.layers):
         if spec.is_recurrent(il) or not spec.has_kv(il) or il >= spec.n_layer - (spec.nextn_layers or 0):
             continue
         window = spec.sliding_window if (spec.is_swa(il) and spec.sliding_window) else None
-        cells = causal_cells(depth, n_prompt, window)
         if not resolve_flash_attn(cfg):
             # KQ over all n_kv cells of each ubatch
             cells = n_prompt * n_kv_cells(depth + n_prompt, kv_cells(spec, cfg, swa=spec.is_swa(il)))
+        elif r.kind == "cpu":
+            cells = fa_prompt_cells(depth, n_prompt, window)
+        else:
+            cells = causal_cells(depth, n_prompt, window)
+        head_cells += cells * spec.n_head_at(il)
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-    t_cmp += attn * r.pp_attn_s_per_op
+    t_cmp += r.pp_attn_compute_s(attn, head_cells)
     t_ovh = n_ub * r.pp_overhead_s
     t = max(t_cmp, t_mem) + t_ovh
     bound = "compute" if t_cmp >= t_mem else "memory"

@@ -78,6 +78,9 @@ def _summary(cal: dict) -> list[str]:
         if p.get("attn_split_layer_s"):
             attn += f", {1e6 * p['attn_split_layer_s']:.0f} us per layer on the split-KV path"
         lines.append(attn)
+        if p.get("pp_attn_s_per_op") or p.get("pp_attn_s_per_head_cell"):
+            lines.append(f"   prompt attention: {1e9 * p.get('pp_attn_s_per_op', 0):.3f} ns per multiply-add + "
+                         f"{1e9 * p.get('pp_attn_s_per_head_cell', 0):.2f} ns per query head × KV cell (64-cell tiles)")
         errs = [abs(e) for e in p.get("tg_fit_rel_err", [])]
         if errs:
             n_par = p.get("tg_parameters")
