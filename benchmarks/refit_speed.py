@@ -1,6 +1,7 @@
 """Refit a stored calibration with this commit's fit, and judge it on stored validation rows — no measuring.
 
     .venv/bin/python benchmarks/refit_speed.py CAL.json [VALIDATION.json] [--median-of-passes] [--no-head-cells]
+                                               [--pool CAL2.json]
 
 ``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
 re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
@@ -10,7 +11,9 @@ its host rows are predicted from the refitted profile (with ``--median-of-passes
 is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
 benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
 ``--no-head-cells``: fit without attention's cost per query head × KV cell (the model before the eleventh round),
-to judge that term on the same measurements.
+to judge that term on the same measurements. ``--pool CAL2.json``: add the passes of a second calibration of the
+same machine and build to every point both measured, each point's figure then the median of all their passes — what
+calibrating with more passes would have given (issue 18, twelfth round).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import statistics
 import sys
 
-from v100lab import calibration, rates, speed, zoo
+from v100lab import buildflags, calibration, rates, speed, work, zoo
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.header import read_spec
@@ -28,6 +31,16 @@ from v100lab.header import read_spec
 
 def _median_tps(values) -> float:
     return 1.0 / statistics.median([1.0 / float(x) for x in values])
+
+
+def use_calibration_step(cal: dict) -> None:
+    """Work out head_dim tails with the SIMD step of the build that made ``cal`` (its stored system info), not the
+    running build's: an AVX2 calibration refitted under an AVX-512 build would get a tail column at head_dim 96 that
+    its build does not have (issue 18, twelfth round)."""
+    step = buildflags.f16_simd_step_of_system_info((cal.get("build") or {}).get("system_info") or "")
+    if step and step != work.F16_SIMD_STEP:
+        print(f"(head_dim tails with the calibration's SIMD step {step}, not this build's {work.F16_SIMD_STEP})")
+        work.F16_SIMD_STEP = step
 
 
 def refit(cal: dict, median_of_passes: bool, head_cells: bool = True) -> dict:
@@ -67,6 +80,20 @@ def refit(cal: dict, median_of_passes: bool, head_cells: bool = True) -> dict:
     return out
 
 
+def pool(cal: dict, other: dict) -> dict:
+    """``cal`` with each point's passes (``tg_pass_tps``, ``pp_pass_tps``) joined by ``other``'s for the same point
+    and thread count, and its figure their median (the rule of :func:`calibration.combine_passes`)."""
+    out = json.loads(json.dumps(cal))
+    theirs = {(p["config"], int(p["threads"])): p for p in other["points"]}
+    for p in out["points"]:
+        q = theirs.get((p["config"], int(p["threads"])))
+        for k in ("tg", "pp"):
+            if q and p.get(f"{k}_pass_tps") and q.get(f"{k}_pass_tps"):
+                p[f"{k}_pass_tps"] = list(p[f"{k}_pass_tps"]) + list(q[f"{k}_pass_tps"])
+                p[f"{k}_tps"] = round(_median_tps(p[f"{k}_pass_tps"]), 2)
+    return out
+
+
 def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
     host = get_device("host")
     profile = {rates.PROFILE_KEY: cal}
@@ -98,10 +125,16 @@ def main(argv=None) -> int:
     ap.add_argument("validation", nargs="?")
     ap.add_argument("--median-of-passes", action="store_true")
     ap.add_argument("--no-head-cells", action="store_true", help="leave the cost per query head × KV cell out")
+    ap.add_argument("--pool", metavar="CAL2", help="a second calibration whose passes join this one's, point by point")
     args = ap.parse_args(argv)
     with open(args.calibration) as f:
         cal = json.load(f)
     cal = cal.get("speed_calibration", cal)
+    if args.pool:
+        with open(args.pool) as f:
+            other = json.load(f)
+        cal = pool(cal, other.get("speed_calibration", other))
+    use_calibration_step(cal)
     new = refit(cal, args.median_of_passes, head_cells=not args.no_head_cells)
     if args.validation:
         with open(args.validation) as f:

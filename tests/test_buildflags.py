@@ -146,6 +146,19 @@ def test_f16_step_of_a_native_build_on_other_cpus():
     assert buildflags.f16_simd_step(None, (), "aarch64") == 32
 
 
+def test_f16_step_of_a_stored_calibrations_system_info():
+    """A stored calibration is judged with its own build's step (benchmarks/refit_speed.py), read from the
+    llama_print_system_info() line calibration stores: the two builds of benchmarks/RESULTS.md's twelfth round."""
+    avx512 = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
+              "AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
+    avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
+    assert buildflags.f16_simd_step_of_system_info(avx512) == 64
+    assert buildflags.f16_simd_step_of_system_info(avx2) == 32
+    assert buildflags.f16_simd_step_of_system_info(avx2.replace("AVX2 = 1", "AVX2 = 0")) == 32      # AVX
+    assert buildflags.f16_simd_step_of_system_info("CPU : NEON = 1 | ARM_FMA = 1 |") is None
+    assert buildflags.f16_simd_step_of_system_info("") is None
+
+
 def test_last_level_cache_is_the_highest_data_level(tmp_path):
     for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
                                              (3, "Unified", "307200K")]):

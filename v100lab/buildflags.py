@@ -200,6 +200,20 @@ def f16_simd_step(cmake_args: str | None, cpu_flags=(), machine: str | None = No
     return 16
 
 
+def f16_simd_step_of_system_info(system_info: str) -> int | None:
+    """:func:`f16_simd_step` of the build whose ``llama_print_system_info()`` line this is (what calibration stores
+    as ``build.system_info``): ``AVX512 = 1`` 64, ``AVX2``/``AVX = 1`` 32; None when the line names no x86 SIMD
+    level (another architecture, or no line). For judging a stored calibration with the step it was made with,
+    not the step of the build that happens to be running."""
+    on = {k.strip() for k, _, v in (part.partition("=") for part in (system_info or "").split("|"))
+          if v.strip() == "1"}
+    if "AVX512" in on:
+        return 64
+    if on & {"AVX2", "AVX"}:
+        return 32
+    return None
+
+
 def f16_simd_step_in_use() -> int:
     """:func:`f16_simd_step` of the build ``scripts/setup.sh`` recorded, on this CPU (no record: a native build)."""
     return f16_simd_step(read_record().get("cmake_args"), host_cpu().flags)
