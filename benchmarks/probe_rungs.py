@@ -104,6 +104,17 @@ def head_dim(rounds: int) -> None:
               ns_per_head_cell=round(1e9 * mean_s / n_cells, 2))
 
 
+def _pp_per_weight_rounds(paths: dict, n_w: dict, rounds: int) -> None:
+    """pp512 at depth 0 (3 repetitions) of each ``(type, n_embd)`` model in ``paths``, interleaved per round and thread
+    count; prints tok/s and ps per layer weight (``n_w``) a prompt token."""
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for (ty, e), path in paths.items():
+                m = measure(path, th, depth=0, n_gen=0, n_prompt=512, repetitions=3)
+                _emit(round=rnd, type=ty, n_embd=e, threads=th, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
+                      ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[(ty, e)], 4), cv=round(m["pp"].cv, 3))
+
+
 def pp_width(rounds: int) -> None:
     """Prompt processing (pp512, depth 0) per weight of CALIB_WIDE's 8 layers at n_embd 1024 (calibration's prompt
     rung, calib-wide-pp), 1536 (synth-750m's width) and 2048 (n_ff 2.75x, 16 query / 4 KV heads), pure Q4_K, Q6_K and
@@ -120,12 +131,7 @@ def pp_width(rounds: int) -> None:
                               else calibration.pure_quantized_synthetic(spec, ty))   # calib-wide-pp's own file
             n_w[(ty, e)] = sum(t.n_elements for t in layer_matrices(read_spec(paths[(ty, e)]), range(spec.n_layer)))
             _emit(pp_model=f"{ty}:w{e}", layer_weights=n_w[(ty, e)])
-    for rnd in range(rounds):
-        for th in (1, 2):
-            for (ty, e), path in paths.items():
-                m = measure(path, th, depth=0, n_gen=0, n_prompt=512, repetitions=3)
-                _emit(round=rnd, type=ty, n_embd=e, threads=th, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
-                      ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[(ty, e)], 4), cv=round(m["pp"].cv, 3))
+    _pp_per_weight_rounds(paths, n_w, rounds)
 
 
 PP_ATTN_SHAPES = {64: CALIB_WIDE, 128: dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2),
@@ -169,12 +175,7 @@ def pp_rows(rounds: int) -> None:
             mats = list(layer_matrices(read_spec(paths[(ty, e)]), range(spec.n_layer)))
             n_w[(ty, e)] = sum(t.n_elements for t in mats)
             _emit(pp_model=f"{ty}:w{e}", layer_weights=n_w[(ty, e)], rows=sum(t.shape[1] for t in mats))
-    for rnd in range(rounds):
-        for th in (1, 2):
-            for (ty, e), path in paths.items():
-                m = measure(path, th, depth=0, n_gen=0, n_prompt=512, repetitions=3)
-                _emit(round=rnd, type=ty, n_embd=e, threads=th, pp_tok_s=round(1 / m["pp"].s_per_token, 2),
-                      ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[(ty, e)], 4), cv=round(m["pp"].cv, 3))
+    _pp_per_weight_rounds(paths, n_w, rounds)
 
 
 def pp_twin(rounds: int) -> None:

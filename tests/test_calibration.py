@@ -73,6 +73,17 @@ _C_CELL = 5e-9         # per query head × KV cell: about half of a head_dim-64 
 _C_ROW = 1e-8          # per matrix row (one vec_dot call): ~6 % of a 1024-weight Q4_0 row here
 
 
+def _pure_spec(cp):
+    """The ModelSpec of a calibration point's model: its synthetic shape, every matrix in its type (pure, as
+    calibration's rungs)."""
+    s = cp.synth
+    f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
+                         "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
+                         "n_vocab": 49152}, "F16")
+    return dataclasses.replace(f16, tensors=tuple(
+        dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
+
+
 def _planned_points(points=None):
     """Decode times of calibration's points (``calibration_points()`` unless given), generated from known costs."""
     cfg = RunConfig()
@@ -80,12 +91,7 @@ def _planned_points(points=None):
     for cp in points or calibration.calibration_points():
         if not cp.decode:
             continue
-        s = cp.synth
-        f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
-                             "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
-                             "n_vocab": 49152}, "F16")
-        spec = dataclasses.replace(f16, tensors=tuple(          # pure, as calibration's rungs
-            dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
+        s, spec = cp.synth, _pure_spec(cp)
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         w = calibration._single_device_work(spec, cfg, depth)
         cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE512_LABEL: _WIDE_COSTS[cp.type_name],
@@ -418,12 +424,7 @@ def _planned_prompts(points=None):
     for cp in points or calibration.calibration_points():
         if not cp.prompt:
             continue
-        s = cp.synth
-        f16 = skeleton_spec({"architecture": "llama", "name": cp.label, "n_layer": s.n_layer, "n_embd": s.n_embd,
-                             "n_ff": s.n_ff, "n_head": s.n_head, "n_head_kv": s.n_head_kv, "n_ctx_train": 4096,
-                             "n_vocab": 49152}, "F16")
-        spec = dataclasses.replace(f16, tensors=tuple(
-            dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
+        s, spec = cp.synth, _pure_spec(cp)
         n = calibration.CALIB_N_PROMPT
         weights = sum(t.n_elements for t in spec.tensors if t.layer is not None and len(t.shape) >= 2)
         cells = s.n_layer * s.n_head * llama_context.fa_prompt_cells(cp.depth, n) / n
