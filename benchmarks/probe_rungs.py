@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
     .venv/bin/python benchmarks/probe_rungs.py head-dim   # attention vs head_dim: 8 / 2 heads of 64, 128 and 256
     .venv/bin/python benchmarks/probe_rungs.py pp-width   # prompt cost per weight vs n_embd: 1024, 1536, 2048
-    .venv/bin/python benchmarks/probe_rungs.py pp-attn    # prompt attention vs depth and head_dim on one set of matrices
+    .venv/bin/python benchmarks/probe_rungs.py pp-attn    # prompt attention vs depth and head_dim, one set of matrices
     .venv/bin/python benchmarks/probe_rungs.py pp-rows    # prompt cost per weight at rows of 512 and 1024
     .venv/bin/python benchmarks/probe_rungs.py pp-twin    # the default model's prompt against its pure synthetic twin
 
@@ -203,7 +203,8 @@ def pp_twin(rounds: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "pp-width", "pp-attn", "pp-rows", "pp-twin"))
+    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "pp-width", "pp-attn", "pp-rows",
+                                      "pp-twin"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim,
