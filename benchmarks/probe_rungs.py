@@ -134,8 +134,7 @@ def pp_width(rounds: int) -> None:
     _pp_per_weight_rounds(paths, n_w, rounds)
 
 
-PP_ATTN_SHAPES = {64: CALIB_WIDE, 128: dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2),
-                  256: dataclasses.replace(CALIB_WIDE, n_head=4, n_head_kv=1)}
+PP_ATTN_SHAPES = {64: CALIB_WIDE, 128: calibration.CALIB_WIDE128, 256: calibration.CALIB_WIDE256}
 
 
 def pp_attn(rounds: int) -> None:
