@@ -8,7 +8,8 @@
 the synth-750m quant ladder (llama.cpp's usual mixes), the default model (SmolLM2-135M Q4_1) and
 gemma3-270m (Q4_K_M, sliding window) — and the script refuses to judge a calibration model.
 Measured: llama-bench's method through the in-process backend (warmup, then the median of ``-r``
-repetitions, CV recorded, a noisy test rerun; the median of ``--passes`` passes). tg is predicted at depth + n_gen / 2 (the middle of
+repetitions, CV recorded, a noisy test rerun; the median of ``--passes`` passes, a prompt loaded
+calibration.PROMPT_LOADS times a pass). tg is predicted at depth + n_gen / 2 (the middle of
 the generated tokens). With ``--part host,llamabench`` llama-bench's passes run between the host part's (before each
 and after the last), so that both medians cover the same minutes.
 
@@ -83,18 +84,25 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     rows = []
     configs = validation[::3] if quick else validation
     measured: dict[int, dict] = {}
+    # each row once a pass (decode, and its prompt where it has one), and each prompt calibration.PROMPT_LOADS - 1
+    # more times, alone, in rounds spread through the pass: a pp512 load takes seconds and its figure moved by up
+    # to 44 % between passes (issue 18, twelfth round), as calibration's prompt points are loaded (pass_order)
+    plan = calibration.spread_rounds([(i, False) for i in range(len(configs))],
+                                     [(i, True) for i, c in enumerate(configs) if c[3]], calibration.PROMPT_LOADS - 1)
     for k in range(passes):
         if between:
             between()
-        for i, (alias, threads, depth, with_pp) in enumerate(configs):
+        for i, pp_only in plan:
+            alias, threads, depth, with_pp = configs[i]
             path = zoo.resolve(alias)
             if any(path.name.startswith(s) for s in stems):
                 sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
             t0 = time.perf_counter()
-            m = calibration.measure(path, threads, depth=depth, n_gen=N_GEN, n_prompt=N_PROMPT if with_pp else 0,
-                                    repetitions=repetitions, n_ctx=_n_ctx(depth))
+            m = calibration.measure(path, threads, depth=depth, n_gen=0 if pp_only else N_GEN,
+                                    n_prompt=N_PROMPT if with_pp else 0, repetitions=repetitions, n_ctx=_n_ctx(depth))
             measured[i] = calibration.combine_passes(measured.get(i), m)
-            print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} tg {1 / m['tg'].s_per_token:7.2f}"
+            shown = f"pp {1 / m['pp'].s_per_token:7.2f}" if pp_only else f"tg {1 / m['tg'].s_per_token:7.2f}"
+            print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} {shown}"
                   f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     if between:
         between()

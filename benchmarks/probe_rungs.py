@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/probe_rungs.py kv-heads   # attention vs KV heads: 12 query heads, 12/4/3/1 KV heads
     .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
     .venv/bin/python benchmarks/probe_rungs.py head-dim   # attention vs head_dim: 8 / 2 heads of 64, 128 and 256
+    .venv/bin/python benchmarks/probe_rungs.py head-dim-96  # head_dim 64, 96, 128 on calib-wide96's matrices
     .venv/bin/python benchmarks/probe_rungs.py pp-width   # prompt cost per weight vs n_embd: 1024, 1536, 2048
     .venv/bin/python benchmarks/probe_rungs.py pp-attn    # prompt attention vs depth and head_dim, one set of matrices
     .venv/bin/python benchmarks/probe_rungs.py pp-rows    # prompt cost per weight at rows of 512 and 1024
@@ -104,6 +105,32 @@ def head_dim(rounds: int) -> None:
               ns_per_head_cell=round(1e9 * mean_s / n_cells, 2))
 
 
+def head_dim_96(rounds: int) -> None:
+    """calib-wide96's matrices (n_embd 1536, Q4_0, deep enough to stream) with 24 / 6 heads of 64, 16 / 4 of 96
+    (calib-wide96 itself) and 12 / 3 of 128, depth 0 and 2048: the same weights, the same KV cache (768 bytes a cell
+    per layer) and the same multiply-adds a cell, only the query head × cells differ (24 : 16 : 12). On the AVX2
+    build calibration's fit missed calib-wide96 at depth 2048 by 17-23 % at 1 thread while it fitted head_dims 64
+    and 128 on n_embd 1024 (benchmarks/RESULTS.md, issue 18, eleventh and twelfth rounds): whether head_dim 96 costs
+    more per head × cell (a kernel's tail: on AVX2 the F16 step is 32, so 96 has none) or attention on these wider
+    matrices costs more whatever the head_dim (their KV cells are 768 bytes apart, not 512)."""
+    paths, ops = {}, {}
+    for n_head, hd in ((24, 64), (16, 96), (12, 128)):
+        base = dataclasses.replace(calibration.CALIB_WIDE96, n_head=n_head, n_head_kv=n_head // 4)
+        spec = wide_spec("Q4_0", base)
+        name = f"w1536-hd{hd}-{spec.n_layer}L"
+        paths[name] = calibration.pure_quantized_synthetic(spec, "Q4_0")
+        w = calibration._single_device_work(read_spec(paths[name]), RunConfig(n_ctx=4096), 2048)
+        ops[name] = (w.attn_ops, w.attn_head_cells, hd)
+        _emit(head_dim_model=name, layers=spec.n_layer, attn_ops_d2048=w.attn_ops,
+              head_cells_d2048=w.attn_head_cells, kv_bytes_d2048=w.kv_bytes)
+    extra = _depth_pairs(paths, 2048, rounds)
+    for (name, th), d_ms in extra.items():
+        n_ops, n_cells, hd = ops[name]
+        mean_s = sum(d_ms) / len(d_ms) / 1e3
+        _emit(summary=name, threads=th, head_dim=hd, rounds=len(d_ms), ms_d0_to_d2048=round(1e3 * mean_s, 3),
+              ns_per_op=round(1e9 * mean_s / n_ops, 4), ns_per_head_cell=round(1e9 * mean_s / n_cells, 2))
+
+
 def _pp_per_weight_rounds(paths: dict, n_w: dict, rounds: int) -> None:
     """pp512 at depth 0 (3 repetitions) of each ``(type, n_embd)`` model in ``paths``, interleaved per round and thread
     count; prints tok/s and ps per layer weight (``n_w``) a prompt token."""
@@ -202,11 +229,11 @@ def pp_twin(rounds: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "pp-width", "pp-attn", "pp-rows",
-                                      "pp-twin"))
+    ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
+                                      "pp-rows", "pp-twin"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim,
+    {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin}[args.probe](args.rounds)
     return 0
 

@@ -253,8 +253,9 @@ def test_every_wide_rung_streams_from_dram():
 
 def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_point_once():
     """The row's cost is a contrast between two rungs whose speed moves from one load to the next (issue 18, ninth
-    round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own; nothing else
-    repeats, and the order of the other points is the plan's."""
+    round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own; the depth-0 prompt
+    points PROMPT_LOADS times, the extra rounds spread through the rest of the pass (twelfth round's next step);
+    nothing else repeats, and the order of the other points is the plan's."""
     planned = calibration.calibration_points()
     order = calibration.pass_order(planned)
     pair = (f"calib-wide:{calibration.DEPTH_TYPE}", f"{calibration.WIDE512_LABEL}:{calibration.DEPTH_TYPE}")
@@ -264,9 +265,22 @@ def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_
     start = names.index(pair[0])
     assert names[start:start + 2 * calibration.ROW_PAIR_LOADS] == list(pair) * calibration.ROW_PAIR_LOADS
     assert list(dict.fromkeys(names)) == [cp.name for cp in planned]
-    assert len(order) == len(planned) + 2 * (calibration.ROW_PAIR_LOADS - 1)
-    # a plan without the pair (a small calibration, the tests' fixture) is measured as planned
-    rest = [cp for cp in planned if cp.label != calibration.WIDE512_LABEL]
+    cheap = [cp.name for cp in planned if cp.prompt and not cp.decode and cp.depth == 0]
+    assert len(cheap) == len(calibration.CALIB_TYPES) - 1 + 2      # every type's calib-wide-pp but F16's; 128, 256
+    assert calibration.PROMPT_LOADS >= 3
+    assert all(names.count(n) == calibration.PROMPT_LOADS for n in cheap)
+    assert len(order) == len(planned) + 2 * (calibration.ROW_PAIR_LOADS - 1) + len(cheap) * (calibration.PROMPT_LOADS - 1)
+    # the extra rounds: whole rounds in plan order, after every first load, apart from each other and from the end
+    # (the pass's other measurements between them)
+    first_end = max(names.index(n) for n in cheap)
+    later = [i for i, n in enumerate(names) if n in cheap and i > first_end]
+    rounds = [later[k * len(cheap):(k + 1) * len(cheap)] for k in range(calibration.PROMPT_LOADS - 1)]
+    for r in rounds:
+        assert [names[i] for i in r] == cheap and r == list(range(r[0], r[0] + len(cheap)))
+    gaps = [rounds[0][0] - first_end] + [b[0] - a[-1] for a, b in zip(rounds, rounds[1:])] + [len(names) - rounds[-1][-1]]
+    assert min(gaps) >= 3, gaps
+    # a plan without the pair and without depth-0 prompt-only points (a small calibration) is measured as planned
+    rest = [cp for cp in planned if cp.label != calibration.WIDE512_LABEL and cp.name not in cheap]
     assert calibration.pass_order(rest) == rest
     # nine loads of each: combine_passes keeps them all and their median
     t = None
@@ -601,6 +615,8 @@ def test_a_prompt_only_point_feeds_the_prompt_fit_and_not_the_decode_fit(fresh_c
     cal = calibration.calibrate(threads=[1], repetitions=2, force=True, passes=1, store=False)
     rows = {(pt["config"]): pt for pt in cal["points"]}
     assert "tg_tps" not in rows["calib-wide:Q4_0"] and rows["calib-wide:Q4_0"]["pp_tps"] > 0
+    # a cheap prompt point: PROMPT_LOADS loads in the one pass, each a figure of its own
+    assert len(rows["calib-wide:Q4_0"]["pp_pass_tps"]) == calibration.PROMPT_LOADS
     assert "pp_tps" not in rows["calib-wide:F16"] and rows["calib-wide:F16"]["tg_tps"] > 0
     fit = cal["threads"]["1"]
     assert set(fit["tg_s_per_weight"]) <= {"F16"} and len(fit["tg_fit_rel_err"]) == 2

@@ -20,7 +20,8 @@ llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable); the row's pair (calib-wide512 and the Q4_0 rung) :data:`ROW_PAIR_LOADS` times a pass,
-  alternating (:func:`pass_order`);
+  alternating, and each prompt point at depth 0 :data:`PROMPT_LOADS` times a pass, spread through it
+  (:func:`pass_order`);
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
   + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t,
@@ -191,6 +192,11 @@ WIDE512_LABEL = "calib-wide512"
 # is therefore measured this many times a pass, alternating (:func:`pass_order`), each load a pass of its own
 # for :func:`combine_passes`: the median of nine loads, not three. Each load costs a few seconds (decode only).
 ROW_PAIR_LOADS = 3
+# A prompt point at depth 0 (pp512 on 8 layers, seconds a load) sets its type's prompt rate alone, and its loads
+# spread 13-62 % within one calibration (issue 18, twelfth round): each is measured this many times a pass, the
+# extra loads in rounds spread evenly through the pass (:func:`pass_order`), so that its median is of nine loads
+# over the pass's minutes, not of three. About 3 minutes a calibration per extra load on a 2-core VM.
+PROMPT_LOADS = 3
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # Every point is measured in this many passes over all points, minutes apart, and the median pass kept
@@ -287,16 +293,43 @@ def calibration_points() -> list[CalPoint]:
     return pts
 
 
+def _cheap_prompt(cp: CalPoint) -> bool:
+    """A prompt-only point at depth 0: seconds a load, measured :data:`PROMPT_LOADS` times a pass."""
+    return cp.prompt and not cp.decode and cp.depth == 0
+
+
 def pass_order(points: Sequence[CalPoint]) -> list[CalPoint]:
-    """The measurements of one calibration pass: every point of ``points`` once, in order, except the row's pair
-    (a :data:`WIDE512_LABEL` point and the point just before it, its rung) measured :data:`ROW_PAIR_LOADS` times,
-    alternating — each a separate load of its model."""
+    """The measurements of one calibration pass: every point of ``points`` once, in order, except
+
+    * the row's pair (a :data:`WIDE512_LABEL` point and the point just before it, its rung), measured
+      :data:`ROW_PAIR_LOADS` times, alternating;
+    * the prompt-only points at depth 0, measured :data:`PROMPT_LOADS` times: once in their place, then in
+      ``PROMPT_LOADS - 1`` rounds (all of them, in plan order) spread evenly through the measurements after the
+      last of them — with three loads, a round a third and one two thirds of the way through the rest of the pass
+      (the decode points at depth, its longest part).
+
+    Each is a separate load of its model (a pass of its own for :func:`combine_passes`)."""
     out: list[CalPoint] = []
     for i, cp in enumerate(points):
         if cp.label == WIDE512_LABEL and i > 0:    # calibration_points puts it right after its rung
             out += [cp] + [points[i - 1], cp] * (ROW_PAIR_LOADS - 1)
         else:
             out.append(cp)
+    extra = [cp for cp in points if _cheap_prompt(cp)]
+    if not extra:
+        return out
+    first = max(i for i, cp in enumerate(out) if _cheap_prompt(cp)) + 1    # where the rest of the pass starts
+    return spread_rounds(out, extra, PROMPT_LOADS - 1, start=first)
+
+
+def spread_rounds(order: Sequence, extra: Sequence, rounds: int, start: int = 0) -> list:
+    """``order`` with ``rounds`` copies of ``extra`` inserted, evenly spaced through ``order[start:]``: with two
+    rounds, one a third and one two thirds of the way. The extra loads of a cheap measurement (calibration's
+    prompt points, the validation's prompts) then sample the pass's minutes, not one moment of them."""
+    out, n = list(order), len(order) - start
+    for j in range(rounds, 0, -1):               # last round first: the earlier positions do not move
+        at = start + round(j * n / (rounds + 1))
+        out[at:at] = extra
     return out
 
 
