@@ -72,7 +72,7 @@ CI_VALIDATION = (
 
 
 def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2,
-              between: Callable[[], None] | None = None) -> dict:
+              between: Callable[[], None] | None = None, prompt_loads: int = calibration.PROMPT_LOADS) -> dict:
     """Measure every configuration in ``passes`` passes minutes apart, keep each test's median pass (as
     calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration. ``between`` runs
     before each pass and after the last (the llama-bench passes, spread over the same minutes)."""
@@ -84,11 +84,11 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     rows = []
     configs = validation[::3] if quick else validation
     measured: dict[int, dict] = {}
-    # each row once a pass (decode, and its prompt where it has one), and each prompt calibration.PROMPT_LOADS - 1
-    # more times, alone, in rounds spread through the pass: a pp512 load takes seconds and its figure moved by up
-    # to 44 % between passes (issue 18, twelfth round), as calibration's prompt points are loaded (pass_order)
+    # each row once a pass (decode, and its prompt where it has one), and each prompt ``prompt_loads`` - 1 more
+    # times, alone, in rounds spread through the pass: its figure moved by up to 44 % between passes (issue 18,
+    # twelfth round), as calibration's prompt points are loaded (pass_order)
     plan = calibration.spread_rounds([(i, False) for i in range(len(configs))],
-                                     [(i, True) for i, c in enumerate(configs) if c[3]], calibration.PROMPT_LOADS - 1)
+                                     [(i, True) for i, c in enumerate(configs) if c[3]], max(0, prompt_loads - 1))
     for k in range(passes):
         if between:
             between()
@@ -347,6 +347,10 @@ def main(argv=None) -> int:
                          "default does, runs from a shared L3 in some passes: its llama-bench means differed by 40 %% "
                          "between two passes (issue 18), and a few cheap passes more give a steadier median")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--prompt-loads", type=int, default=calibration.PROMPT_LOADS,
+                    help="loads of each prompt (pp512) a pass, the extra ones spread through the pass (default "
+                         f"{calibration.PROMPT_LOADS}, as calibration; a pp512 load of synth-750m F16 takes ~20 s on "
+                         "2 cores)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
@@ -358,10 +362,11 @@ def main(argv=None) -> int:
         # llama-bench's passes between the host part's (before each, and after the last): both medians then span
         # the same minutes of the VM's phases
         res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
-                                between=lb.run_pass if lb else None)
+                                between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads)
         print_host(res["host"])
     if "arch" in parts:
-        res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes)
+        res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes,
+                                prompt_loads=args.prompt_loads)
         print_host(res["arch"])
     if lb:
         res["llamabench"] = lb.result()

@@ -289,6 +289,21 @@ def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_
     assert len(t["tg"].pass_best) == 3 * calibration.ROW_PAIR_LOADS and t["tg"].s_per_token == pytest.approx(0.011)
 
 
+def test_calibration_builds_the_models_its_points_measure_and_not_the_retired_ones(monkeypatch):
+    """calibrate() builds every model a point of calibration_points() loads, and not the narrow models no point
+    measures since the twelfth round (RETIRED_LABELS: about a minute and 200 MB on a fresh machine), which
+    calibration_model_paths() still gives by default (refits of older calibrations read them)."""
+    monkeypatch.setattr(calibration, "pure_quantized_synthetic", lambda synth, t: f"{synth.stem}-{t}")
+    monkeypatch.setattr(calibration, "pure_quantized_path", lambda src, t: f"{src}-{t}")
+    monkeypatch.setattr(calibration.zoo, "synthetic_path", lambda synth: synth.stem)
+    planned = {(cp.label, cp.type_name) for cp in calibration.calibration_points()}
+    built = set(calibration.calibration_model_paths(retired=False))
+    everything = set(calibration.calibration_model_paths())
+    assert planned <= built < everything
+    assert {label for label, _ in everything - built} == set(calibration.RETIRED_LABELS)
+    assert not {label for label, _ in planned} & set(calibration.RETIRED_LABELS)
+
+
 def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
     """The attention cost that predictions use comes from depth points on a rung whose weights stream from DRAM
     (issue 18, sixth round): the narrow models' KV stayed partly in the cache and under-charged real models at

@@ -1,6 +1,6 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 25-34 minutes on a 2-core VM). On a small CPU, decoding below 8 bits is bound by
+``v100lab calibrate`` (about 30-70 minutes on a 2-core VM: 70 on a Zen 3 with AVX2 only). On a small CPU, decoding below 8 bits is bound by
 dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real
 llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
@@ -383,9 +383,16 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
     return zoo.build_atomically(path, recipe, write)
 
 
-def calibration_model_paths(progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Any]:
+#: narrow models calibration measured until the twelfth round of issue 18 (:data:`NARROW_LABELS`, but the thin pair):
+#: no point of :func:`calibration_points` uses them; calibrations stored before then do (benchmarks/refit_speed.py)
+RETIRED_LABELS = ("calib-deep", "calib-deep96", "calib-shallow")
+
+
+def calibration_model_paths(progress: Callable[[str], None] | None = None,
+                            retired: bool = True) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
-    about 3 GB of models (about 3 minutes on 2 cores)."""
+    about 3 GB of models (about 3 minutes on 2 cores). ``retired=False`` leaves out the models of
+    :data:`RETIRED_LABELS` (calibration itself: about 200 MB and a minute less on a fresh machine)."""
     out = {}
     for t in CALIB_TYPES:
         if progress:
@@ -410,6 +417,8 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None) -> di
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
                                 ("calib-thin", CALIB_THIN, (NARROW_TYPE,)),
                                 ("calib-thin-shallow", CALIB_THIN_SHALLOW, (NARROW_TYPE,))):
+        if label in RETIRED_LABELS and not retired:
+            continue
         f16 = zoo.synthetic_path(synth)
         for t in types:
             if progress:
@@ -795,7 +804,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
         raise ConfigError(f"calibrate: thread counts must be >= 1, got {list(threads)}")
     say = progress or (lambda s: None)
     say("building calibration models (cached after the first run)")
-    paths = calibration_model_paths(progress=lambda m: say(f"model {m}"))
+    paths = calibration_model_paths(progress=lambda m: say(f"model {m}"), retired=False)
     specs = {k: read_spec(p) for k, p in paths.items()}
     result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
@@ -1007,7 +1016,7 @@ def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[i
     if any(t < 1 for t in threads) or batches[0] < 1 or n_gen < 2 or repetitions < 1:
         raise ConfigError("calibrate_batching: threads, batches, n_gen (>= 2) and repetitions must be positive")
     say = progress or (lambda m: log.info("%s", m))
-    paths = {t: p for (label, t), p in calibration_model_paths(progress).items()
+    paths = {t: p for (label, t), p in calibration_model_paths(progress, retired=False).items()
              if label == "calib-wide" and (types is None or t in types)}
     if not paths:
         raise ConfigError(f"calibrate_batching: no calibration model of type(s) {', '.join(types or ())}")

@@ -1,7 +1,7 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About 25-34 minutes on a 2-core VM (three passes over the points, the median of each kept; plus building
-the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
+About 30-70 minutes on a 2-core VM (70 on a Zen 3 with AVX2 only; three passes over the points, the median
+of each kept; plus building the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
 any other process collapses throughput.
 """
 
