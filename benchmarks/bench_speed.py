@@ -349,8 +349,8 @@ def main(argv=None) -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--prompt-loads", type=int, default=calibration.PROMPT_LOADS,
                     help="loads of each prompt (pp512) a pass, the extra ones spread through the pass (default "
-                         f"{calibration.PROMPT_LOADS}, as calibration; a pp512 load of synth-750m F16 takes ~20 s on "
-                         "2 cores)")
+                         f"{calibration.PROMPT_LOADS}, as calibration; a pp512 load of synth-750m takes 23-31 s "
+                         "on a 2-core Zen 3)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]

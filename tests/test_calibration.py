@@ -289,6 +289,13 @@ def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_
     assert len(t["tg"].pass_best) == 3 * calibration.ROW_PAIR_LOADS and t["tg"].s_per_token == pytest.approx(0.011)
 
 
+def test_spread_rounds_puts_whole_rounds_evenly_through_the_rest_of_a_pass():
+    """The extra loads' placement (calibration's prompt points; bench_speed.py's prompts, from the pass's start)."""
+    assert calibration.spread_rounds(list(range(9)), ["a", "b"], 2) == [0, 1, 2, "a", "b", 3, 4, 5, "a", "b", 6, 7, 8]
+    assert calibration.spread_rounds(list(range(6)), ["a"], 1, start=2) == [0, 1, 2, 3, "a", 4, 5]
+    assert calibration.spread_rounds([0, 1], ["a"], 0) == [0, 1]
+
+
 def test_calibration_builds_the_models_its_points_measure_and_not_the_retired_ones(monkeypatch):
     """calibrate() builds every model a point of calibration_points() loads, and not the narrow models no point
     measures since the twelfth round (RETIRED_LABELS: about a minute and 200 MB on a fresh machine), which

@@ -1,8 +1,8 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 30-70 minutes on a 2-core VM: 70 on a Zen 3 with AVX2 only). On a small CPU, decoding below 8 bits is bound by
-dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures, with real
-llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
+``v100lab calibrate`` (about 30-70 minutes on a 2-core VM: 70 on a Zen 3 with AVX2 only). On a small CPU,
+decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
+Calibration measures, with real llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
   the host profile stores (:func:`measure_host`);
@@ -195,7 +195,8 @@ ROW_PAIR_LOADS = 3
 # A prompt point at depth 0 (pp512 on 8 layers, seconds a load) sets its type's prompt rate alone, and its loads
 # spread 13-62 % within one calibration (issue 18, twelfth round): each is measured this many times a pass, the
 # extra loads in rounds spread evenly through the pass (:func:`pass_order`), so that its median is of nine loads
-# over the pass's minutes, not of three. About 3 minutes a calibration per extra load on a 2-core VM.
+# over the pass's minutes, not of three. The two extra loads cost about 10 minutes of a 70-minute calibration on
+# a 2-core Zen 3, and halved the prompt fit's residuals there (benchmarks/RESULTS.md, issue 18, thirteenth round).
 PROMPT_LOADS = 3
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
@@ -392,7 +393,7 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None,
                             retired: bool = True) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
     about 3 GB of models (about 3 minutes on 2 cores). ``retired=False`` leaves out the models of
-    :data:`RETIRED_LABELS` (calibration itself: about 200 MB and a minute less on a fresh machine)."""
+    :data:`RETIRED_LABELS` (calibration itself: about 380 MB less to write on a fresh machine)."""
     out = {}
     for t in CALIB_TYPES:
         if progress:
