@@ -298,7 +298,7 @@ def test_spread_rounds_puts_whole_rounds_evenly_through_the_rest_of_a_pass():
 
 def test_calibration_builds_the_models_its_points_measure_and_not_the_retired_ones(monkeypatch):
     """calibrate() builds every model a point of calibration_points() loads, and not the narrow models no point
-    measures since the twelfth round (RETIRED_LABELS: about a minute and 200 MB on a fresh machine), which
+    measures since the twelfth round (RETIRED_LABELS: about 380 MB on a fresh machine), which
     calibration_model_paths() still gives by default (refits of older calibrations read them)."""
     monkeypatch.setattr(calibration, "pure_quantized_synthetic", lambda synth, t: f"{synth.stem}-{t}")
     monkeypatch.setattr(calibration, "pure_quantized_path", lambda src, t: f"{src}-{t}")
