@@ -1,7 +1,7 @@
 """Refit a stored calibration with this commit's fit, and judge it on stored validation rows — no measuring.
 
     .venv/bin/python benchmarks/refit_speed.py CAL.json [VALIDATION.json] [--median-of-passes] [--no-head-cells]
-                                               [--pool CAL2.json]
+                                               [--pool CAL2.json] [--depth-loads N] [--prompt-loads N]
 
 ``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
 re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
@@ -13,7 +13,9 @@ benchmarks/RESULTS.md, used it to apply the median to the measurements of a run 
 ``--no-head-cells``: fit without attention's cost per query head × KV cell (the model before the eleventh round),
 to judge that term on the same measurements. ``--pool CAL2.json``: add the passes of a second calibration of the
 same machine and build to every point both measured, each point's figure then the median of all their passes — what
-calibrating with more passes would have given (issue 18, twelfth round).
+calibrating with more passes would have given (issue 18, twelfth round). ``--depth-loads N`` / ``--prompt-loads N``:
+each pass's loads of attention's decode points / the depth-0 prompt points cut to their first N (:func:`cut_loads`),
+to judge what the extra loads bought on the same measurements.
 """
 
 from __future__ import annotations
@@ -94,6 +96,28 @@ def pool(cal: dict, other: dict) -> dict:
     return out
 
 
+def cut_loads(cal: dict, keep: int, prompt: bool = False) -> dict:
+    """``cal`` as if each of attention's decode points (or, with ``prompt``, each depth-0 prompt-only point) had been
+    loaded ``keep`` times a pass instead of the loads it had (:data:`calibration.DEPTH_LOADS`, ``PROMPT_LOADS``): of
+    each pass's loads (in ``tg_pass_tps``/``pp_pass_tps``, pass by pass) the first ``keep``, the figure their median
+    — what the extra loads bought, judged on the same measurements (issue 18, thirteenth and fourteenth rounds)."""
+    out = json.loads(json.dumps(cal))
+    key = "pp" if prompt else "tg"
+    # the passes: what a point loaded once a pass has (calib-wide F16's decode and prompt)
+    passes = min(len(p["tg_pass_tps"]) for p in out["points"] if p.get("tg_pass_tps"))
+    for p in out["points"]:
+        base, _, d = p["config"].partition("@d")
+        ours = (not d and "tg_tps" not in p) if prompt else (bool(d) or base.startswith(calibration.WIDE96_LABEL + ":"))
+        runs = p.get(f"{key}_pass_tps") or []
+        loads = len(runs) // passes
+        if not ours or loads <= 1 or len(runs) % passes:
+            continue
+        runs = [x for i, x in enumerate(runs) if i % loads < keep]
+        p[f"{key}_pass_tps"] = runs
+        p[f"{key}_tps"] = round(_median_tps(runs), 2)
+    return out
+
+
 def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
     host = get_device("host")
     profile = {rates.PROFILE_KEY: cal}
@@ -126,6 +150,10 @@ def main(argv=None) -> int:
     ap.add_argument("--median-of-passes", action="store_true")
     ap.add_argument("--no-head-cells", action="store_true", help="leave the cost per query head × KV cell out")
     ap.add_argument("--pool", metavar="CAL2", help="a second calibration whose passes join this one's, point by point")
+    ap.add_argument("--depth-loads", type=int, metavar="N",
+                    help=f"keep the first N of each pass's {calibration.DEPTH_LOADS} loads of attention's decode points")
+    ap.add_argument("--prompt-loads", type=int, metavar="N",
+                    help=f"keep the first N of each pass's {calibration.PROMPT_LOADS} loads of the depth-0 prompt points")
     args = ap.parse_args(argv)
     with open(args.calibration) as f:
         cal = json.load(f)
@@ -134,6 +162,10 @@ def main(argv=None) -> int:
         with open(args.pool) as f:
             other = json.load(f)
         cal = pool(cal, other.get("speed_calibration", other))
+    if args.depth_loads:
+        cal = cut_loads(cal, args.depth_loads)
+    if args.prompt_loads:
+        cal = cut_loads(cal, args.prompt_loads, prompt=True)
     use_calibration_step(cal)
     new = refit(cal, args.median_of_passes, head_cells=not args.no_head_cells)
     if args.validation:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -251,11 +252,12 @@ def test_every_wide_rung_streams_from_dram():
     assert not {(calibration.wide_spec(t).n_layer, 1024, 2816) for t in calibration.CALIB_TYPES} & ladder
 
 
-def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_point_once():
+def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_depth_points_in_rounds():
     """The row's cost is a contrast between two rungs whose speed moves from one load to the next (issue 18, ninth
-    round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own; the depth-0 prompt
-    points PROMPT_LOADS times, the extra rounds spread through the rest of the pass (twelfth round's next step);
-    nothing else repeats, and the order of the other points is the plan's."""
+    round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own. The depth-0 prompt
+    points (twelfth round) and attention's decode points (fourteenth: at depth, with calib-wide96's depth-0 point)
+    are measured in whole rounds, in plan order, PROMPT_LOADS and DEPTH_LOADS of them, spread through the pass —
+    the other points in parts between them; nothing else repeats, and the order of the other points is the plan's."""
     planned = calibration.calibration_points()
     order = calibration.pass_order(planned)
     pair = (f"calib-wide:{calibration.DEPTH_TYPE}", f"{calibration.WIDE512_LABEL}:{calibration.DEPTH_TYPE}")
@@ -264,23 +266,27 @@ def test_a_pass_measures_the_row_pair_alternately_several_times_and_every_other_
     assert [n for n in names if n in pair] == list(pair) * calibration.ROW_PAIR_LOADS
     start = names.index(pair[0])
     assert names[start:start + 2 * calibration.ROW_PAIR_LOADS] == list(pair) * calibration.ROW_PAIR_LOADS
-    assert list(dict.fromkeys(names)) == [cp.name for cp in planned]
     cheap = [cp.name for cp in planned if cp.prompt and not cp.decode and cp.depth == 0]
     assert len(cheap) == len(calibration.CALIB_TYPES) - 1 + 2      # every type's calib-wide-pp but F16's; 128, 256
-    assert calibration.PROMPT_LOADS >= 3
-    assert all(names.count(n) == calibration.PROMPT_LOADS for n in cheap)
-    assert len(order) == len(planned) + 2 * (calibration.ROW_PAIR_LOADS - 1) + len(cheap) * (calibration.PROMPT_LOADS - 1)
-    # the extra rounds: whole rounds in plan order, after every first load, apart from each other and from the end
-    # (the pass's other measurements between them)
-    first_end = max(names.index(n) for n in cheap)
-    later = [i for i, n in enumerate(names) if n in cheap and i > first_end]
-    rounds = [later[k * len(cheap):(k + 1) * len(cheap)] for k in range(calibration.PROMPT_LOADS - 1)]
-    for r in rounds:
-        assert [names[i] for i in r] == cheap and r == list(range(r[0], r[0] + len(cheap)))
-    gaps = [rounds[0][0] - first_end] + [b[0] - a[-1] for a, b in zip(rounds, rounds[1:])] + [len(names) - rounds[-1][-1]]
-    assert min(gaps) >= 3, gaps
-    # a plan without the pair and without depth-0 prompt-only points (a small calibration) is measured as planned
-    rest = [cp for cp in planned if cp.label != calibration.WIDE512_LABEL and cp.name not in cheap]
+    deep = [cp.name for cp in planned if cp.decode and (cp.depth or cp.label == calibration.WIDE96_LABEL)]
+    assert len(deep) == len(calibration.CALIB_DEPTHS) + len(calibration.WIDE128_DEPTHS) + len(calibration.WIDE96_DEPTHS)
+    assert calibration.PROMPT_LOADS >= 3 and calibration.DEPTH_LOADS >= 3
+    others = [cp.name for cp in planned if cp.name not in cheap + deep]
+    assert list(dict.fromkeys(n for n in names if n not in cheap + deep)) == others
+    assert len(order) == (len(planned) + 2 * (calibration.ROW_PAIR_LOADS - 1) + len(cheap) * (calibration.PROMPT_LOADS - 1)
+                          + len(deep) * (calibration.DEPTH_LOADS - 1))
+    for group, loads in ((cheap, calibration.PROMPT_LOADS), (deep, calibration.DEPTH_LOADS)):
+        at = [i for i, n in enumerate(names) if n in group]
+        assert len(at) == loads * len(group)
+        rounds = [at[k * len(group):(k + 1) * len(group)] for k in range(loads)]
+        for r in rounds:     # whole, in plan order (each contrast back to back)
+            assert [names[i] for i in r] == group and r == list(range(r[0], r[0] + len(group)))
+        # spread: other points before the first round and between any two (the last may close the pass)
+        assert rounds[0][0] >= 3 and all(b[0] - a[-1] > 3 for a, b in zip(rounds, rounds[1:]))
+        assert rounds[-1][-1] >= len(names) - len(cheap) - len(deep) - 1
+    # a plan without the pair, depth-0 prompt-only points and points at depth (a small calibration) is measured as
+    # planned
+    rest = [cp for cp in planned if cp.label != calibration.WIDE512_LABEL and cp.name not in cheap + deep]
     assert calibration.pass_order(rest) == rest
     # nine loads of each: combine_passes keeps them all and their median
     t = None
@@ -599,10 +605,15 @@ def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, d
     assert any("uncalibrated" in n for n in before.notes)
     # force: a shared test machine may be noisy; the refusal is tested in test_profile_quality.py
     cal = calibration.calibrate(threads=[1], repetitions=2, force=True, passes=2)
-    # two passes: every point remembers both passes' bests and keeps their median (the mean of two)
+    # two passes: every point remembers both passes' bests and keeps their median (the mean of two); the point at
+    # depth was loaded DEPTH_LOADS times a pass, each load a figure of its own, all but the first restoring the
+    # context the first one filled (the folder of filled contexts is gone afterwards)
     for pt in cal["points"]:
-        assert len(pt["tg_pass_tps"]) == 2
-        assert 1 / pt["tg_tps"] == pytest.approx(sum(1 / x for x in pt["tg_pass_tps"]) / 2, rel=1e-3)
+        loads = calibration.DEPTH_LOADS if "@d" in pt["config"] else 1
+        assert len(pt["tg_pass_tps"]) == 2 * loads
+        med = statistics.median(1 / x for x in pt["tg_pass_tps"])
+        assert 1 / pt["tg_tps"] == pytest.approx(med, rel=1e-3)
+    assert not list(fresh_cache.glob("depth-states-*"))
     assert "unsettled_points" in cal["quality"]
     assert devices.read_host_profile()[calibration.PROFILE_KEY]["threads"]["1"] == json.loads(json.dumps(cal["threads"]["1"]))
     host = devices.get_device("host")

@@ -144,6 +144,42 @@ def test_repetitions_clear_the_kv_cache(default_model):
     assert len(rows[0]["samples_ns"]) == 3
 
 
+def _pos_max(session) -> int:
+    import llama_cpp
+
+    return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(session._ctx), 0)
+
+
+def test_a_filled_context_is_kept_for_the_next_load_of_the_same_model_and_context(default_model, tmp_path, caplog):
+    """``depth_states`` (calibration's extra loads of its depth points): the first load fills the context and keeps
+    the state in a file; a later load of the same model and context — at another thread count — restores it
+    instead of decoding the fill, and measures at that depth; another context is another file; a file that does
+    not restore (not a state) is filled again and replaced."""
+    from v100lab.backends.inprocess import InProcessBackend, depth_state_name
+
+    test = BenchTest(n_gen=4, n_depth=96)
+    with InProcessBackend().open(default_model, CFG, tmp_path) as s:
+        m = s.run(test, 2)
+        assert s.depth_restores == 0 and _pos_max(s) == 96 + 4 - 1 and len(m.samples_ns) == 2
+    kept = tmp_path / depth_state_name(default_model, CFG, 96)
+    assert kept.is_file() and kept.stat().st_size > 96 * 1024           # 96 cells × 30 layers of K and V
+    two = CFG.with_(n_threads=2)
+    assert depth_state_name(default_model, two, 96) == kept.name        # threads do not shape the cache
+    with InProcessBackend().open(default_model, two, tmp_path) as s:
+        s._fill_depth(96)
+        assert s.depth_restores == 1 and _pos_max(s) == 95
+        assert s.run(test, 1).samples_ns[0] > 0 and s.depth_restores == 1
+    bigger = CFG.with_(n_ctx=512)
+    assert depth_state_name(default_model, bigger, 96) != kept.name
+    (tmp_path / depth_state_name(default_model, bigger, 96)).write_bytes(b"not a llama.cpp state")
+    with caplog.at_level("WARNING"), InProcessBackend().open(default_model, bigger, tmp_path) as s:
+        s._fill_depth(96)
+        assert s.depth_restores == 0 and _pos_max(s) == 95
+    assert "does not fit this context" in caplog.text
+    assert (tmp_path / depth_state_name(default_model, bigger, 96)).stat().st_size > 96 * 1024
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({kept.name, depth_state_name(default_model, bigger, 96)})
+
+
 def test_depth_that_does_not_fit_is_a_failed_row(default_model):
     rows = harness.run_tests(default_model, CFG, "tg8", (0, 300), 1, monitor=False)
     assert [r["status"] for r in rows] == ["ok", "failed"]

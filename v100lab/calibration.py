@@ -20,8 +20,9 @@ Calibration measures, with real llama.cpp (the isolated in-process backend of :m
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
   repeatable); the row's pair (calib-wide512 and the Q4_0 rung) :data:`ROW_PAIR_LOADS` times a pass,
-  alternating, and each prompt point at depth 0 :data:`PROMPT_LOADS` times a pass, spread through it
-  (:func:`pass_order`);
+  alternating, each prompt point at depth 0 :data:`PROMPT_LOADS` times a pass and attention's decode points
+  :data:`DEPTH_LOADS` times, spread through it (:func:`pass_order`) — a depth point's context filled once per
+  calibration and restored by its later loads;
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
   + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t,
@@ -50,14 +51,16 @@ import math
 import os
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
-from v100lab import buildflags, devices, zoo
+from v100lab import buildflags, devices, modelcache, zoo
 from v100lab.backends import BenchTest, find_binary
 from v100lab.backends.inprocess import build_info
 from v100lab.backends.isolated import IsolatedBackend
@@ -198,6 +201,14 @@ ROW_PAIR_LOADS = 3
 # over the pass's minutes, not of three. The two extra loads cost about 10 minutes of a 70-minute calibration on
 # a 2-core Zen 3, and halved the prompt fit's residuals there (benchmarks/RESULTS.md, issue 18, thirteenth round).
 PROMPT_LOADS = 3
+# A decode point at depth — and calib-wide96's depth-0 point, the other side of its attention's contrast — is
+# measured this many times a pass too, in whole rounds of those points spread through the pass before them
+# (:func:`pass_order`): with one load a pass, the depth points were the calibrations' largest residuals on two AVX2
+# hosts (the Q4_0 rung at 1024-2048 cells and calib-wide96 at 2048: +15.6 / -17.1 % on a Zen 3, their three passes
+# up to 35 % apart; benchmarks/RESULTS.md, issue 18, thirteenth round). A load restores its filled context from a
+# file the first load of that point wrote (``depth_states``, :func:`calibrate`), so the extra loads cost their
+# decodes, not the fills — which, once per calibration instead of once per pass and thread count, pay for them.
+DEPTH_LOADS = 3
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
 # Every point is measured in this many passes over all points, minutes apart, and the median pass kept
@@ -299,28 +310,37 @@ def _cheap_prompt(cp: CalPoint) -> bool:
     return cp.prompt and not cp.decode and cp.depth == 0
 
 
+def _attention_decode(cp: CalPoint) -> bool:
+    """A decode point of attention's contrasts — at depth, or calib-wide96's depth-0 point (its other side):
+    measured :data:`DEPTH_LOADS` times a pass."""
+    return cp.decode and (cp.depth > 0 or cp.label == WIDE96_LABEL)
+
+
 def pass_order(points: Sequence[CalPoint]) -> list[CalPoint]:
     """The measurements of one calibration pass: every point of ``points`` once, in order, except
 
     * the row's pair (a :data:`WIDE512_LABEL` point and the point just before it, its rung), measured
-      :data:`ROW_PAIR_LOADS` times, alternating;
-    * the prompt-only points at depth 0, measured :data:`PROMPT_LOADS` times: once in their place, then in
-      ``PROMPT_LOADS - 1`` rounds (all of them, in plan order) spread evenly through the measurements after the
-      last of them — with three loads, a round a third and one two thirds of the way through the rest of the pass
-      (the decode points at depth, its longest part).
+      :data:`ROW_PAIR_LOADS` times in its place, alternating;
+    * the prompt-only points at depth 0 (:func:`_cheap_prompt`) and attention's decode points (at depth, and
+      calib-wide96's depth-0 side of its contrast: :func:`_attention_decode`), measured in rounds — all of them, in
+      plan order, so that each contrast stays back to back —, :data:`PROMPT_LOADS` and :data:`DEPTH_LOADS` rounds
+      spread evenly through the pass: with three of each, the other points in three parts, each followed by a
+      round of the prompts and a round of attention's points. A round thus meets another phase of a shared VM than
+      the one before it.
 
     Each is a separate load of its model (a pass of its own for :func:`combine_passes`)."""
-    out: list[CalPoint] = []
+    # units that stay whole (a point; the row's pair and its loads; a round), the rounds placed between them
+    units: list[list[CalPoint]] = []
     for i, cp in enumerate(points):
         if cp.label == WIDE512_LABEL and i > 0:    # calibration_points puts it right after its rung
-            out += [cp] + [points[i - 1], cp] * (ROW_PAIR_LOADS - 1)
-        else:
-            out.append(cp)
-    extra = [cp for cp in points if _cheap_prompt(cp)]
-    if not extra:
-        return out
-    first = max(i for i, cp in enumerate(out) if _cheap_prompt(cp)) + 1    # where the rest of the pass starts
-    return spread_rounds(out, extra, PROMPT_LOADS - 1, start=first)
+            units[-1] = [points[i - 1], cp] * ROW_PAIR_LOADS
+        elif not (_cheap_prompt(cp) or _attention_decode(cp)):
+            units.append([cp])
+    for kind, loads in ((_cheap_prompt, PROMPT_LOADS), (_attention_decode, DEPTH_LOADS)):
+        rnd = [cp for cp in points if kind(cp)]
+        if rnd:
+            units = spread_rounds(units, [rnd], loads - 1) + [rnd]
+    return [cp for u in units for cp in u]
 
 
 def spread_rounds(order: Sequence, extra: Sequence, rounds: int, start: int = 0) -> list:
@@ -523,16 +543,17 @@ def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timi
 def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prompt: int = 0,
             repetitions: int = 3, flash_attn: str = "auto", retry_noisy: bool = True,
             n_ctx: int | None = None, pp_repetitions: int | None = None,
-            rerun_above_cv: float = RERUN_ABOVE_CV) -> dict[str, Timing]:
+            rerun_above_cv: float = RERUN_ABOVE_CV, depth_states: Path | None = None) -> dict[str, Timing]:
     """Decode (tg ``n_gen`` at ``depth``) and prompt (pp ``n_prompt``) time per token, llama-bench's way.
 
     A test whose coefficient of variation exceeds ``rerun_above_cv`` (:data:`RERUN_ABOVE_CV`) is run again
-    (at most :data:`MAX_RERUNS` times) and the quietest run is kept."""
+    (at most :data:`MAX_RERUNS` times) and the quietest run is kept. ``depth_states``: a folder where the filled
+    context is kept for the next load of the same model and context (the in-process session's ``depth_states``)."""
     need = depth + max(n_gen, n_prompt) + 1
     cfg = RunConfig(n_ctx=n_ctx or max(512, pad(need, CTX_PAD)), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
     out: dict[str, Timing] = {}
-    with IsolatedBackend().open(path, cfg) as session:
+    with IsolatedBackend(depth_states=depth_states).open(path, cfg) as session:
         tests = []
         if n_gen:
             tests.append(("tg", BenchTest(n_gen=n_gen, n_depth=depth)))
@@ -786,6 +807,33 @@ def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_resid
     return "; ".join(why) or None
 
 
+def _measure_passes(passes: int, threads: Sequence[int], planned: Sequence[CalPoint], paths: Mapping, repetitions: int,
+                    rerun_above_cv: float, depth_states: Path, best: dict, failed: dict,
+                    say: Callable[[str], None]) -> None:
+    """Every pass of :func:`calibrate`: each thread count's :func:`pass_order` in turn, each load's timings added
+    to ``best`` (:func:`combine_passes`); a point that crashes, hangs or is refused goes to ``failed`` and is not
+    measured again."""
+    for k in range(passes):
+        for th in threads:
+            for cp in pass_order(planned):
+                if (th, cp.name) in failed:
+                    continue
+                say(f"{cp.name}, {th} thread(s)" + (f", pass {k + 1} of {passes}" if passes > 1 else ""))
+                try:
+                    tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth,
+                                 n_gen=CALIB_N_GEN if cp.decode else 0,
+                                 n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
+                                 pp_repetitions=max(1, repetitions - 1), rerun_above_cv=rerun_above_cv,
+                                 depth_states=depth_states)
+                except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
+                    status = getattr(exc, "status", "failed")
+                    say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
+                    failed[(th, cp.name)] = {"config": cp.name, "threads": th, "status": status, "reason": str(exc)}
+                    best.pop((th, cp.name), None)
+                    continue
+                best[(th, cp.name)] = combine_passes(best.get((th, cp.name)), tm)
+
+
 def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes: int = CALIB_PASSES,
               progress: Callable[[str], None] | None = None, store: bool = True, force: bool = False,
               rerun_above_cv: float = RERUN_ABOVE_CV, max_noisy_share: float = MAX_NOISY_SHARE,
@@ -831,25 +879,15 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     best: dict[tuple[int, str], dict[str, Timing]] = {}
     failed: dict[tuple[int, str], dict[str, Any]] = {}
     # the thread counts take turns within each pass, so that both see the same phases of a shared VM (measured
-    # one after the other, the 2-thread points once came out 2.3x the 1-thread ones: more than two cores give)
-    for k in range(passes):
-        for th in threads:
-            for cp in pass_order(planned):
-                if (th, cp.name) in failed:
-                    continue
-                say(f"{cp.name}, {th} thread(s)" + (f", pass {k + 1} of {passes}" if passes > 1 else ""))
-                try:
-                    tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth,
-                                 n_gen=CALIB_N_GEN if cp.decode else 0,
-                                 n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
-                                 pp_repetitions=max(1, repetitions - 1), rerun_above_cv=rerun_above_cv)
-                except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
-                    status = getattr(exc, "status", "failed")
-                    say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
-                    failed[(th, cp.name)] = {"config": cp.name, "threads": th, "status": status, "reason": str(exc)}
-                    best.pop((th, cp.name), None)
-                    continue
-                best[(th, cp.name)] = combine_passes(best.get((th, cp.name)), tm)
+    # one after the other, the 2-thread points once came out 2.3x the 1-thread ones: more than two cores give).
+    # Each depth point's context is filled once per calibration and restored by every later load (DEPTH_LOADS a
+    # pass, every pass, both thread counts) from a folder in the cache, removed at the end.
+    states = tempfile.TemporaryDirectory(prefix="depth-states-", dir=modelcache.cache_dir())
+    try:
+        _measure_passes(passes, threads, planned, paths, repetitions, rerun_above_cv, Path(states.name), best,
+                        failed, say)
+    finally:
+        states.cleanup()
     result["points"] += list(failed.values())
     for th in threads:
         pts = []

@@ -15,7 +15,10 @@ repetition loop in ``llama_bench()``):
   random-weight model tends to repeat one token, so its router would pick the same experts every step);
 * depth D: before each repetition the context is cleared and D tokens are decoded untimed; the state after
   the first fill is saved with ``llama_state_seq_get_data`` and restored for later repetitions (as
-  llama-bench does since PR 16944);
+  llama-bench does since PR 16944). With ``depth_states`` (a folder) the saved state also goes to a file there,
+  and a later session of the same model file and context restores it instead of filling again: calibration
+  loads each depth point several times (:data:`v100lab.calibration.DEPTH_LOADS`), and a fill of 4096 tokens at
+  one thread costs a minute that the timed decodes do not need;
 * warmup: one ppN (when the test has a prompt) and one tg1 (when it generates), untimed;
 * ``llama_memory_clear(llama_get_memory(ctx), True)`` before every repetition.
 """
@@ -23,7 +26,10 @@ repetition loop in ``llama_bench()``):
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import hashlib
 import logging
+import os
 import random
 import time
 from functools import lru_cache
@@ -141,14 +147,25 @@ class InProcessBackend:
 
     name = "inprocess"
 
-    def open(self, model: Path, cfg: RunConfig) -> "InProcessSession":
-        return InProcessSession(Path(model), cfg)
+    def open(self, model: Path, cfg: RunConfig, depth_states: Path | None = None) -> "InProcessSession":
+        return InProcessSession(Path(model), cfg, depth_states)
+
+
+def depth_state_name(model_path: Path, cfg: RunConfig, depth: int) -> str:
+    """The file name a filled context of ``depth`` tokens is kept under in a ``depth_states`` folder: the model
+    file (name, size, modification time) and every setting that shapes the KV cache (the context, cache types,
+    flash attention — V is stored transposed without it —, sequences, SWA); not the thread counts, which change
+    how fast the cells are written, not what they hold."""
+    st = model_path.stat()
+    kv = dataclasses.replace(cfg, n_threads=0, use_mmap=True, use_mlock=False)
+    digest = hashlib.sha256(repr((model_path.name, st.st_size, st.st_mtime_ns, kv)).encode()).hexdigest()[:16]
+    return f"{model_path.stem}-d{depth}-{digest}.state"
 
 
 class InProcessSession:
     """One loaded model + context; ``run`` executes llama-bench tests on it."""
 
-    def __init__(self, model_path: Path, cfg: RunConfig):
+    def __init__(self, model_path: Path, cfg: RunConfig, depth_states: Path | None = None):
         import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         _backend_init()
@@ -159,6 +176,8 @@ class InProcessSession:
         self._ctx = None
         self._keep: list[Any] = []   # ctypes buffers that must outlive the C structs pointing at them
         self._depth_state: tuple[int, Any] | None = None
+        self.depth_states = Path(depth_states) if depth_states else None
+        self.depth_restores = 0      # fills taken from a depth_states file instead of decoded (for the tests)
         self._rng = random.Random(_SEED)
         self._cap_cm = None
         self._cap = None
@@ -260,7 +279,8 @@ class InProcessSession:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
 
     def _fill_depth(self, depth: int) -> None:
-        """Bring the context to ``depth`` tokens (untimed): restore a saved state, else decode and save it."""
+        """Bring the context to ``depth`` tokens (untimed): restore a saved state (this session's, else a file in
+        ``depth_states``), else decode and save it (there too)."""
         import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         if self._depth_state and self._depth_state[0] == depth:
@@ -268,11 +288,29 @@ class InProcessSession:
             if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(buf), 0) != 0:
                 return
             self._clear()
+        file = self.depth_states / depth_state_name(self.model_path, self.cfg, depth) if self.depth_states else None
+        if file is not None and file.is_file():
+            data = file.read_bytes()
+            buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+            if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(buf), 0) != 0:
+                self._depth_state = (depth, buf)
+                self.depth_restores += 1
+                return
+            log.warning("depth state %s does not fit this context; filling again", file.name)
+            self._clear()
         self._run_prompt(depth)
         size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         if llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0) == size:
             self._depth_state = (depth, buf)
+            if file is not None:
+                tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+                try:
+                    tmp.write_bytes(bytes(buf))
+                    os.replace(tmp, file)
+                except OSError as exc:       # a full disk costs the next load a fill, nothing more
+                    log.warning("depth state not kept (%s); the next load fills again", exc)
+                    tmp.unlink(missing_ok=True)
 
     def run(self, test: BenchTest, repetitions: int, warmup: bool = True) -> Measurement:
         if self._ctx is None:

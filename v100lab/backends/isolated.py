@@ -46,9 +46,9 @@ def _arm_fault(session, model_path: Path) -> None:
     session._decode = decode
 
 
-def _open(model: Path, cfg: RunConfig) -> dict[str, Any]:
+def _open(model: Path, cfg: RunConfig, depth_states: Path | None = None) -> dict[str, Any]:
     global _session
-    _session = InProcessBackend().open(model, cfg)
+    _session = InProcessBackend().open(model, cfg, depth_states)
     _arm_fault(_session, model)
     return {"info": _session.info, "load": _session.load, "raw_log": _session.raw_log}
 
@@ -81,22 +81,24 @@ class IsolatedBackend:
 
     name = "inprocess"
 
-    def __init__(self, timeout: float | None = DEFAULT_TIMEOUT_S):
+    def __init__(self, timeout: float | None = DEFAULT_TIMEOUT_S, depth_states: Path | None = None):
         self.timeout = timeout
+        self.depth_states = depth_states     # a folder for filled contexts, shared by loads (InProcessSession)
 
     def open(self, model: Path, cfg: RunConfig) -> "IsolatedSession":
-        return IsolatedSession(Path(model), cfg, self.timeout)
+        return IsolatedSession(Path(model), cfg, self.timeout, self.depth_states)
 
 
 class IsolatedSession:
     """A model loaded in a worker; the parent side of :class:`v100lab.backends.inprocess.InProcessSession`."""
 
-    def __init__(self, model_path: Path, cfg: RunConfig, timeout: float | None):
+    def __init__(self, model_path: Path, cfg: RunConfig, timeout: float | None, depth_states: Path | None = None):
         self.timeout = timeout
         self._worker = Worker()
         self.monitor_pid = self._worker.pid          # the monitor watches the process that runs llama.cpp
         try:
-            got = self._worker.call(_open, model_path, cfg, timeout=timeout, what=f"loading {model_path.name}")
+            got = self._worker.call(_open, model_path, cfg, depth_states, timeout=timeout,
+                                    what=f"loading {model_path.name}")
         except BaseException:
             self._worker.close()
             raise
