@@ -1,6 +1,6 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About 30-70 minutes on a 2-core VM (70 on a Zen 3 with AVX2 only; three passes over the points, the median
+About 40-70 minutes on a 2-core VM (39 on a Zen 2; 70 on a Zen 3 before depth fills were kept; three passes over the points, the median
 of each kept; plus building the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
 any other process collapses throughput.
 """
