@@ -25,12 +25,10 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable
 
-from v100lab import calibration, modelcache, rates, seed, speed, zoo
+from v100lab import calibration, rates, seed, speed, zoo
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.header import read_spec
@@ -93,24 +91,23 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
                                      [(i, True) for i, c in enumerate(configs) if c[3]], max(0, prompt_loads - 1))
     # a row's filled context is kept for its later passes (calibration's depth_states): the fills cost no pass
     # but the first
-    states = tempfile.TemporaryDirectory(prefix="depth-states-", dir=modelcache.cache_dir())
-    for k in range(passes):
-        if between:
-            between()
-        for i, pp_only in plan:
-            alias, threads, depth, with_pp = configs[i]
-            path = zoo.resolve(alias)
-            if any(path.name.startswith(s) for s in stems):
-                sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
-            t0 = time.perf_counter()
-            m = calibration.measure(path, threads, depth=depth, n_gen=0 if pp_only else N_GEN,
-                                    n_prompt=N_PROMPT if with_pp else 0, repetitions=repetitions, n_ctx=_n_ctx(depth),
-                                    depth_states=Path(states.name))
-            measured[i] = calibration.combine_passes(measured.get(i), m)
-            shown = f"pp {1 / m['pp'].s_per_token:7.2f}" if pp_only else f"tg {1 / m['tg'].s_per_token:7.2f}"
-            print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} {shown}"
-                  f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    states.cleanup()
+    with calibration.kept_fills() as states:
+        for k in range(passes):
+            if between:
+                between()
+            for i, pp_only in plan:
+                alias, threads, depth, with_pp = configs[i]
+                path = zoo.resolve(alias)
+                if any(path.name.startswith(s) for s in stems):
+                    sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
+                t0 = time.perf_counter()
+                m = calibration.measure(path, threads, depth=depth, n_gen=0 if pp_only else N_GEN,
+                                        n_prompt=N_PROMPT if with_pp else 0, repetitions=repetitions,
+                                        n_ctx=_n_ctx(depth), depth_states=states)
+                measured[i] = calibration.combine_passes(measured.get(i), m)
+                shown = f"pp {1 / m['pp'].s_per_token:7.2f}" if pp_only else f"tg {1 / m['tg'].s_per_token:7.2f}"
+                print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} {shown}"
+                      f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     if between:
         between()
     for i, (alias, threads, depth, with_pp) in enumerate(configs):

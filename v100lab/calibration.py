@@ -1,7 +1,7 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 40-70 minutes on a 2-core VM: 39 on a Zen 2, 70 on a Zen 3 before depth fills were kept). On a small CPU,
-decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
+``v100lab calibrate`` (about 40-70 minutes on a 2-core VM: 39 on a Zen 2, 70 on a Zen 3 before depth fills were
+kept). On a small CPU, decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
 Calibration measures, with real llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
@@ -44,6 +44,7 @@ for :mod:`v100lab.serving`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -56,7 +57,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psutil
 
@@ -807,6 +808,14 @@ def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_resid
     return "; ".join(why) or None
 
 
+@contextlib.contextmanager
+def kept_fills() -> Iterator[Path]:
+    """A folder in the cache for the filled contexts of one run's loads (:func:`measure`'s ``depth_states``),
+    removed when the run ends, however it ends: a calibration's fills take a few hundred MB."""
+    with tempfile.TemporaryDirectory(prefix="depth-states-", dir=modelcache.cache_dir()) as d:
+        yield Path(d)
+
+
 def _measure_passes(passes: int, threads: Sequence[int], planned: Sequence[CalPoint], paths: Mapping, repetitions: int,
                     rerun_above_cv: float, depth_states: Path, best: dict, failed: dict,
                     say: Callable[[str], None]) -> None:
@@ -882,12 +891,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     # one after the other, the 2-thread points once came out 2.3x the 1-thread ones: more than two cores give).
     # Each depth point's context is filled once per calibration and restored by every later load (DEPTH_LOADS a
     # pass, every pass, both thread counts) from a folder in the cache, removed at the end.
-    states = tempfile.TemporaryDirectory(prefix="depth-states-", dir=modelcache.cache_dir())
-    try:
-        _measure_passes(passes, threads, planned, paths, repetitions, rerun_above_cv, Path(states.name), best,
-                        failed, say)
-    finally:
-        states.cleanup()
+    with kept_fills() as states:
+        _measure_passes(passes, threads, planned, paths, repetitions, rerun_above_cv, states, best, failed, say)
     result["points"] += list(failed.values())
     for th in threads:
         pts = []
