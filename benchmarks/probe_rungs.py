@@ -9,6 +9,7 @@
     .venv/bin/python benchmarks/probe_rungs.py pp-attn    # prompt attention vs depth and head_dim, one set of matrices
     .venv/bin/python benchmarks/probe_rungs.py pp-rows    # prompt cost per weight at rows of 512 and 1024
     .venv/bin/python benchmarks/probe_rungs.py pp-twin    # the default model's prompt against its pure synthetic twin
+    .venv/bin/python benchmarks/probe_rungs.py tg-width   # decode per weight: synth-750m's layer vs calib-wide's
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -21,10 +22,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 
-from v100lab import calibration, zoo
+from v100lab import calibration, speed, zoo
 from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
 from v100lab.config import RunConfig
+from v100lab.devices import get_device
 from v100lab.header import read_spec
 from v100lab.work import layer_matrices
 
@@ -227,14 +230,63 @@ def pp_twin(rounds: int) -> None:
                       ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[name], 4), cv=round(m["pp"].cv, 3))
 
 
+#: synth-750m's layer (n_embd 1536, n_ff 4096, 16 query / 4 KV heads): the validation rows decode-weights miss most
+TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
+TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
+
+
+def tg_width(rounds: int) -> None:
+    """Decode (tg16, depth 0) per weight of pure rungs in Q4_0 (repacked on x86), Q3_K and Q4_K: calibration's own
+    rung (CALIB_WIDE's layer, deep enough to stream: :func:`calibration.wide_spec`), the same layer with twice the
+    layers (the bytes a token of synth-750m, ~400 MB, on calib-wide's rows) and synth-750m's layer
+    (:data:`TG_WIDTH_W1536`, rows of 1536 and 4096) deep enough to stream. synth-750m's Q3_K_M and Q4_0 decoded
+    24-31 % slower at 2 threads than calibration's rates on calib-wide's rows predict, within 4 % at 1 thread
+    (benchmarks/RESULTS.md, issue 18, fourteenth round): whether the weights of wider rows cost more per weight, or
+    a token that reads twice the bytes does — each a contrast measured back to back in a round. On a Zen 3 neither
+    did (fifteenth round): the rungs' speed drifted more between calibration and validation than it differs here."""
+    paths, n_w = {}, {}
+    for ty in TG_WIDTH_TYPES:
+        rung = wide_spec(ty)
+        for name, spec in (("w1024", rung), ("w1024x2", dataclasses.replace(rung, n_layer=2 * rung.n_layer)),
+                           ("w1536", wide_spec(ty, TG_WIDTH_W1536))):
+            paths[(ty, name)] = calibration.pure_quantized_synthetic(spec, ty)
+            w = calibration._single_device_work(read_spec(paths[(ty, name)]), RunConfig(), 8)
+            n_w[(ty, name)] = w.n_weights
+            _emit(width_model=f"{ty}:{name}", layers=spec.n_layer, weights=w.n_weights, rows=w.n_rows,
+                  bytes=sum(tw.n_bytes for tw in w.weights.values()))
+    per_weight: dict = {}
+    for rnd in range(rounds):
+        for th in (2, 1):
+            for (ty, name), path in paths.items():
+                m = measure(path, th, depth=0, n_gen=16, repetitions=5)
+                ps = 1e12 * m["tg"].s_per_token / n_w[(ty, name)]
+                per_weight.setdefault((ty, th, name), []).append(ps)
+                _emit(round=rnd, type=ty, model=name, threads=th, tg_tok_s=round(1 / m["tg"].s_per_token, 2),
+                      ps_per_weight=round(ps, 3), cv=round(m["tg"].cv, 3))
+    # per type and thread count: each model's ps per weight (median of the rounds) against the calibration rung's,
+    # and the stored calibration's prediction for each (w1024 is calibration's own rung: in-sample)
+    host = get_device("host")
+    for ty in TG_WIDTH_TYPES:
+        for th in (1, 2):
+            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
+            err = {}
+            for name, ps in med.items():
+                pred = speed.predict(read_spec(paths[(ty, name)]), [host], RunConfig(n_threads=th, n_gpu_layers=0),
+                                     depth=8).tg_tps
+                err[name] = round(pred * 1e-12 * ps * n_w[(ty, name)] - 1, 3)
+            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
+                  vs_w1024={k: round(v / med["w1024"], 3) for k, v in med.items()}, predicted_error=err)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
-                                      "pp-rows", "pp-twin"))
+                                      "pp-rows", "pp-twin", "tg-width"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
-     "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin}[args.probe](args.rounds)
+     "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
+     "tg-width": tg_width}[args.probe](args.rounds)
     return 0
 
 
