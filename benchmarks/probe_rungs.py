@@ -243,7 +243,7 @@ def tg_width(rounds: int) -> None:
     24-31 % slower at 2 threads than calibration's rates on calib-wide's rows predict, within 4 % at 1 thread
     (benchmarks/RESULTS.md, issue 18, fourteenth round): whether the weights of wider rows cost more per weight, or
     a token that reads twice the bytes does — each a contrast measured back to back in a round. On a Zen 3 neither
-    did (fifteenth round): the rungs' speed drifted more between calibration and validation than it differs here."""
+    did (fifteenth round): the rungs' speed moved more between the VM's phases than it differs here."""
     paths, n_w = {}, {}
     for ty in TG_WIDTH_TYPES:
         rung = wide_spec(ty)
