@@ -71,11 +71,49 @@ CI_VALIDATION = (
 )
 
 
+class DriftReference:
+    """Calibration's own decode rung (calib-wide in :data:`calibration.DEPTH_TYPE`, the file calibration measured)
+    decoded before each validation pass and after the last, at each thread count the validation uses. Its speed
+    against the figure the stored calibration holds for it says which phase of a shared VM the passes met: on a
+    Zen 3 VM the rung ran 5-31 % slower 35-100 minutes after calibration and at its speed again minutes later, and
+    the validation's misses were of that size (benchmarks/RESULTS.md, issue 18, fifteenth round). Rows are judged as
+    measured; :meth:`ratio` gives the drift-corrected error of the decode rows, printed beside the raw one."""
+
+    POINT = f"calib-wide:{calibration.DEPTH_TYPE}"
+
+    def __init__(self, cal: dict, threads) -> None:
+        self.stored = {int(p["threads"]): float(p["tg_tps"]) for p in cal.get("points", [])
+                       if p.get("config") == self.POINT and p.get("tg_tps")}
+        self.threads = sorted(th for th in set(threads) if th in self.stored)
+        self.seen: dict[int, list[float]] = {th: [] for th in self.threads}
+        self.path = (calibration.pure_quantized_synthetic(calibration.wide_spec(calibration.DEPTH_TYPE),
+                                                          calibration.DEPTH_TYPE) if self.threads else None)
+
+    def run(self) -> None:
+        for th in self.threads:
+            m = calibration.measure(self.path, th, depth=0, n_gen=calibration.CALIB_N_GEN, repetitions=3)
+            self.seen[th].append(1.0 / m["tg"].s_per_token)
+            print(f"  drift reference {self.POINT} t{th}: tg {self.seen[th][-1]:.2f} (calibration: "
+                  f"{self.stored[th]:.2f})", file=sys.stderr, flush=True)
+
+    def ratio(self, threads: int) -> float | None:
+        """The rung's median speed over the passes against calibration's figure (1.0: the same phase)."""
+        seen = self.seen.get(threads)
+        return statistics.median(seen) / self.stored[threads] if seen else None
+
+    def summary(self) -> dict:
+        return {"point": self.POINT, "calibration_tps": self.stored,
+                "measured_tps": {th: [round(x, 2) for x in v] for th, v in self.seen.items()},
+                "ratio": {th: round(self.ratio(th), 4) for th in self.threads if self.seen[th]}}
+
+
 def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2,
-              between: Callable[[], None] | None = None, prompt_loads: int = calibration.PROMPT_LOADS) -> dict:
+              between: Callable[[], None] | None = None, prompt_loads: int = calibration.PROMPT_LOADS,
+              drift_reference: bool = True) -> dict:
     """Measure every configuration in ``passes`` passes minutes apart, keep each test's median pass (as
     calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration. ``between`` runs
-    before each pass and after the last (the llama-bench passes, spread over the same minutes)."""
+    before each pass and after the last (the llama-bench passes, spread over the same minutes); so does the drift
+    reference (:class:`DriftReference`) unless ``drift_reference`` is False."""
     cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
@@ -83,6 +121,13 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     host = get_device("host")
     rows = []
     configs = validation[::3] if quick else validation
+    ref = DriftReference(cal, [c[1] for c in configs]) if drift_reference else None
+    hooks = [h for h in (ref.run if ref else None, between) if h]
+
+    def between_passes() -> None:
+        for hook in hooks:
+            hook()
+
     measured: dict[int, dict] = {}
     # each row once a pass (decode, and its prompt where it has one), and each prompt ``prompt_loads`` - 1 more
     # times, alone, in rounds spread through the pass: its figure moved by up to 44 % between passes (issue 18,
@@ -93,8 +138,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     # but the first
     with calibration.kept_fills() as states:
         for k in range(passes):
-            if between:
-                between()
+            between_passes()
             for i, pp_only in plan:
                 alias, threads, depth, with_pp = configs[i]
                 path = zoo.resolve(alias)
@@ -108,8 +152,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
                 shown = f"pp {1 / m['pp'].s_per_token:7.2f}" if pp_only else f"tg {1 / m['tg'].s_per_token:7.2f}"
                 print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} {shown}"
                       f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    if between:
-        between()
+    between_passes()
     for i, (alias, threads, depth, with_pp) in enumerate(configs):
         spec = read_spec(zoo.resolve(alias))
         m = measured[i]
@@ -121,22 +164,30 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
             if meas is None:
                 continue
             mt = 1.0 / meas.s_per_token
+            # a decode rung's drift corrects decode rows only: a prompt is bound by another part of the core
+            drift = ref.ratio(threads) if ref and test == "tg" else None
             rows.append({"model": alias, "arch": spec.architecture, "file_type": spec.file_type, "threads": threads,
                          "depth": depth,
                          "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
                          "cv": round(meas.cv, 4), "spread": round(meas.spread, 4),
                          "predicted_tps": round(pred, 2), "error": pred / mt - 1,
+                         "error_drift_corrected": (pred * drift / mt - 1) if drift else None,
                          "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
                          "weights_ceiling_tg_tps": round(p_tg.weights_ceiling_tg_tps, 1) if test == "tg" else None,
                          "above_ceiling": bool(test == "tg" and mt > p_tg.physical_ceiling_tg_tps)})
     out = {"rows": rows, "calibration_points": [p["config"] for p in cal.get("points", [])][:20],
-           "calibration_measured_at": cal.get("measured_at")}
+           "calibration_measured_at": cal.get("measured_at"), "drift_reference": ref.summary() if ref else None}
     for test in ("tg", "pp"):
         errs = [abs(r["error"]) for r in rows if r["test"].startswith(test)]
         if errs:
             out[f"{test}_median_abs_error"] = statistics.median(errs)
             out[f"{test}_worst_abs_error"] = max(errs)
             out[f"{test}_n"] = len(errs)
+        fixed = [abs(r["error_drift_corrected"]) for r in rows
+                 if r["test"].startswith(test) and r.get("error_drift_corrected") is not None]
+        if fixed:
+            out[f"{test}_drift_corrected_median_abs_error"] = statistics.median(fixed)
+            out[f"{test}_drift_corrected_worst_abs_error"] = max(fixed)
         for arch in sorted({r["arch"] for r in rows}):
             errs = [abs(r["error"]) for r in rows if r["test"].startswith(test) and r["arch"] == arch]
             if errs:
@@ -234,17 +285,29 @@ def print_llamabench(res: dict) -> None:
 
 def print_host(res: dict) -> None:
     print("### (a) this machine: measured vs predicted (configurations never used in calibration)\n")
-    print("| model | type | threads | depth | test | measured t/s | cv | passes' spread | predicted t/s | error | bound |")
-    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|---|")
+    ref = res.get("drift_reference")
+    if ref and ref.get("ratio"):
+        print("Drift reference (calibration's own rung, before each pass and after the last): " + "; ".join(
+            f"{th} thread(s) {' / '.join(f'{x:.1f}' for x in ref['measured_tps'][th])} tok/s against calibration's "
+            f"{ref['calibration_tps'][th]:.1f} (ratio {ref['ratio'][th]:.3f})" for th in ref["ratio"]) + ". The "
+            "drift-corrected error scales each decode prediction by its thread count's ratio.\n")
+    print("| model | type | threads | depth | test | measured t/s | cv | passes' spread | predicted t/s | error | "
+          "drift-corrected | bound |")
+    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|---|")
     for r in res["rows"]:
         flag = " **above ceiling**" if r["above_ceiling"] else ""
+        fixed = r.get("error_drift_corrected")
         print(f"| {r['model']} | {r['file_type']} | {r['threads']} | {r['depth']} | {r['test']} | {r['measured_tps']}{flag} "
               f"| {100 * r['cv']:.1f} % | {100 * r.get('spread', 0):.0f} % | {r['predicted_tps']} | {_pct(r['error'])} "
-              f"| {r['bound']} |")
+              f"| {_pct(fixed) if fixed is not None else '—'} | {r['bound']} |")
     for test in ("tg", "pp"):
         if f"{test}_n" in res:
             print(f"\n{test}: median |error| {100 * res[f'{test}_median_abs_error']:.1f} %, worst "
                   f"{100 * res[f'{test}_worst_abs_error']:.1f} % over {res[f'{test}_n']} configurations")
+        if f"{test}_drift_corrected_median_abs_error" in res:
+            print(f"{test}, drift-corrected: median |error| "
+                  f"{100 * res[f'{test}_drift_corrected_median_abs_error']:.1f} %, worst "
+                  f"{100 * res[f'{test}_drift_corrected_worst_abs_error']:.1f} %")
     for arch, a in (res.get("by_arch") or {}).items():
         print(f"- {arch}: " + "; ".join(f"{t} median {100 * a[f'{t}_median_abs_error']:.1f} %, worst "
                                          f"{100 * a[f'{t}_worst_abs_error']:.1f} % ({a[f'{t}_n']})"
@@ -355,6 +418,9 @@ def main(argv=None) -> int:
                     help="loads of each prompt (pp512) a pass, the extra ones spread through the pass (default "
                          f"{calibration.PROMPT_LOADS}, as calibration; a pp512 load of synth-750m takes 23-31 s "
                          "on a 2-core Zen 3)")
+    ap.add_argument("--no-drift-reference", action="store_true",
+                    help="skip the drift reference (calibration's own rung decoded before each pass; ~10 s a pass and "
+                         "thread count; --ci skips it, to keep CI's table inside its time)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
@@ -366,11 +432,12 @@ def main(argv=None) -> int:
         # llama-bench's passes between the host part's (before each, and after the last): both medians then span
         # the same minutes of the VM's phases
         res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
-                                between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads)
+                                between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads,
+                                drift_reference=not (args.no_drift_reference or args.ci))
         print_host(res["host"])
     if "arch" in parts:
         res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes,
-                                prompt_loads=args.prompt_loads)
+                                prompt_loads=args.prompt_loads, drift_reference=not args.no_drift_reference)
         print_host(res["arch"])
     if lb:
         res["llamabench"] = lb.result()
