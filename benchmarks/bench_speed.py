@@ -79,15 +79,17 @@ class DriftReference:
     the validation's misses were of that size (benchmarks/RESULTS.md, issue 18, fifteenth round). Rows are judged as
     measured; :meth:`ratio` gives the drift-corrected error of the decode rows, printed beside the raw one."""
 
-    POINT = f"calib-wide:{calibration.DEPTH_TYPE}"
+    RUNG = calibration.CalPoint("calib-wide", calibration.wide_spec(calibration.DEPTH_TYPE), calibration.DEPTH_TYPE,
+                                prompt=False)
+    POINT = RUNG.name           # the stored point's config string (calib-wide:Q4_0)
 
     def __init__(self, cal: dict, threads) -> None:
         self.stored = {int(p["threads"]): float(p["tg_tps"]) for p in cal.get("points", [])
                        if p.get("config") == self.POINT and p.get("tg_tps")}
         self.threads = sorted(th for th in set(threads) if th in self.stored)
         self.seen: dict[int, list[float]] = {th: [] for th in self.threads}
-        self.path = (calibration.pure_quantized_synthetic(calibration.wide_spec(calibration.DEPTH_TYPE),
-                                                          calibration.DEPTH_TYPE) if self.threads else None)
+        self.path = (calibration.pure_quantized_synthetic(self.RUNG.synth, self.RUNG.type_name)
+                     if self.threads else None)
 
     def run(self) -> None:
         for th in self.threads:
