@@ -72,50 +72,100 @@ CI_VALIDATION = (
 
 
 class DriftReference:
-    """Calibration's own decode rung (calib-wide in :data:`calibration.DEPTH_TYPE`, the file calibration measured)
-    decoded before each validation pass and after the last, at each thread count the validation uses. Its speed
-    against the figure the stored calibration holds for it says which phase of a shared VM the passes met: on a
-    Zen 3 VM the rung ran 5-31 % slower 35-100 minutes after calibration and at its speed again minutes later, and
-    the validation's misses were of that size (benchmarks/RESULTS.md, issue 18, fifteenth round). Rows are judged as
-    measured; :meth:`ratio` gives the drift-corrected error of the decode rows, printed beside the raw one."""
+    """Calibration's own decode rungs (calib-wide in :data:`calibration.DEPTH_TYPE` by default, or in every weight
+    type calibration measured: ``types``; the files calibration measured) decoded before each validation pass and
+    after the last, at each thread count the validation uses. A rung's speed against the figure the stored
+    calibration holds for it says which phase of a shared VM the passes met: on a Zen 3 VM the Q4_0 rung ran 5-31 %
+    slower 35-100 minutes after calibration and at its speed again minutes later, and the validation's misses were of
+    that size (benchmarks/RESULTS.md, issue 18, fifteenth round). Rows are judged as measured; :meth:`ratio` (the
+    run's median) and :meth:`pass_ratio` (the two references around one pass) give the drift-corrected errors of the
+    decode rows, printed beside the raw one, and with every type's rung :meth:`corrected_tps` scales each part of a
+    row's predicted time by its own type's ratio: in a fast phase on that VM, the rows in K-quants and F16 at 2
+    threads ran 12-49 % above their prediction while the Q4_0 rung ran 6 % above its figure (sixteenth round)."""
 
-    RUNG = calibration.CalPoint("calib-wide", calibration.wide_spec(calibration.DEPTH_TYPE), calibration.DEPTH_TYPE,
-                                prompt=False)
-    POINT = RUNG.name           # the stored point's config string (calib-wide:Q4_0)
+    #: loads of a rung at each reference, their mean kept: on a 2-core Zen 3 VM the rung's speed moved with an sd of
+    #: 5-10 % between runs of one load a few seconds apart, about as much as between loads, with no steal time
+    #: (benchmarks/RESULTS.md, issue 18, sixteenth round) — one load is one moment of that
+    LOADS = 2
 
-    def __init__(self, cal: dict, threads) -> None:
-        self.stored = {int(p["threads"]): float(p["tg_tps"]) for p in cal.get("points", [])
-                       if p.get("config") == self.POINT and p.get("tg_tps")}
-        self.threads = sorted(th for th in set(threads) if th in self.stored)
-        self.seen: dict[int, list[float]] = {th: [] for th in self.threads}
-        self.path = (calibration.pure_quantized_synthetic(self.RUNG.synth, self.RUNG.type_name)
-                     if self.threads else None)
+    def __init__(self, cal: dict, threads, types=(calibration.DEPTH_TYPE,)) -> None:
+        rungs = {t: calibration.CalPoint("calib-wide", calibration.wide_spec(t), t, prompt=False) for t in types}
+        names = {rung.name: t for t, rung in rungs.items()}      # the stored points' config strings (calib-wide:Q4_0)
+        self.stored = {(names[p["config"]], int(p["threads"])): float(p["tg_tps"]) for p in cal.get("points", [])
+                       if p.get("config") in names and p.get("tg_tps")}
+        self.fits = cal.get("threads") or {}
+        self.threads = sorted(th for th in set(threads) if (calibration.DEPTH_TYPE, th) in self.stored)
+        self.types = [t for t in types if self.threads and all((t, th) in self.stored for th in self.threads)]
+        self.seen: dict[tuple[str, int], list[float]] = {(t, th): [] for t in self.types for th in self.threads}
+        self.at: dict[int, list[str]] = {}          # when each reference ran (UTC)
+        self.paths = {t: calibration.pure_quantized_synthetic(rungs[t].synth, t) for t in self.types}
 
     def run(self) -> None:
         for th in self.threads:
-            m = calibration.measure(self.path, th, depth=0, n_gen=calibration.CALIB_N_GEN, repetitions=3)
-            self.seen[th].append(1.0 / m["tg"].s_per_token)
-            print(f"  drift reference {self.POINT} t{th}: tg {self.seen[th][-1]:.2f} (calibration: "
-                  f"{self.stored[th]:.2f})", file=sys.stderr, flush=True)
+            for t in self.types:
+                got = [1.0 / calibration.measure(self.paths[t], th, depth=0, n_gen=calibration.CALIB_N_GEN,
+                                                 repetitions=3)["tg"].s_per_token for _ in range(self.LOADS)]
+                self.seen[(t, th)].append(statistics.fmean(got))
+                print(f"  drift reference calib-wide:{t} t{th}: tg {' / '.join(f'{x:.2f}' for x in got)} "
+                      f"(calibration: {self.stored[(t, th)]:.2f})", file=sys.stderr, flush=True)
+            self.at.setdefault(th, []).append(time.strftime("%H:%M:%S", time.gmtime()))
 
-    def ratio(self, threads: int) -> float | None:
+    def ratio(self, threads: int, type_name: str = calibration.DEPTH_TYPE) -> float | None:
         """The rung's median speed over the passes against calibration's figure (1.0: the same phase)."""
-        seen = self.seen.get(threads)
-        return statistics.median(seen) / self.stored[threads] if seen else None
+        seen = self.seen.get((type_name, threads))
+        return statistics.median(seen) / self.stored[(type_name, threads)] if seen else None
+
+    def pass_ratio(self, threads: int, k: int, type_name: str = calibration.DEPTH_TYPE) -> float | None:
+        """Pass ``k``'s phase: the geometric mean of the rung's speeds before and after that pass, against
+        calibration's figure (None when either is missing)."""
+        seen = self.seen.get((type_name, threads)) or []
+        if k + 1 >= len(seen):
+            return None
+        return (seen[k] * seen[k + 1]) ** 0.5 / self.stored[(type_name, threads)]
+
+    def corrected_tps(self, pred_tps: float, spec, cfg: RunConfig, depth: int, threads: int,
+                      k: int | None = None) -> float | None:
+        """The decode prediction with each weight type's part of the token's time (its weights and rows at the
+        calibrated costs) divided by that type's ratio, the rest (attention, overheads, types without a rung) by
+        the :data:`calibration.DEPTH_TYPE` rung's — for pass ``k``, or the run's median when None. None with fewer
+        than two types or a ratio missing."""
+        if len(self.types) < 2:
+            return None
+        fit = self.fits.get(str(threads)) or {}
+        costs, row_s = fit.get("tg_s_per_weight") or {}, float(fit.get("tg_row_s") or 0.0)
+        ratio = (lambda t: self.ratio(threads, t)) if k is None else (lambda t: self.pass_ratio(threads, k, t))
+        base = ratio(calibration.DEPTH_TYPE)
+        if base is None:
+            return None
+        total, parts = 1.0 / pred_tps, {}
+        for t, tw in calibration._single_device_work(spec, cfg, depth).weights.items():
+            if t in self.types and t in costs:
+                parts[t] = tw.n_weights * costs[t] + tw.n_rows * row_s
+        rest = max(0.0, total - sum(parts.values()))
+        fixed = rest / base
+        for t, part in parts.items():
+            r = ratio(t)
+            if r is None:
+                return None
+            fixed += part / r
+        return 1.0 / fixed
 
     def summary(self) -> dict:
-        return {"point": self.POINT, "calibration_tps": self.stored,
-                "measured_tps": {th: [round(x, 2) for x in v] for th, v in self.seen.items()},
-                "ratio": {th: round(self.ratio(th), 4) for th in self.threads if self.seen[th]}}
+        return {"points": [f"calib-wide:{t}" for t in self.types],
+                "calibration_tps": {f"{t}/{th}": v for (t, th), v in self.stored.items() if t in self.types},
+                "measured_tps": {f"{t}/{th}": [round(x, 2) for x in v] for (t, th), v in self.seen.items()},
+                "at_utc": self.at,
+                "ratio": {f"{t}/{th}": round(self.ratio(th, t), 4) for (t, th), v in self.seen.items() if v}}
 
 
 def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2,
               between: Callable[[], None] | None = None, prompt_loads: int = calibration.PROMPT_LOADS,
-              drift_reference: bool = True) -> dict:
+              drift_reference: bool = True, drift_types=(calibration.DEPTH_TYPE,)) -> dict:
     """Measure every configuration in ``passes`` passes minutes apart, keep each test's median pass (as
     calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration. ``between`` runs
     before each pass and after the last (the llama-bench passes, spread over the same minutes); so does the drift
-    reference (:class:`DriftReference`) unless ``drift_reference`` is False."""
+    reference (:class:`DriftReference`, on the calibration rungs of ``drift_types``) unless ``drift_reference`` is
+    False."""
     cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
@@ -123,7 +173,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     host = get_device("host")
     rows = []
     configs = validation[::3] if quick else validation
-    ref = DriftReference(cal, [c[1] for c in configs]) if drift_reference else None
+    ref = DriftReference(cal, [c[1] for c in configs], drift_types) if drift_reference else None
     hooks = [h for h in (ref.run if ref else None, between) if h]
 
     def between_passes() -> None:
@@ -168,12 +218,27 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
             mt = 1.0 / meas.s_per_token
             # a decode rung's drift corrects decode rows only: a prompt is bound by another part of the core
             drift = ref.ratio(threads) if ref and test == "tg" else None
+            # pass by pass: each pass's figure divided by the phase its bracketing references saw, then the median
+            passes_tps = [1.0 / x for x in meas.pass_best] if meas.pass_best else [mt]
+            per_pass = [ref.pass_ratio(threads, k) for k in range(len(passes_tps))] if drift else []
+            fixed_pp = (pred / statistics.median(x / r for x, r in zip(passes_tps, per_pass)) - 1
+                        if per_pass and all(per_pass) else None)
+            # by type: each part of the predicted token's time scaled by its own type's rung (DriftReference)
+            tg_depth = depth + N_GEN // 2
+            typed = ref.corrected_tps(pred, spec, cfg, tg_depth, threads) if drift else None
+            typed_k = [ref.corrected_tps(pred, spec, cfg, tg_depth, threads, k) for k in range(len(passes_tps))] \
+                if typed else []
+            typed_pp = (statistics.median(q / x for q, x in zip(typed_k, passes_tps)) - 1
+                        if typed_k and all(typed_k) else None)
             rows.append({"model": alias, "arch": spec.architecture, "file_type": spec.file_type, "threads": threads,
                          "depth": depth,
                          "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
                          "cv": round(meas.cv, 4), "spread": round(meas.spread, 4),
                          "predicted_tps": round(pred, 2), "error": pred / mt - 1,
                          "error_drift_corrected": (pred * drift / mt - 1) if drift else None,
+                         "error_drift_per_pass": fixed_pp, "pass_tps": [round(x, 2) for x in passes_tps],
+                         "error_drift_by_type": (typed / mt - 1) if typed else None,
+                         "error_drift_by_type_per_pass": typed_pp,
                          "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
                          "weights_ceiling_tg_tps": round(p_tg.weights_ceiling_tg_tps, 1) if test == "tg" else None,
                          "above_ceiling": bool(test == "tg" and mt > p_tg.physical_ceiling_tg_tps)})
@@ -185,11 +250,13 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
             out[f"{test}_median_abs_error"] = statistics.median(errs)
             out[f"{test}_worst_abs_error"] = max(errs)
             out[f"{test}_n"] = len(errs)
-        fixed = [abs(r["error_drift_corrected"]) for r in rows
-                 if r["test"].startswith(test) and r.get("error_drift_corrected") is not None]
-        if fixed:
-            out[f"{test}_drift_corrected_median_abs_error"] = statistics.median(fixed)
-            out[f"{test}_drift_corrected_worst_abs_error"] = max(fixed)
+        for key, name in (("error_drift_corrected", "drift_corrected"), ("error_drift_per_pass", "drift_per_pass"),
+                          ("error_drift_by_type", "drift_by_type"),
+                          ("error_drift_by_type_per_pass", "drift_by_type_per_pass")):
+            fixed = [abs(r[key]) for r in rows if r["test"].startswith(test) and r.get(key) is not None]
+            if fixed:
+                out[f"{test}_{name}_median_abs_error"] = statistics.median(fixed)
+                out[f"{test}_{name}_worst_abs_error"] = max(fixed)
         for arch in sorted({r["arch"] for r in rows}):
             errs = [abs(r["error"]) for r in rows if r["test"].startswith(test) and r["arch"] == arch]
             if errs:
@@ -289,27 +356,38 @@ def print_host(res: dict) -> None:
     print("### (a) this machine: measured vs predicted (configurations never used in calibration)\n")
     ref = res.get("drift_reference")
     if ref and ref.get("ratio"):
-        print("Drift reference (calibration's own rung, before each pass and after the last): " + "; ".join(
-            f"{th} thread(s) {' / '.join(f'{x:.1f}' for x in ref['measured_tps'][th])} tok/s against calibration's "
-            f"{ref['calibration_tps'][th]:.1f} (ratio {ref['ratio'][th]:.3f})" for th in ref["ratio"]) + ". The "
-            "drift-corrected error scales each decode prediction by its thread count's ratio.\n")
+        print("Drift reference (calibration's own rungs, before each pass and after the last; rung/threads: tok/s "
+              "each time against calibration's, and their median's ratio): " + "; ".join(
+                  f"{key} {' / '.join(f'{x:.1f}' for x in ref['measured_tps'][key])} against "
+                  f"{ref['calibration_tps'][key]:.1f} ({ref['ratio'][key]:.3f})" for key in ref["ratio"])
+              + f". The drift-corrected errors scale each decode prediction by the {calibration.DEPTH_TYPE} rung's "
+              "ratio at its thread count (the run's median, or pass by pass); with every type's rung, the by-type "
+              "ones scale each type's part of the token's time by its own.\n")
     print("| model | type | threads | depth | test | measured t/s | cv | passes' spread | predicted t/s | error | "
-          "drift-corrected | bound |")
-    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|---|")
+          "drift-corrected | per pass | by type | by type, per pass | bound |")
+    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+
+    def shown(x) -> str:
+        return _pct(x) if x is not None else "—"
+
     for r in res["rows"]:
         flag = " **above ceiling**" if r["above_ceiling"] else ""
-        fixed = r.get("error_drift_corrected")
         print(f"| {r['model']} | {r['file_type']} | {r['threads']} | {r['depth']} | {r['test']} | {r['measured_tps']}{flag} "
               f"| {100 * r['cv']:.1f} % | {100 * r.get('spread', 0):.0f} % | {r['predicted_tps']} | {_pct(r['error'])} "
-              f"| {_pct(fixed) if fixed is not None else '—'} | {r['bound']} |")
+              f"| {shown(r.get('error_drift_corrected'))} | {shown(r.get('error_drift_per_pass'))} "
+              f"| {shown(r.get('error_drift_by_type'))} | {shown(r.get('error_drift_by_type_per_pass'))} "
+              f"| {r['bound']} |")
     for test in ("tg", "pp"):
         if f"{test}_n" in res:
             print(f"\n{test}: median |error| {100 * res[f'{test}_median_abs_error']:.1f} %, worst "
                   f"{100 * res[f'{test}_worst_abs_error']:.1f} % over {res[f'{test}_n']} configurations")
-        if f"{test}_drift_corrected_median_abs_error" in res:
-            print(f"{test}, drift-corrected: median |error| "
-                  f"{100 * res[f'{test}_drift_corrected_median_abs_error']:.1f} %, worst "
-                  f"{100 * res[f'{test}_drift_corrected_worst_abs_error']:.1f} %")
+        for name, said in (("drift_corrected", "drift-corrected (the run's ratio)"),
+                           ("drift_per_pass", "drift-corrected pass by pass"),
+                           ("drift_by_type", "drift-corrected by type (the run's ratios)"),
+                           ("drift_by_type_per_pass", "drift-corrected by type, pass by pass")):
+            if f"{test}_{name}_median_abs_error" in res:
+                print(f"{test}, {said}: median |error| {100 * res[f'{test}_{name}_median_abs_error']:.1f} %, worst "
+                      f"{100 * res[f'{test}_{name}_worst_abs_error']:.1f} %")
     for arch, a in (res.get("by_arch") or {}).items():
         print(f"- {arch}: " + "; ".join(f"{t} median {100 * a[f'{t}_median_abs_error']:.1f} %, worst "
                                          f"{100 * a[f'{t}_worst_abs_error']:.1f} % ({a[f'{t}_n']})"
@@ -423,11 +501,20 @@ def main(argv=None) -> int:
     ap.add_argument("--no-drift-reference", action="store_true",
                     help="skip the drift reference (calibration's own rung decoded before each pass; ~10 s a pass and "
                          "thread count; --ci skips it, to keep CI's table inside its time)")
+    ap.add_argument("--drift-types", choices=("depth", "all"), default="depth",
+                    help=f"the drift reference's rungs: calibration's {calibration.DEPTH_TYPE} rung only (depth), or "
+                         "every weight type's rung calibration measured (all: about 2 minutes a reference on a 2-core "
+                         "host), which adds the by-type corrections")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     res = {}
     lb = None
+
+    def save() -> None:     # after every part: a printing error late in a long run loses nothing measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2, default=str)
     if "llamabench" in parts:
         lb = LlamaBenchPasses(max(1, args.llamabench_passes or args.passes), threads=(CI_THREADS,) if args.ci else (1, 2))
     if "host" in parts:
@@ -435,14 +522,21 @@ def main(argv=None) -> int:
         # the same minutes of the VM's phases
         res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
                                 between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads,
-                                drift_reference=not (args.no_drift_reference or args.ci))
+                                drift_reference=not (args.no_drift_reference or args.ci),
+                                drift_types=tuple(calibration.CALIB_TYPES) if args.drift_types == "all"
+                                else (calibration.DEPTH_TYPE,))
+        save()
         print_host(res["host"])
     if "arch" in parts:
         res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes,
-                                prompt_loads=args.prompt_loads, drift_reference=not args.no_drift_reference)
+                                prompt_loads=args.prompt_loads, drift_reference=not args.no_drift_reference,
+                                drift_types=tuple(calibration.CALIB_TYPES) if args.drift_types == "all"
+                                else (calibration.DEPTH_TYPE,))
+        save()
         print_host(res["arch"])
     if lb:
         res["llamabench"] = lb.result()
+        save()
         print_llamabench(res["llamabench"])
     if "apple" in parts:
         res["apple"] = apple_part()
@@ -450,9 +544,7 @@ def main(argv=None) -> int:
     if "seed" in parts:
         res["seed"] = seed_part()
         print_seed(res["seed"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2, default=str)
+    save()
     return 0
 
 

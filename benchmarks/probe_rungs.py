@@ -10,6 +10,7 @@
     .venv/bin/python benchmarks/probe_rungs.py pp-rows    # prompt cost per weight at rows of 512 and 1024
     .venv/bin/python benchmarks/probe_rungs.py pp-twin    # the default model's prompt against its pure synthetic twin
     .venv/bin/python benchmarks/probe_rungs.py tg-width   # decode per weight: synth-750m's layer vs calib-wide's
+    .venv/bin/python benchmarks/probe_rungs.py kv-reuse   # decode attention vs depth: a KV head's cells in L2 or not
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -278,15 +279,62 @@ def tg_width(rounds: int) -> None:
                   vs_w1024={k: round(v / med["w1024"], 3) for k, v in med.items()}, predicted_error=err)
 
 
+KV_REUSE_DEPTHS = (0, 1024, 2048, 3072, 4096)
+
+
+def kv_reuse(rounds: int) -> None:
+    """Decode attention's cost per cell against depth, 0-4096, on calibration's three attention rungs (28 layers in
+    :data:`calibration.DEPTH_TYPE`, every matrix calib-wide's, the same multiply-adds a cell): 16 query / 4 KV
+    heads of 64 (calib-wide), 8 / 2 of 128 (calib-wide128) and 4 / 1 of 256 (CALIB_WIDE256's heads). ggml-cpu's
+    decode flash attention (ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) takes the query heads in
+    order, so the GQA group's query heads read one KV head's K and V rows one after the other: the group re-reads
+    depth × (d_k + d_v) × 2 bytes, from a core's L2 while they fit in it and from L3 or DRAM once they do not. At
+    1 thread on a Zen 3 (L2 1 MiB) the Q4_0 rung's attention cost twice as much a cell past depth 2048 as below it
+    (benchmarks/RESULTS.md, issue 18, fifteenth round): that working set is 0.5 MiB at 2048 and 1 MiB at 4096 for
+    heads of 64, twice that for 128 and four times for 256. If the L2 is what changes, the three rungs' costs a
+    cell step up at depths in the ratio 4 : 2 : 1. Each model's depths are measured back to back in a round, the
+    filled contexts kept for the next round and thread count (calibration's depth_states). On that Zen 3 neither the
+    heads of 128 nor of 256 stepped up where theirs overflow L2 (sixteenth round): not the reason."""
+    dt = calibration.DEPTH_TYPE
+    bases = {"hd64": CALIB_WIDE, "hd128": calibration.CALIB_WIDE128, "hd256": calibration.CALIB_WIDE256}
+    paths = {}
+    for name, base in bases.items():
+        spec = wide_spec(dt, base)
+        paths[name] = calibration.pure_quantized_synthetic(spec, dt)
+        hd = spec.n_embd // spec.n_head
+        _emit(kv_reuse_model=name, layers=spec.n_layer, n_head=spec.n_head, n_head_kv=spec.n_head_kv, head_dim=hd,
+              group_bytes_per_cell=2 * hd * 2)
+    ms: dict = {}
+    with calibration.kept_fills() as states:
+        for rnd in range(rounds):
+            for th in (2, 1):            # the first round's fills at 2 threads, kept for 1: half the time
+                for name, path in paths.items():
+                    for d in KV_REUSE_DEPTHS:
+                        m = measure(path, th, depth=d, n_gen=16, repetitions=3, depth_states=states)
+                        ms.setdefault((name, th, d), []).append(1e3 * m["tg"].s_per_token)
+                        _emit(round=rnd, model=name, threads=th, depth=d, ms=round(1e3 * m["tg"].s_per_token, 2),
+                              cv=round(m["tg"].cv, 3))
+    # per model and thread count: ms a token per 1024 cells between successive depths (the rounds' medians), and
+    # the GQA group's K and V bytes at the deeper end
+    for name, path in paths.items():
+        hd = wide_spec(dt, bases[name]).n_embd // bases[name].n_head
+        for th in (1, 2):
+            med = [statistics.median(ms[(name, th, d)]) for d in KV_REUSE_DEPTHS]
+            steps = {f"{a}-{b}": round((mb - ma) * 1024 / (b - a), 2)
+                     for a, b, ma, mb in zip(KV_REUSE_DEPTHS, KV_REUSE_DEPTHS[1:], med, med[1:])}
+            _emit(summary=name, threads=th, ms=[round(x, 2) for x in med], ms_per_1024_cells=steps,
+                  group_kib_at={b: 4 * hd * b // 1024 for b in KV_REUSE_DEPTHS[1:]})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
-                                      "pp-rows", "pp-twin", "tg-width"))
+                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse"))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
-     "tg-width": tg_width}[args.probe](args.rounds)
+     "tg-width": tg_width, "kv-reuse": kv_reuse}[args.probe](args.rounds)
     return 0
 
 

@@ -245,3 +245,51 @@ def test_calibrate_show_says_how_many_parameters_the_residuals_are_over(fresh_ca
     assert f"over {n} points for {n - 2} parameters\n" in out
     assert f"over {n} points for {n} parameters (no degree of freedom left: the residuals are 0 by construction)" in out
     assert rates.calibration_quality(cal)["threads"]["2"]["tg_parameters"] == n
+
+
+# ---- a miss against the point's own noise (issue 18, sixteenth round) -------------------------------------------
+
+def test_median_standard_error_is_of_the_loads_logs():
+    """sqrt(pi/2) x the sd of the loads' logarithms / sqrt(n); None under three loads; loads that agree give 0."""
+    import math
+    import statistics
+
+    loads = [30.0, 33.0, 27.0, 36.0]
+    want = math.sqrt(math.pi / 2) * statistics.stdev(math.log(x) for x in loads) / 2
+    assert rates.median_standard_error(loads) == pytest.approx(want)
+    assert rates.median_standard_error([30.0, 33.0]) is None and rates.median_standard_error(None) is None
+    assert rates.median_standard_error([20.0, 20.0, 20.0]) == 0.0
+    # nine loads as spread as four have a smaller error: the median of more moments of the machine
+    assert rates.median_standard_error(loads * 2 + [31.5]) < rates.median_standard_error(loads)
+
+
+def test_misses_are_judged_against_their_own_loads(fresh_cache, capsys):
+    """A point missed by more than 10 % is named with its loads' standard error: beyond NOISE_Z of them it is the
+    model's miss, within them the machine's noise can account for it, with under three loads nobody can tell. The
+    profile's line and `calibrate --show` say which."""
+    from v100lab import cli
+
+    cal = _calibration(rates.current_build_facts())
+    steady, shaky = [100.0, 101.0, 99.0, 100.5, 99.5], [70.0, 130.0, 85.0, 115.0, 100.0]
+    cal["points"][0]["tg_pass_tps"] = steady           # missed by +12 %, its median within ~0.4 %: the model's miss
+    cal["points"][1]["tg_pass_tps"] = shaky
+    cal["threads"]["1"]["tg_fit_rel_err"] = [0.12, -0.14, 0.11, 0.01]   # p2: no loads recorded
+    misses = {m["config"]: m for m in rates.point_misses(cal)}
+    assert sorted(misses) == ["p0", "p1", "p2"]
+    assert misses["p0"]["beyond_noise"] is True and misses["p0"]["loads"] == 5
+    assert misses["p1"]["beyond_noise"] is False and misses["p1"]["standard_error"] > 0.07
+    assert misses["p2"]["beyond_noise"] is None and misses["p2"]["standard_error"] is None
+    q = rates.calibration_quality(cal)
+    assert q["misses_beyond_noise"] == 1 and len(q["misses"]) == 3
+    _store(cal)
+    line = rates.describe_host_rates(now=NOW).line
+    assert ("3 point(s) missed by > 10 %: 1 by more than 2 standard errors of its own loads (p0 at 1 t +12 %), "
+            "1 within them (the machine's noise can account for it), 1 with too few loads to tell") in line
+    assert cli.main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "fit misses p0 at 1 thread(s) by +12.0 % (its 5 loads' median ± 0.4 %: beyond 2 standard errors)" in out
+    assert "fit misses p1 at 1 thread(s) by -14.0 % (its 5 loads' median ±" in out and "within 2 standard" in out
+    assert "fit misses p2 at 1 thread(s) by +11.0 % (0 load(s): too few to tell" in out
+    # residuals whose count does not match the stored points (an older or partial calibration): nothing is named
+    cal["threads"]["1"]["tg_fit_rel_err"] = [0.3]
+    assert rates.point_misses(cal) == []

@@ -275,6 +275,72 @@ def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLER
     return out
 
 
+#: the residual every calibration point should keep (issue 18: a fit within 10 % of each of its own points)
+RESIDUAL_TARGET = 0.10
+#: a point missed by more than this many standard errors of its own loads' median is a miss of the model; within
+#: them, the point's loads disagree as much as the miss, and the machine's noise can account for it
+NOISE_Z = 2.0
+
+
+def median_standard_error(tps) -> float | None:
+    """The relative standard error of the median of a point's loads (``tg_pass_tps``: each load's tok/s):
+    sqrt(pi/2) x the standard deviation of their logarithms / sqrt(n) — how far the median may lie from the
+    machine's typical speed by chance alone. None under three loads.
+
+    Why the loads and not the repetitions: on a 2-core Zen 3 VM the repetitions of one load (about a second,
+    back to back) agreed within 1-3 %, while runs of that same load a few seconds apart moved with a standard
+    deviation of 4-10 %, as much as separate loads did, with no steal time (benchmarks/RESULTS.md, issue 18,
+    sixteenth round): a load's cv sees one moment of the machine, its loads' spread sees the machine."""
+    xs = [math.log(float(x)) for x in tps or () if isinstance(x, (int, float)) and x > 0]
+    if len(xs) < 3:
+        return None
+    return math.sqrt(math.pi / 2) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def point_misses(cal: Mapping[str, Any], target: float = RESIDUAL_TARGET, z: float = NOISE_Z) -> list[dict]:
+    """The decode points a calibration's fit misses by more than ``target``: each with its residual, its loads'
+    :func:`median_standard_error` and whether the miss exceeds ``z`` of them (``beyond_noise``; None when the
+    point has too few loads to tell). The fit's residuals (``tg_fit_rel_err``) are in the order of the stored
+    points with a decode figure at that thread count (:func:`v100lab.calibration.calibrate`); a calibration whose
+    counts do not match gives no rows for that thread count."""
+    out = []
+    for th, fit in sorted((cal.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
+        errs = fit.get("tg_fit_rel_err") or []
+        pts = [pt for pt in cal.get("points") or [] if str(pt.get("threads")) == str(th) and pt.get("tg_tps")]
+        if len(pts) != len(errs):
+            continue
+        for pt, e in zip(pts, errs):
+            if e is None or abs(float(e)) <= target:
+                continue
+            se = median_standard_error(pt.get("tg_pass_tps"))
+            out.append({"config": pt.get("config"), "threads": int(th), "residual": round(float(e), 4),
+                        "loads": len(pt.get("tg_pass_tps") or ()),
+                        "standard_error": None if se is None else round(se, 4),
+                        "beyond_noise": None if se is None else abs(float(e)) > z * se})
+    return out
+
+
+def describe_misses(misses, z: float = NOISE_Z) -> str:
+    """One clause on :func:`point_misses`: how many points the fit misses by more than the target, and of those
+    how many by more than their own loads' noise allows, how many within it, how many with too few loads to tell
+    ("" when it misses none)."""
+    if not misses:
+        return ""
+    beyond = [m for m in misses if m.get("beyond_noise") is True]
+    within = [m for m in misses if m.get("beyond_noise") is False]
+    unknown = len(misses) - len(beyond) - len(within)
+    said = []
+    if beyond:
+        said.append(f"{len(beyond)} by more than {z:g} standard errors of its own loads (" + ", ".join(
+            f"{m['config']} at {m['threads']} t {100 * m['residual']:+.0f} %" for m in beyond[:3])
+            + (", ..." if len(beyond) > 3 else "") + ")")
+    if within:
+        said.append(f"{len(within)} within them (the machine's noise can account for it)")
+    if unknown:
+        said.append(f"{unknown} with too few loads to tell")
+    return f"{len(misses)} point(s) missed by > {100 * RESIDUAL_TARGET:.0f} %: " + ", ".join(said)
+
+
 def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[str, Any]:
     """How well a stored calibration describes its own points: per thread count the max and median
     |relative residual| of the decode (tg) and prompt (pp) fits, the noisy points (cv above ``noisy_cv``),
@@ -302,9 +368,11 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[
     # noisy_cv was not repeatable — the machine's speed moved under it
     unsettled = [pt for pt in measured if _pass_gap(pt.get("tg_pass_tps")) > noisy_cv
                  or _pass_gap(pt.get("pp_pass_tps")) > noisy_cv]
+    misses = point_misses(cal)
     return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
-            "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal)}
+            "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal),
+            "misses": misses, "misses_beyond_noise": sum(1 for m in misses if m["beyond_noise"] is True)}
 
 
 def _pass_gap(tps) -> float:
@@ -399,6 +467,10 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
                      + (f"; median {100 * med:.0f} %" if med is not None else "") + ")")
     else:
         parts.append("fit residuals not recorded")
+    # a profile stored before issue 18's sixteenth round has no misses in its quality record: computed from its points
+    missed = describe_misses(q["misses"] if "misses" in q else point_misses(cal))
+    if missed:
+        parts.append(missed)
     if q.get("measured_points"):
         parts.append(f"{q.get('noisy_points', 0)} of {q['measured_points']} points noisy"
                      + (f", {q['unsettled_points']} whose passes differ by > {100 * q.get('noisy_cv', 0.1):.0f} %"

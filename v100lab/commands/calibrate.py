@@ -15,7 +15,7 @@ import sys
 from v100lab import calibration
 from v100lab.devices import host_profile_path
 from v100lab.errors import ConfigError, V100labError
-from v100lab.rates import describe_host_rates, stored_calibration
+from v100lab.rates import NOISE_Z, describe_host_rates, point_misses, stored_calibration
 from v100lab.serving import batching_path
 from v100lab.render import term_text
 
@@ -96,6 +96,14 @@ def _summary(cal: dict) -> list[str]:
     if q.get("unsettled_points"):
         lines.append(f"{q['unsettled_points']} of {q.get('measured_points')} points: no other pass within 10 % of "
                      f"their median pass (the machine's speed moved; the median is kept)")
+    # the points beyond the residual target, each against its own loads' noise (rates.point_misses)
+    for m in q["misses"] if "misses" in q else point_misses(cal):
+        if m.get("standard_error") is None:
+            noise = f"{m['loads']} load(s): too few to tell the machine's noise from the model's miss"
+        else:
+            noise = (f"its {m['loads']} loads' median ± {100 * m['standard_error']:.1f} %: "
+                     + ("beyond" if m["beyond_noise"] else "within") + f" {NOISE_Z:g} standard errors")
+        lines.append(f"fit misses {m['config']} at {m['threads']} thread(s) by {100 * m['residual']:+.1f} % ({noise})")
     return lines
 
 
