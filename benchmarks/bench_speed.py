@@ -508,6 +508,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
+    drift_types = tuple(calibration.CALIB_TYPES) if args.drift_types == "all" else (calibration.DEPTH_TYPE,)
     res = {}
     lb = None
 
@@ -523,15 +524,13 @@ def main(argv=None) -> int:
         res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
                                 between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads,
                                 drift_reference=not (args.no_drift_reference or args.ci),
-                                drift_types=tuple(calibration.CALIB_TYPES) if args.drift_types == "all"
-                                else (calibration.DEPTH_TYPE,))
+                                drift_types=drift_types)
         save()
         print_host(res["host"])
     if "arch" in parts:
         res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes,
                                 prompt_loads=args.prompt_loads, drift_reference=not args.no_drift_reference,
-                                drift_types=tuple(calibration.CALIB_TYPES) if args.drift_types == "all"
-                                else (calibration.DEPTH_TYPE,))
+                                drift_types=drift_types)
         save()
         print_host(res["arch"])
     if lb:

@@ -320,6 +320,13 @@ def point_misses(cal: Mapping[str, Any], target: float = RESIDUAL_TARGET, z: flo
     return out
 
 
+def stored_misses(cal: Mapping[str, Any]) -> list[dict]:
+    """A calibration's :func:`point_misses`: from its quality record, or computed from its points for a profile
+    stored before issue 18's sixteenth round (its quality record has none)."""
+    q = cal.get("quality") or {}
+    return q["misses"] if "misses" in q else point_misses(cal)
+
+
 def describe_misses(misses, z: float = NOISE_Z) -> str:
     """One clause on :func:`point_misses`: how many points the fit misses by more than the target, and of those
     how many by more than their own loads' noise allows, how many within it, how many with too few loads to tell
@@ -467,8 +474,7 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
                      + (f"; median {100 * med:.0f} %" if med is not None else "") + ")")
     else:
         parts.append("fit residuals not recorded")
-    # a profile stored before issue 18's sixteenth round has no misses in its quality record: computed from its points
-    missed = describe_misses(q["misses"] if "misses" in q else point_misses(cal))
+    missed = describe_misses(stored_misses(cal))
     if missed:
         parts.append(missed)
     if q.get("measured_points"):

@@ -15,7 +15,7 @@ import sys
 from v100lab import calibration
 from v100lab.devices import host_profile_path
 from v100lab.errors import ConfigError, V100labError
-from v100lab.rates import NOISE_Z, describe_host_rates, point_misses, stored_calibration
+from v100lab.rates import NOISE_Z, describe_host_rates, stored_calibration, stored_misses
 from v100lab.serving import batching_path
 from v100lab.render import term_text
 
@@ -97,7 +97,7 @@ def _summary(cal: dict) -> list[str]:
         lines.append(f"{q['unsettled_points']} of {q.get('measured_points')} points: no other pass within 10 % of "
                      f"their median pass (the machine's speed moved; the median is kept)")
     # the points beyond the residual target, each against its own loads' noise (rates.point_misses)
-    for m in q["misses"] if "misses" in q else point_misses(cal):
+    for m in stored_misses(cal):
         if m.get("standard_error") is None:
             noise = f"{m['loads']} load(s): too few to tell the machine's noise from the model's miss"
         else:
