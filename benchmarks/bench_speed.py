@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Callable
 
-from v100lab import calibration, rates, seed, speed, zoo
+from v100lab import calibration, devices, drift_check, rates, seed, speed, zoo
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
 from v100lab.header import read_spec
@@ -71,101 +71,71 @@ CI_VALIDATION = (
 )
 
 
-class DriftReference:
-    """Calibration's own decode rungs (calib-wide in :data:`calibration.DEPTH_TYPE` by default, or in every weight
-    type calibration measured: ``types``; the files calibration measured) decoded before each validation pass and
-    after the last, at each thread count the validation uses. A rung's speed against the figure the stored
-    calibration holds for it says which phase of a shared VM the passes met: on a Zen 3 VM the Q4_0 rung ran 5-31 %
-    slower 35-100 minutes after calibration and at its speed again minutes later, and the validation's misses were of
-    that size (benchmarks/RESULTS.md, issue 18, fifteenth round). Rows are judged as measured; :meth:`ratio` (the
-    run's median) and :meth:`pass_ratio` (the two references around one pass) give the drift-corrected errors of the
-    decode rows, printed beside the raw one, and with every type's rung :meth:`corrected_tps` scales each part of a
-    row's predicted time by its own type's ratio: in a fast phase on that VM, the rows in K-quants and F16 at 2
-    threads ran 12-49 % above their prediction while the Q4_0 rung ran 6 % above its figure (sixteenth round)."""
+class DriftReferences:
+    """Drift checks (:func:`v100lab.drift_check.check`: calibration's own rungs, the files calibration measured) before
+    each validation pass and after the last, at each thread count the validation uses that calibration has. Rows are
+    judged as measured; the corrected errors beside them predict each row with the stored calibration brought up to
+    the phase the references saw (:func:`v100lab.drift_check.combine` of every reference, applied as ``v100lab
+    calibrate --check`` applies a check: :func:`v100lab.drift.scaled_fit`) — with the
+    :data:`calibration.DEPTH_TYPE` rung only, or with every type's (``types``). On a Zen 3 VM the Q4_0 rung ran 5-31 %
+    slower 35-100 minutes after calibration and at its speed again minutes later (benchmarks/RESULTS.md, issue 18,
+    fifteenth round); in a fast phase the rows in K-quants and F16 at 2 threads ran 12-49 % above their prediction
+    while the Q4_0 rung ran 6 % above its figure (sixteenth round), hence the by-type correction."""
 
-    #: loads of a rung at each reference, their mean kept: on a 2-core Zen 3 VM the rung's speed moved with an sd of
-    #: 5-10 % between runs of one load a few seconds apart, about as much as between loads, with no steal time
-    #: (benchmarks/RESULTS.md, issue 18, sixteenth round) — one load is one moment of that
+    #: loads of a rung at each reference: on a 2-core Zen 3 VM the rung's speed moved with an sd of 5-10 % between runs
+    #: of one load a few seconds apart (sixteenth round); the run's ratio is the median of every reference's loads
     LOADS = 2
 
     def __init__(self, cal: dict, threads, types=(calibration.DEPTH_TYPE,)) -> None:
-        rungs = {t: calibration.CalPoint("calib-wide", calibration.wide_spec(t), t, prompt=False) for t in types}
-        names = {rung.name: t for t, rung in rungs.items()}      # the stored points' config strings (calib-wide:Q4_0)
-        self.stored = {(names[p["config"]], int(p["threads"])): float(p["tg_tps"]) for p in cal.get("points", [])
-                       if p.get("config") in names and p.get("tg_tps")}
-        self.fits = cal.get("threads") or {}
-        self.threads = sorted(th for th in set(threads) if (calibration.DEPTH_TYPE, th) in self.stored)
-        self.types = [t for t in types if self.threads and all((t, th) in self.stored for th in self.threads)]
-        self.seen: dict[tuple[str, int], list[float]] = {(t, th): [] for t in self.types for th in self.threads}
-        self.at: dict[int, list[str]] = {}          # when each reference ran (UTC)
-        self.paths = {t: calibration.pure_quantized_synthetic(rungs[t].synth, t) for t in self.types}
+        self.cal, self.types = cal, tuple(types)
+        calibrated = {int(k) for k in cal.get("threads") or {}}
+        self.threads = sorted(th for th in set(threads) if th in calibrated)
+        self.records: list[dict] = []
 
     def run(self) -> None:
-        for th in self.threads:
-            for t in self.types:
-                got = [1.0 / calibration.measure(self.paths[t], th, depth=0, n_gen=calibration.CALIB_N_GEN,
-                                                 repetitions=3)["tg"].s_per_token for _ in range(self.LOADS)]
-                self.seen[(t, th)].append(statistics.fmean(got))
-                print(f"  drift reference calib-wide:{t} t{th}: tg {' / '.join(f'{x:.2f}' for x in got)} "
-                      f"(calibration: {self.stored[(t, th)]:.2f})", file=sys.stderr, flush=True)
-            self.at.setdefault(th, []).append(time.strftime("%H:%M:%S", time.gmtime()))
+        if not self.threads:
+            return
+        self.records.append(drift_check.check(self.cal, threads=self.threads, types=self.types, loads=self.LOADS,
+                                              progress=lambda m: print(f"  drift reference: {m}", file=sys.stderr,
+                                                                       flush=True)))
 
-    def ratio(self, threads: int, type_name: str = calibration.DEPTH_TYPE) -> float | None:
-        """The rung's median speed over the passes against calibration's figure (1.0: the same phase)."""
-        seen = self.seen.get((type_name, threads))
-        return statistics.median(seen) / self.stored[(type_name, threads)] if seen else None
+    def combined(self) -> dict | None:
+        return drift_check.combine(self.records)
 
-    def pass_ratio(self, threads: int, k: int, type_name: str = calibration.DEPTH_TYPE) -> float | None:
-        """Pass ``k``'s phase: the geometric mean of the rung's speeds before and after that pass, against
-        calibration's figure (None when either is missing)."""
-        seen = self.seen.get((type_name, threads)) or []
-        if k + 1 >= len(seen):
+    def profiles(self) -> dict[str, dict]:
+        """name → the host profile with the references applied: ``base`` (the DEPTH_TYPE rung's ratio for every
+        type) and, with more than one type, ``by_type``."""
+        rec = self.combined()
+        if not rec:
+            return {}
+        prof = calibration_only_profile()
+        out = {"base": drift_check.with_check(prof, drift_check.only_types(rec, [calibration.DEPTH_TYPE]))}
+        if len(self.types) > 1:
+            out["by_type"] = drift_check.with_check(prof, rec)
+        return out
+
+    def summary(self) -> dict | None:
+        rec = self.combined()
+        if not rec:
             return None
-        return (seen[k] * seen[k + 1]) ** 0.5 / self.stored[(type_name, threads)]
+        return {"references": len(self.records), "at_utc": [r.get("measured_at") for r in self.records],
+                "rungs": rec["rungs"], "bandwidth_gbs": rec.get("bandwidth_gbs")}
 
-    def corrected_tps(self, pred_tps: float, spec, cfg: RunConfig, depth: int, threads: int,
-                      k: int | None = None) -> float | None:
-        """The decode prediction with each weight type's part of the token's time (its weights and rows at the
-        calibrated costs) divided by that type's ratio, the rest (attention, overheads, types without a rung) by
-        the :data:`calibration.DEPTH_TYPE` rung's — for pass ``k``, or the run's median when None. None with fewer
-        than two types or a ratio missing."""
-        if len(self.types) < 2:
-            return None
-        fit = self.fits.get(str(threads)) or {}
-        costs, row_s = fit.get("tg_s_per_weight") or {}, float(fit.get("tg_row_s") or 0.0)
-        ratio = (lambda t: self.ratio(threads, t)) if k is None else (lambda t: self.pass_ratio(threads, k, t))
-        base = ratio(calibration.DEPTH_TYPE)
-        if base is None:
-            return None
-        total, parts = 1.0 / pred_tps, {}
-        for t, tw in calibration._single_device_work(spec, cfg, depth).weights.items():
-            if t in self.types and t in costs:
-                parts[t] = tw.n_weights * costs[t] + tw.n_rows * row_s
-        rest = max(0.0, total - sum(parts.values()))
-        fixed = rest / base
-        for t, part in parts.items():
-            r = ratio(t)
-            if r is None:
-                return None
-            fixed += part / r
-        return 1.0 / fixed
 
-    def summary(self) -> dict:
-        return {"points": [f"calib-wide:{t}" for t in self.types],
-                "calibration_tps": {f"{t}/{th}": v for (t, th), v in self.stored.items() if t in self.types},
-                "measured_tps": {f"{t}/{th}": [round(x, 2) for x in v] for (t, th), v in self.seen.items()},
-                "at_utc": self.at,
-                "ratio": {f"{t}/{th}": round(self.ratio(th, t), 4) for (t, th), v in self.seen.items() if v}}
+def calibration_only_profile() -> dict:
+    """The stored host profile without a drift check (``v100lab calibrate --check``): the raw predictions judged here
+    are the calibration's own, whatever a user applied since."""
+    return drift_check.without_check(devices.read_host_profile() or {})
 
 
 def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int = 2,
               between: Callable[[], None] | None = None, prompt_loads: int = calibration.PROMPT_LOADS,
-              drift_reference: bool = True, drift_types=(calibration.DEPTH_TYPE,)) -> dict:
+              drift_types=(calibration.DEPTH_TYPE,), refs: list | None = None) -> dict:
     """Measure every configuration in ``passes`` passes minutes apart, keep each test's median pass (as
     calibration does: calibration.CALIB_PASSES), then predict it from the stored calibration. ``between`` runs
     before each pass and after the last (the llama-bench passes, spread over the same minutes); so does the drift
-    reference (:class:`DriftReference`, on the calibration rungs of ``drift_types``) unless ``drift_reference`` is
-    False."""
+    reference (:class:`DriftReferences`, on the calibration rungs of ``drift_types``; none when ``drift_types`` is
+    empty), which is appended to ``refs`` when given (for the llama-bench part's corrected figures)."""
     cal = rates.stored_calibration()
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
@@ -173,7 +143,9 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     host = get_device("host")
     rows = []
     configs = validation[::3] if quick else validation
-    ref = DriftReference(cal, [c[1] for c in configs], drift_types) if drift_reference else None
+    ref = DriftReferences(cal, [c[1] for c in configs], drift_types) if drift_types else None
+    if ref is not None and refs is not None:
+        refs.append(ref)
     hooks = [h for h in (ref.run if ref else None, between) if h]
 
     def between_passes() -> None:
@@ -205,40 +177,35 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
                 print(f"  pass {k + 1}/{passes} {alias:<20} t{threads} d{depth:<5} {shown}"
                       f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     between_passes()
+    corrected = ref.profiles() if ref else {}
+    raw = calibration_only_profile()
     for i, (alias, threads, depth, with_pp) in enumerate(configs):
         spec = read_spec(zoo.resolve(alias))
         m = measured[i]
         n_ctx = _n_ctx(depth)
         cfg = RunConfig(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=0)
-        p_tg = speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2)
-        p_pp = speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT) if with_pp else None
+
+        def predicted(test: str, profile=None) -> float:
+            if test == "tg":
+                return speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2, profile=profile).tg_tps
+            return speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT, profile=profile).pp_tps
+
+        p_tg = speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2, profile=raw)
+        p_pp = speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT, profile=raw) if with_pp else None
         for test, meas, pred in (("tg", m["tg"], p_tg.tg_tps), ("pp", m.get("pp"), p_pp.pp_tps if p_pp else None)):
             if meas is None:
                 continue
             mt = 1.0 / meas.s_per_token
-            # a decode rung's drift corrects decode rows only: a prompt is bound by another part of the core
-            drift = ref.ratio(threads) if ref and test == "tg" else None
-            # pass by pass: each pass's figure divided by the phase its bracketing references saw, then the median
             passes_tps = [1.0 / x for x in meas.pass_best] if meas.pass_best else [mt]
-            per_pass = [ref.pass_ratio(threads, k) for k in range(len(passes_tps))] if drift else []
-            fixed_pp = (pred / statistics.median(x / r for x, r in zip(passes_tps, per_pass)) - 1
-                        if per_pass and all(per_pass) else None)
-            # by type: each part of the predicted token's time scaled by its own type's rung (DriftReference)
-            tg_depth = depth + N_GEN // 2
-            typed = ref.corrected_tps(pred, spec, cfg, tg_depth, threads) if drift else None
-            typed_k = [ref.corrected_tps(pred, spec, cfg, tg_depth, threads, k) for k in range(len(passes_tps))] \
-                if typed else []
-            typed_pp = (statistics.median(q / x for q, x in zip(typed_k, passes_tps)) - 1
-                        if typed_k and all(typed_k) else None)
+            # the same row predicted from the calibration brought up to the references' phase (DriftReferences)
+            fixed = {name: predicted(test, prof) / mt - 1 for name, prof in corrected.items()}
             rows.append({"model": alias, "arch": spec.architecture, "file_type": spec.file_type, "threads": threads,
                          "depth": depth,
                          "test": f"{test}{N_GEN if test == 'tg' else N_PROMPT}", "measured_tps": round(mt, 2),
                          "cv": round(meas.cv, 4), "spread": round(meas.spread, 4),
                          "predicted_tps": round(pred, 2), "error": pred / mt - 1,
-                         "error_drift_corrected": (pred * drift / mt - 1) if drift else None,
-                         "error_drift_per_pass": fixed_pp, "pass_tps": [round(x, 2) for x in passes_tps],
-                         "error_drift_by_type": (typed / mt - 1) if typed else None,
-                         "error_drift_by_type_per_pass": typed_pp,
+                         "error_drift_corrected": fixed.get("base"), "pass_tps": [round(x, 2) for x in passes_tps],
+                         "error_drift_by_type": fixed.get("by_type"),
                          "bound": p_tg.bound if test == "tg" else p_pp.pp_bound,
                          "weights_ceiling_tg_tps": round(p_tg.weights_ceiling_tg_tps, 1) if test == "tg" else None,
                          "above_ceiling": bool(test == "tg" and mt > p_tg.physical_ceiling_tg_tps)})
@@ -250,9 +217,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
             out[f"{test}_median_abs_error"] = statistics.median(errs)
             out[f"{test}_worst_abs_error"] = max(errs)
             out[f"{test}_n"] = len(errs)
-        for key, name in (("error_drift_corrected", "drift_corrected"), ("error_drift_per_pass", "drift_per_pass"),
-                          ("error_drift_by_type", "drift_by_type"),
-                          ("error_drift_by_type_per_pass", "drift_by_type_per_pass")):
+        for key, name in (("error_drift_corrected", "drift_corrected"), ("error_drift_by_type", "drift_by_type")):
             fixed = [abs(r[key]) for r in rows if r["test"].startswith(test) and r.get(key) is not None]
             if fixed:
                 out[f"{test}_{name}_median_abs_error"] = statistics.median(fixed)
@@ -309,8 +274,9 @@ class LlamaBenchPasses:
                 f"tg{n} {self.got[(th, n)]['means'][-1]:.1f}" for n in self.n_gens), file=sys.stderr, flush=True)
         self.done += 1
 
-    def result(self) -> dict:
-        """Run the passes not yet run (20 s apart), then judge the prediction on their median."""
+    def result(self, corrected: dict | None = None) -> dict:
+        """Run the passes not yet run (20 s apart), then judge the prediction on their median — the calibration's
+        own, and with each of ``corrected`` (name → host profile: :meth:`DriftReferences.profiles`) beside it."""
         from v100lab.backends.types import tool_version
 
         if self.binary is None:
@@ -324,13 +290,17 @@ class LlamaBenchPasses:
         rows = []
         for (th, n), g in sorted(self.got.items()):
             cfg = RunConfig(n_ctx=max(512, n + 256), n_threads=th, n_gpu_layers=0)
-            pred = speed.predict(spec, [host], cfg, depth=n // 2).tg_tps     # the generated tokens' middle depth
+            # the generated tokens' middle depth; the calibration's own rates (no drift check a user applied)
+            pred = speed.predict(spec, [host], cfg, depth=n // 2, profile=calibration_only_profile()).tg_tps
             typical = statistics.median(g["means"])     # the passes' median, as calibration keeps (combine_passes)
+            fixed = {name: speed.predict(spec, [host], cfg, depth=n // 2, profile=prof).tg_tps / typical - 1
+                     for name, prof in (corrected or {}).items()}
             rows.append({"model": "default", "threads": th, "test": f"tg{n}",
                          "means_tps": [round(x, 2) for x in g["means"]],
                          "median_mean_tps": round(typical, 2), "best_sample_tps": round(g["best"], 2),
                          "predicted_tps": round(pred, 2), "error": pred / typical - 1,
-                         "error_vs_best_sample": pred / g["best"] - 1})
+                         "error_vs_best_sample": pred / g["best"] - 1,
+                         "error_drift_corrected": fixed.get("base"), "error_drift_by_type": fixed.get("by_type")})
         return {"rows": rows, "binary": str(self.binary), "build": tool_version(self.binary),
                 "passes_started_at_utc": self.started_at}
 
@@ -343,29 +313,30 @@ def print_llamabench(res: dict) -> None:
     print(f"llama-bench: {res['binary']} ({res.get('build')}); passes started at "
           f"{', '.join(res.get('passes_started_at_utc') or ['?'])} UTC\n")
     print("| model | threads | test | llama-bench mean per pass | median of the passes | fastest repetition | "
-          "predicted | error | error vs fastest |")
-    print("|---|--:|---|---|--:|--:|--:|--:|--:|")
+          "predicted | error | error vs fastest | drift-corrected | by type |")
+    print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in res["rows"]:
+        fixed = [_pct(r[k]) if r.get(k) is not None else "—" for k in ("error_drift_corrected", "error_drift_by_type")]
         print(f"| {r['model']} | {r['threads']} | {r['test']} | {' / '.join(f'{x:.1f}' for x in r['means_tps'])} | "
               f"{r['median_mean_tps']} | {r['best_sample_tps']} | {r['predicted_tps']} | {_pct(r['error'])} | "
-              f"{_pct(r['error_vs_best_sample'])} |")
+              f"{_pct(r['error_vs_best_sample'])} | {fixed[0]} | {fixed[1]} |")
     print()
 
 
 def print_host(res: dict) -> None:
     print("### (a) this machine: measured vs predicted (configurations never used in calibration)\n")
     ref = res.get("drift_reference")
-    if ref and ref.get("ratio"):
-        print("Drift reference (calibration's own rungs, before each pass and after the last; rung/threads: tok/s "
-              "each time against calibration's, and their median's ratio): " + "; ".join(
-                  f"{key} {' / '.join(f'{x:.1f}' for x in ref['measured_tps'][key])} against "
-                  f"{ref['calibration_tps'][key]:.1f} ({ref['ratio'][key]:.3f})" for key in ref["ratio"])
-              + f". The drift-corrected errors scale each decode prediction by the {calibration.DEPTH_TYPE} rung's "
-              "ratio at its thread count (the run's median, or pass by pass); with every type's rung, the by-type "
-              "ones scale each type's part of the token's time by its own.\n")
+    if ref and ref.get("rungs"):
+        print(f"Drift reference ({ref['references']} references: calibration's own rungs before each pass and after the "
+              "last; rung, threads, test: tok/s each load against calibration's, the median's ratio): " + "; ".join(
+                  f"{r['config']} t{r['threads']} {r['test']} {' / '.join(f'{x:.1f}' for x in r['tps'])} against "
+                  f"{r['calibration_tps']:.1f} (×{r['ratio']:.3f})" for r in ref["rungs"])
+              + f". Corrected: every row predicted again from the calibration scaled by the {calibration.DEPTH_TYPE} "
+              "rung's ratio (decode) and the prompt rung's (prompt), with the bandwidth measured beside them; by type: "
+              "each weight type's part of a token by its own rung (as `v100lab calibrate --check` applies a check).\n")
     print("| model | type | threads | depth | test | measured t/s | cv | passes' spread | predicted t/s | error | "
-          "drift-corrected | per pass | by type | by type, per pass | bound |")
-    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+          "drift-corrected | by type | bound |")
+    print("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|---|")
 
     def shown(x) -> str:
         return _pct(x) if x is not None else "—"
@@ -374,17 +345,13 @@ def print_host(res: dict) -> None:
         flag = " **above ceiling**" if r["above_ceiling"] else ""
         print(f"| {r['model']} | {r['file_type']} | {r['threads']} | {r['depth']} | {r['test']} | {r['measured_tps']}{flag} "
               f"| {100 * r['cv']:.1f} % | {100 * r.get('spread', 0):.0f} % | {r['predicted_tps']} | {_pct(r['error'])} "
-              f"| {shown(r.get('error_drift_corrected'))} | {shown(r.get('error_drift_per_pass'))} "
-              f"| {shown(r.get('error_drift_by_type'))} | {shown(r.get('error_drift_by_type_per_pass'))} "
-              f"| {r['bound']} |")
+              f"| {shown(r.get('error_drift_corrected'))} | {shown(r.get('error_drift_by_type'))} | {r['bound']} |")
     for test in ("tg", "pp"):
         if f"{test}_n" in res:
             print(f"\n{test}: median |error| {100 * res[f'{test}_median_abs_error']:.1f} %, worst "
                   f"{100 * res[f'{test}_worst_abs_error']:.1f} % over {res[f'{test}_n']} configurations")
-        for name, said in (("drift_corrected", "drift-corrected (the run's ratio)"),
-                           ("drift_per_pass", "drift-corrected pass by pass"),
-                           ("drift_by_type", "drift-corrected by type (the run's ratios)"),
-                           ("drift_by_type_per_pass", "drift-corrected by type, pass by pass")):
+        for name, said in (("drift_corrected", f"drift-corrected ({calibration.DEPTH_TYPE} rung)"),
+                           ("drift_by_type", "drift-corrected by type")):
             if f"{test}_{name}_median_abs_error" in res:
                 print(f"{test}, {said}: median |error| {100 * res[f'{test}_{name}_median_abs_error']:.1f} %, worst "
                       f"{100 * res[f'{test}_{name}_worst_abs_error']:.1f} %")
@@ -511,6 +478,7 @@ def main(argv=None) -> int:
     drift_types = tuple(calibration.CALIB_TYPES) if args.drift_types == "all" else (calibration.DEPTH_TYPE,)
     res = {}
     lb = None
+    refs: list[DriftReferences] = []
 
     def save() -> None:     # after every part: a printing error late in a long run loses nothing measured
         if args.json:
@@ -523,18 +491,17 @@ def main(argv=None) -> int:
         # the same minutes of the VM's phases
         res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
                                 between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads,
-                                drift_reference=not (args.no_drift_reference or args.ci),
-                                drift_types=drift_types)
+                                drift_types=() if args.no_drift_reference or args.ci else drift_types, refs=refs)
         save()
         print_host(res["host"])
     if "arch" in parts:
         res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes,
-                                prompt_loads=args.prompt_loads, drift_reference=not args.no_drift_reference,
-                                drift_types=drift_types)
+                                prompt_loads=args.prompt_loads,
+                                drift_types=() if args.no_drift_reference else drift_types)
         save()
         print_host(res["arch"])
     if lb:
-        res["llamabench"] = lb.result()
+        res["llamabench"] = lb.result(refs[0].profiles() if refs else None)
         save()
         print_llamabench(res["llamabench"])
     if "apple" in parts:

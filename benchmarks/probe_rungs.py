@@ -1,6 +1,6 @@
 """Probes of the decode cost's structure on pure synthetic rungs (issue 18, ninth round; benchmarks/RESULTS.md).
 
-    .venv/bin/python benchmarks/probe_rungs.py rows       # a row's cost: Q4_0 and Q4_1, rows of 1024 and 512
+    .venv/bin/python benchmarks/probe_rungs.py rows [--types Q4_0,Q4_1]   # a row's cost: rows of 1024 and 512
     .venv/bin/python benchmarks/probe_rungs.py kv-heads   # attention vs KV heads: 12 query heads, 12/4/3/1 KV heads
     .venv/bin/python benchmarks/probe_rungs.py heads      # attention vs query heads: 8, 9 and 16 heads
     .venv/bin/python benchmarks/probe_rungs.py head-dim   # attention vs head_dim: 8 / 2 heads of 64, 128 and 256
@@ -11,6 +11,7 @@
     .venv/bin/python benchmarks/probe_rungs.py pp-twin    # the default model's prompt against its pure synthetic twin
     .venv/bin/python benchmarks/probe_rungs.py tg-width   # decode per weight: synth-750m's layer vs calib-wide's
     .venv/bin/python benchmarks/probe_rungs.py kv-reuse   # decode attention vs depth: a KV head's cells in L2 or not
+    .venv/bin/python benchmarks/probe_rungs.py tg-twin    # decode: the default model vs pure twins of its shape
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -37,10 +38,11 @@ def _emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
-def rows(rounds: int) -> None:
-    """Pure rungs that stream ~200 MB a token, rows of 1024 against 512, in Q4_0 (repacked on x86) and Q4_1."""
+def rows(rounds: int, types=("Q4_0", "Q4_1")) -> None:
+    """Pure rungs that stream ~200 MB a token, rows of 1024 against 512, in ``types`` (default Q4_0, repacked on
+    x86, and Q4_1, not; ``--types`` for others: Q4_K and Q2_K are repacked too on AVX-512, Q8_0 and Q6_K are not)."""
     paths = {}
-    for ty in ("Q4_0", "Q4_1"):
+    for ty in types:
         for name, base in (("w1024", CALIB_WIDE), ("w512", CALIB_WIDE512)):
             paths[(ty, name)] = calibration.pure_quantized_synthetic(wide_spec(ty, base), ty)
             w = calibration._single_device_work(read_spec(paths[(ty, name)]), RunConfig(), 8).weights[ty]
@@ -231,6 +233,33 @@ def pp_twin(rounds: int) -> None:
                       ps_per_weight=round(1e12 * m["pp"].s_per_token / n_w[name], 4), cv=round(m["pp"].cv, 3))
 
 
+def tg_twin(rounds: int) -> None:
+    """Decode (tg16, depth 0) of the default model (SmolLM2-135M: 30 layers of n_embd 576 in Q4_1, its tied output
+    in Q8_0, ~105 MB a token) against a pure Q4_1 synthetic model of its shape (an output matrix of its own), the
+    same with twice the layers (~200 MB a token, as calibration's rungs read) and CALIB_WIDE's rung in Q4_1, each
+    beside the stored calibration's prediction: whether what the model misses on the default model (at 2 threads on
+    a Zen 5, issue 18, seventeenth round) belongs to the real file, to its shape, or to the bytes a token reads."""
+    twin = zoo.SynthSpec(n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, n_ctx_train=4096, seed=5)
+    paths = {"default": zoo.resolve("default"), "twin30": calibration.pure_quantized_synthetic(twin, "Q4_1"),
+             "twin60": calibration.pure_quantized_synthetic(dataclasses.replace(twin, n_layer=60), "Q4_1"),
+             "wide": calibration.pure_quantized_synthetic(wide_spec("Q4_1"), "Q4_1")}
+    host = get_device("host")
+    specs = {name: read_spec(p) for name, p in paths.items()}
+    for name, spec in specs.items():
+        w = calibration._single_device_work(spec, RunConfig(), 8)
+        _emit(twin_model=name, n_layer=spec.n_layer, mb_a_token=round(sum(t.n_bytes for t in w.weights.values()) / 1e6, 1),
+              rows=sum(t.n_rows for t in w.weights.values()), weights=sum(t.n_weights for t in w.weights.values()))
+    for rnd in range(rounds):
+        for th in (1, 2):
+            for name, path in paths.items():
+                m = measure(path, th, depth=0, n_gen=16, repetitions=5)
+                pred = speed.predict(specs[name], [host], RunConfig(n_ctx=512, n_threads=th, n_gpu_layers=0),
+                                     depth=8).tg_tps
+                tps = 1 / m["tg"].s_per_token
+                _emit(round=rnd, model=name, threads=th, tg_tok_s=round(tps, 2), predicted=round(pred, 2),
+                      error=round(pred / tps - 1, 4), cv=round(m["tg"].cv, 3))
+
+
 #: synth-750m's layer (n_embd 1536, n_ff 4096, 16 query / 4 KV heads): the validation rows decode-weights miss most
 TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
 TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
@@ -329,12 +358,15 @@ def kv_reuse(rounds: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
-                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse"))
+                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse", "tg-twin"))
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--types", default="", help="rows: comma-separated weight types (default Q4_0,Q4_1)")
     args = ap.parse_args(argv)
+    if args.probe == "rows" and args.types:
+        return rows(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
-     "tg-width": tg_width, "kv-reuse": kv_reuse}[args.probe](args.rounds)
+     "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin}[args.probe](args.rounds)
     return 0
 
 

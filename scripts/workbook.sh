@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: set up (first run only), calibrate this machine for `--device host` and its batched decode (first
-# run only, a few minutes), then run every notebook on params/default.yaml and write HTML reports under
+# run only, a few minutes; later runs check an hour-old profile's drift, ~1 min), then run every notebook on params/default.yaml and write HTML reports under
 # reports/ (open reports/index.html). Extra arguments go to `v100lab batch`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,6 +13,14 @@ if ! .venv/bin/python -c 'import sys; from v100lab.rates import stored_calibrati
   # --force: on a noisy machine the profile is stored anyway, its quality recorded and shown beside every
   # host prediction, rather than the workbook not running at all (calibrate's three passes already retry)
   .venv/bin/v100lab calibrate --force
+elif [ "${V100LAB_DRIFT_CHECK:-quick}" != 0 ] && .venv/bin/python -c \
+    'import sys; from v100lab.drift_check import needs_check; from v100lab.rates import stored_calibration; sys.exit(not needs_check(stored_calibration()))'; then
+  # a shared VM's speed moves over hours: an hour-old profile is brought up to now by a drift check on calibration's
+  # own Q4_0 rung and prompt point (~1 min; V100LAB_DRIFT_CHECK=all checks every weight type's rung, a few minutes;
+  # 0 skips it). A failed check leaves the profile as it was.
+  echo "workbook: this host was last calibrated or checked over an hour ago; a drift check (v100lab calibrate --check)" >&2
+  if [ "${V100LAB_DRIFT_CHECK:-quick}" = all ]; then check=(--check); else check=(--check --types Q4_0); fi
+  .venv/bin/v100lab calibrate "${check[@]}" || echo "workbook: the drift check failed; predictions use the calibration as it is" >&2
 fi
 # batched decode (for notebook 10's -np predictions), once, when the same-commit llama-batched-bench is there
 if [ -x .venv/bin/llama-batched-bench ] && \

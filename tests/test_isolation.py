@@ -117,7 +117,7 @@ def test_calibrate_survives_one_crashed_point(fresh_cache, monkeypatch, small_ca
                              ("F16", 384, False)])
     monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)
     monkeypatch.setenv(worker.FAULT_ENV, "segv@1:pure-Q4_0")
-    cal = calibration.calibrate(threads=[1], repetitions=1, store=False)
+    cal = calibration.calibrate(threads=[1], repetitions=1, store=False, settle_rounds=0)
     crashed = [p for p in cal["points"] if p.get("status") == "crashed"]
     assert [p["config"] for p in crashed] == [pts[1].name]
     assert "SIGSEGV" in crashed[0]["reason"]
@@ -126,7 +126,7 @@ def test_calibrate_survives_one_crashed_point(fresh_cache, monkeypatch, small_ca
     # with two of five points gone there is too little left: it refuses, with a message, and stores nothing
     monkeypatch.setenv(worker.FAULT_ENV, "segv@1:synth-llama")
     with pytest.raises(RunFailed, match="not enough to fit"):
-        calibration.calibrate(threads=[1], repetitions=1, store=True)
+        calibration.calibrate(threads=[1], repetitions=1, store=True, settle_rounds=0)
     from v100lab import devices
 
     assert calibration.PROFILE_KEY not in (devices.read_host_profile() or {})

@@ -196,12 +196,12 @@ def test_calibrate_refuses_a_noisy_machine_then_force_stores_it(fresh_cache, sma
     # a cv threshold below 0: every real measurement is "noisy", even after its rerun (at 0, two repetitions that
     # agree to a few ppm store a cv that rounds to 0.0, and that point was not counted: a flake on a quiet machine)
     with pytest.raises(RunFailed) as err:
-        calibration.calibrate(threads=[1], repetitions=2, rerun_above_cv=-1.0)
+        calibration.calibrate(threads=[1], repetitions=2, rerun_above_cv=-1.0, settle_rounds=0)
     msg = str(err.value)
     assert "not stored" in msg and "3 of 3 points still noisy" in msg and "--force" in msg
     assert rates.PROFILE_KEY not in (devices.read_host_profile() or {})
 
-    cal = calibration.calibrate(threads=[1], repetitions=2, rerun_above_cv=-1.0, force=True)
+    cal = calibration.calibrate(threads=[1], repetitions=2, rerun_above_cv=-1.0, force=True, settle_rounds=0)
     stored = devices.read_host_profile()[rates.PROFILE_KEY]
     assert stored == json.loads(json.dumps(cal))
     assert stored["forced"] is True and "3 of 3 points" in stored["quality"]["refused"]

@@ -65,12 +65,14 @@ from v100lab import buildflags, devices, modelcache, zoo
 from v100lab.backends import BenchTest, find_binary
 from v100lab.backends.inprocess import build_info
 from v100lab.backends.isolated import IsolatedBackend
+from v100lab.clock import utc_stamp
 from v100lab.config import RunConfig
 from v100lab.devices import Device
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.header import read_spec
 from v100lab.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
-from v100lab.rates import PROFILE_KEY, calibration_quality, current_build_facts
+from v100lab.rates import (NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET, calibration_quality,
+                           current_build_facts, median_standard_error)
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
 from v100lab.work import single_device_work
 
@@ -222,6 +224,21 @@ MAX_RERUNS = 2
 # once more and the quieter run kept: a retry threshold for the fit's inputs, looser than the harness's
 # display flag (harness.NOISY_CV, the ±5 % band within which two measurements are called the same).
 RERUN_ABOVE_CV = 0.10
+# After the passes, a point whose loads leave their median uncertain by more than SETTLE_SE (the relative standard error
+# of the median of its loads, rates.median_standard_error), or that the fit misses by more than rates.RESIDUAL_TARGET,
+# is loaded again — every such point once a round, in plan order, thread counts in turn — for at most SETTLE_ROUNDS
+# rounds, the fit redone after each (:func:`settle`); a miss beyond NOISE_Z of its loads' standard errors is the model's
+# and is not loaded again. A settling load is of one point, not of its contrast's pair (pass_order keeps those back to
+# back): the fit takes each point's median over all its loads, and more loads of one side move its median towards
+# the machine's typical speed whatever phase the other side's loads met. Why 3 %: a point's residual is its median's error plus the
+# model's, so a model that is right misses a point whose median is known to ±3 % by about 2 × 3 = 6 % at most, inside
+# the 10 % target, and a miss past 10 % is then the model's. On a 2-core Zen 3 VM the loads of one point moved with an
+# sd of 5-10 % (benchmarks/RESULTS.md, issue 18, sixteenth round): with the three loads of three passes their median is
+# known to ±4-7 %, and the repetitions' cv, which sees one moment of the machine, rarely said so (RERUN_ABOVE_CV).
+SETTLE_SE = 0.03
+SETTLE_ROUNDS = 3
+# A calibration whose points still leave their median uncertain by more than rates.NOISY_MACHINE_SE (5 %) after
+# settling, for more than MAX_NOISY_SHARE of them, is of a machine too noisy to calibrate now (refused, as below).
 # When calibration refuses to store a profile (:func:`calibrate`; ``--force`` stores it anyway, marked):
 # more than this share of the points still noisy after their rerun (cv above RERUN_ABOVE_CV) means another
 # process took the cores during much of the calibration — the fit would be of the contention, not of llama.cpp.
@@ -741,6 +758,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
         "tg_parameters": _n_parameters(rows),
+        "tg_fit_points": [p.get("name") for p in points],
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention's multiply-adds c_op + its head × cells c_cell, on the wide
     # matrices only: the narrow models' matmuls run at a speed of their own, and fitted with them, their
@@ -777,7 +795,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         out.update({"pp_overhead_s": 0.0, "pp_attn_s_per_op": float(xp[0]), "pp_attn_s_per_head_cell": float(xp[1]),
                     "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[2:]) if c > 0},
                     "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array(y) - 1],
-                    "pp_parameters": _n_parameters(rows)})
+                    "pp_parameters": _n_parameters(rows), "pp_fit_points": [p.get("name") for p in pp_pts]})
     return out
 
 
@@ -799,6 +817,11 @@ def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_resid
     if total and n > max_noisy_share * total:
         why.append(f"{n} of {total} points still noisy after a rerun (cv > {100 * q.get('noisy_cv', 0):.0f} %; "
                    f"at most {100 * max_noisy_share:.0f} % may be)")
+    u = q.get("uncertain_points", 0)
+    if total and u > max_noisy_share * total:
+        why.append(f"{u} of {total} points' loads leave their median uncertain by more than "
+                   f"{100 * q.get('uncertain_se', NOISY_MACHINE_SE):.0f} % after settling (at most "
+                   f"{100 * max_noisy_share:.0f} % may)")
     if q.get("superlinear"):
         why.append("decode rates grow faster than the thread count (" + ", ".join(q["superlinear"][:3])
                    + "): the thread counts were measured in different phases of the machine")
@@ -816,44 +839,137 @@ def kept_fills() -> Iterator[Path]:
         yield Path(d)
 
 
-def _measure_passes(passes: int, threads: Sequence[int], planned: Sequence[CalPoint], paths: Mapping, repetitions: int,
-                    rerun_above_cv: float, depth_states: Path, best: dict, failed: dict,
-                    say: Callable[[str], None]) -> None:
-    """Every pass of :func:`calibrate`: each thread count's :func:`pass_order` in turn, each load's timings added
-    to ``best`` (:func:`combine_passes`); a point that crashes, hangs or is refused goes to ``failed`` and is not
-    measured again."""
+@dataclass(frozen=True)
+class _Run:
+    """What every load of one calibration shares: the models, how each load is measured, and where its results go."""
+
+    paths: Mapping
+    repetitions: int
+    rerun_above_cv: float
+    depth_states: Path
+    best: dict           # (threads, point name) → {"tg"/"pp": Timing}, every load combined (combine_passes)
+    failed: dict         # (threads, point name) → why it is not measured again
+    say: Callable[[str], None]
+
+    def load(self, cp: CalPoint, th: int, what: str) -> None:
+        """One load of ``cp`` at ``th`` threads, its timings added to ``best``; a point that crashes, hangs or is
+        refused goes to ``failed`` and is not measured again."""
+        if (th, cp.name) in self.failed:
+            return
+        self.say(f"{cp.name}, {th} thread(s){what}")
+        try:
+            tm = measure(self.paths[(cp.label, cp.type_name)], th, depth=cp.depth,
+                         n_gen=CALIB_N_GEN if cp.decode else 0,
+                         n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=self.repetitions,
+                         pp_repetitions=max(1, self.repetitions - 1), rerun_above_cv=self.rerun_above_cv,
+                         depth_states=self.depth_states)
+        except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
+            status = getattr(exc, "status", "failed")
+            self.say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
+            self.failed[(th, cp.name)] = {"config": cp.name, "threads": th, "status": status, "reason": str(exc)}
+            self.best.pop((th, cp.name), None)
+            return
+        self.best[(th, cp.name)] = combine_passes(self.best.get((th, cp.name)), tm)
+
+
+def _measure_passes(run: _Run, passes: int, threads: Sequence[int], planned: Sequence[CalPoint]) -> None:
+    """Every pass of :func:`calibrate`: each thread count's :func:`pass_order` in turn."""
     for k in range(passes):
         for th in threads:
             for cp in pass_order(planned):
-                if (th, cp.name) in failed:
-                    continue
-                say(f"{cp.name}, {th} thread(s)" + (f", pass {k + 1} of {passes}" if passes > 1 else ""))
-                try:
-                    tm = measure(paths[(cp.label, cp.type_name)], th, depth=cp.depth,
-                                 n_gen=CALIB_N_GEN if cp.decode else 0,
-                                 n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=repetitions,
-                                 pp_repetitions=max(1, repetitions - 1), rerun_above_cv=rerun_above_cv,
-                                 depth_states=depth_states)
-                except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
-                    status = getattr(exc, "status", "failed")
-                    say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
-                    failed[(th, cp.name)] = {"config": cp.name, "threads": th, "status": status, "reason": str(exc)}
-                    best.pop((th, cp.name), None)
-                    continue
-                best[(th, cp.name)] = combine_passes(best.get((th, cp.name)), tm)
+                run.load(cp, th, f", pass {k + 1} of {passes}" if passes > 1 else "")
+
+
+def _fit_points(th: int, planned: Sequence[CalPoint], best: Mapping, specs: Mapping) -> list[dict]:
+    """The fit's inputs at ``th`` threads: every measured point of ``planned``, named as its stored row."""
+    pts = []
+    for cp in planned:
+        tm = best.get((th, cp.name))
+        if tm is None:
+            continue
+        pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
+                    "tg": tm["tg"].s_per_token if "tg" in tm else None,
+                    "pp": tm["pp"].s_per_token if "pp" in tm else None,
+                    "n_prompt": CALIB_N_PROMPT, "pp_depth": cp.depth, "label": cp.label, "name": cp.name})
+    return pts
+
+
+def _loads_se(t: Timing | None) -> float | None:
+    """The standard error of the median of a test's loads (None under three loads, or unmeasured)."""
+    return median_standard_error([1.0 / x for x in t.pass_best if x > 0]) if t and t.pass_best else None
+
+
+def to_settle(fits: Mapping[int, Mapping[str, Any]], best: Mapping, planned: Sequence[CalPoint],
+              threads: Sequence[int], se_bound: float | None = None,
+              residual_bound: float = RESIDUAL_TARGET) -> list[tuple[CalPoint, int, str]]:
+    """The loads a settling round takes: (point, threads, why) for every measured point whose decode or prompt loads
+    leave their median uncertain by more than ``se_bound`` (default :data:`SETTLE_SE`), or that ``fits`` (threads →
+    :func:`fit_cpu`'s result) misses by more than ``residual_bound`` — in plan order, thread counts in turn."""
+    se_bound = SETTLE_SE if se_bound is None else se_bound
+    out = []
+    for cp in planned:
+        for th in threads:
+            tm = best.get((th, cp.name))
+            if tm is None:
+                continue
+            fit = fits.get(th) or {}
+            why = []
+            for test in ("tg", "pp"):
+                se = _loads_se(tm.get(test))
+                if se is not None and se > se_bound:
+                    why.append(f"{test} median ±{100 * se:.1f} %")
+                res = dict(zip(fit.get(f"{test}_fit_points") or (), fit.get(f"{test}_fit_rel_err") or ()))
+                # a miss its loads already pin beyond their noise is the model's: more loads would not change it
+                if (cp.name in res and abs(res[cp.name]) > residual_bound
+                        and (se is None or abs(res[cp.name]) <= NOISE_Z * se)):
+                    why.append(f"{test} missed by {100 * res[cp.name]:+.1f} %")
+            if why:
+                out.append((cp, th, "; ".join(why)))
+    return out
+
+
+def settle(run: _Run, rounds: int, threads: Sequence[int], planned: Sequence[CalPoint], specs: Mapping,
+           bws: Mapping[int, Mapping[str, Any]]) -> tuple[dict[int, dict[str, Any]], dict[str, int]]:
+    """Fit, then load again every point :func:`to_settle` names, at most ``rounds`` rounds (a round ends the
+    settling when it names none), the fit redone after each. Returns (the last fits per thread count, extra loads
+    per ``point/threads``)."""
+    extra: dict[str, int] = {}
+    fits: dict[int, dict[str, Any]] = {}
+
+    def refit() -> None:
+        for th in threads:
+            pts = _fit_points(th, planned, run.best, specs)
+            _enough_points(len(pts), len(planned), th)
+            fits[th] = fit_cpu(pts, bws[th]["bandwidth_gbs"], threads=th)
+
+    refit()
+    for k in range(rounds):
+        todo = to_settle(fits, run.best, planned, threads)
+        if not todo:
+            break
+        run.say(f"settling {len(todo)} load(s), round {k + 1} of at most {rounds}")
+        for cp, th, why in todo:
+            run.load(cp, th, f", settling ({why})")
+            key = f"{cp.name}/{th}"
+            extra[key] = extra.get(key, 0) + 1
+        refit()
+    return fits, extra
 
 
 def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes: int = CALIB_PASSES,
               progress: Callable[[str], None] | None = None, store: bool = True, force: bool = False,
               rerun_above_cv: float = RERUN_ABOVE_CV, max_noisy_share: float = MAX_NOISY_SHARE,
-              max_fit_residual: float = MAX_FIT_RESIDUAL) -> dict[str, Any]:
+              max_fit_residual: float = MAX_FIT_RESIDUAL, settle_rounds: int = SETTLE_ROUNDS) -> dict[str, Any]:
     """Measure this host and fit the CPU speed model; store it in the host profile unless ``store`` is false.
 
-    ``threads``: thread counts to calibrate (default 1 and all cores). Returns the calibration dict, with
+    ``threads``: thread counts to calibrate (default 1 and all cores). After ``passes`` passes, up to
+    ``settle_rounds`` rounds load again the points whose median is uncertain or that the fit misses (:func:`settle`;
+    ``settled`` in the result counts the extra loads per point). Returns the calibration dict, with
     ``quality`` (:func:`v100lab.rates.calibration_quality`), ``build``, ``cpu`` and ``measured_at`` (UTC).
     A calibration that fails the quality bounds (more than ``max_noisy_share`` of the points with a cv above
-    ``rerun_above_cv`` after their rerun, a residual above ``max_fit_residual``, or decode rates that grow faster
-    than the thread count: :func:`v100lab.rates.superlinear_scaling`) is not stored: RunFailed
+    ``rerun_above_cv`` after their rerun, or with a median still uncertain by more than
+    :data:`v100lab.rates.NOISY_MACHINE_SE` after settling, a residual above ``max_fit_residual``, or decode rates that
+    grow faster than the thread count: :func:`v100lab.rates.superlinear_scaling`) is not stored: RunFailed
     with the figures — unless ``force``, which stores it marked ``forced`` (every prediction then says so)."""
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 1
@@ -890,39 +1006,38 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     # the thread counts take turns within each pass, so that both see the same phases of a shared VM (measured
     # one after the other, the 2-thread points once came out 2.3x the 1-thread ones: more than two cores give).
     # Each depth point's context is filled once per calibration and restored by every later load (DEPTH_LOADS a
-    # pass, every pass, both thread counts) from a folder in the cache, removed at the end.
+    # pass, every pass, both thread counts, the settling rounds) from a folder in the cache, removed at the end.
     with kept_fills() as states:
-        _measure_passes(passes, threads, planned, paths, repetitions, rerun_above_cv, states, best, failed, say)
+        run = _Run(paths, repetitions, rerun_above_cv, states, best, failed, say)
+        _measure_passes(run, passes, threads, planned)
+        fits, extra = settle(run, settle_rounds, threads, planned, specs, bws)
     result["points"] += list(failed.values())
+    result["settled"] = extra
     for th in threads:
-        pts = []
         for cp in planned:
             tm = best.get((th, cp.name))
             if tm is None:
                 continue
-            pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
-                        "tg": tm["tg"].s_per_token if "tg" in tm else None,
-                        "pp": tm["pp"].s_per_token if "pp" in tm else None,
-                        "n_prompt": CALIB_N_PROMPT, "pp_depth": cp.depth, "label": cp.label})
             row: dict[str, Any] = {"config": cp.name, "threads": th}
             if "tg" in tm:
                 row.update({"tg_tps": round(1 / tm["tg"].s_per_token, 2), "tg_cv": round(tm["tg"].cv, 4),
                             "busy": round(tm["tg"].busy, 3),
                             "tg_pass_tps": [round(1 / x, 2) for x in tm["tg"].pass_best],
                             # every repetition of every pass, for re-analysis without measuring again
-                            "tg_rep_tps": [[round(1 / x, 2) for x in run[1]] for run in tm["tg"].samples_by_pass]})
+                            "tg_rep_tps": [[round(1 / x, 2) for x in r[1]] for r in tm["tg"].samples_by_pass]})
             if "pp" in tm:
                 row.update({"pp_tps": round(1 / tm["pp"].s_per_token, 2), "pp_cv": round(tm["pp"].cv, 4),
                             "pp_pass_tps": [round(1 / x, 2) for x in tm["pp"].pass_best]})
+            if extra.get(f"{cp.name}/{th}"):
+                row["settling_loads"] = extra[f"{cp.name}/{th}"]
             result["points"].append(row)
-        _enough_points(len(pts), len(planned), th)
-        fit = fit_cpu(pts, bws[th]["bandwidth_gbs"], threads=th)
+        fit = fits[th]
         fit["bandwidth_cv"] = bws[th]["cv"]
         result["threads"][str(th)] = fit
         if th >= ncpu:
             last_bw = bws[th]            # all cores: the device's bandwidth
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result["measured_at"] = utc_stamp()
     q = calibration_quality(result, noisy_cv=rerun_above_cv)
     result["quality"] = q
     refusal = _quality_refusal(q, max_noisy_share, max_fit_residual)

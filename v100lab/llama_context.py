@@ -91,6 +91,24 @@ def bits_per_weight(type_name: str) -> float:
     return 8.0 * type_sizef(type_name)
 
 
+def nearest_type(type_name: str, known: Iterable[str]) -> str | None:
+    """The type of ``known`` with the closest bits per weight (an uncalibrated type borrows a calibrated one's
+    cost, or its drift), or None when neither side is a ggml type."""
+    try:
+        bpw = bits_per_weight(type_name)
+    except ConfigError:
+        return None
+    best = None
+    for k in known:
+        try:
+            d = abs(bits_per_weight(k) - bpw)
+        except ConfigError:
+            continue
+        if best is None or d < best[0]:
+            best = (d, k)
+    return best[1] if best else None
+
+
 # ------------------------------------------------------------------------------------------------
 # context sizes (src/llama-context.cpp, llama_context::llama_context)
 # ------------------------------------------------------------------------------------------------

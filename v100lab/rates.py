@@ -30,11 +30,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from v100lab import buildflags, memory
+from v100lab import buildflags, drift, memory
+from v100lab.clock import age_text, parse_utc
 from v100lab.config import RunConfig
 from v100lab.devices import Device, get_device, host_fingerprint, read_host_profile
 from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import bits_per_weight, causal_cells, resolve_flash_attn
+from v100lab.llama_context import causal_cells, nearest_type, resolve_flash_attn
 from v100lab.skeleton import skeleton_spec
 from v100lab.work import single_device_work
 
@@ -74,6 +75,8 @@ class DeviceRates:
                                               # flash attention's mask, scale and softmax per cell), beside per op
     tg_row_s: float = 0.0                     # decode cost per weight-matrix row per token (CPU: each row's dot
                                               # product's setup and horizontal sum, whatever the row's length)
+    tg_row_s_by_type: Mapping[str, float] = field(default_factory=dict)   # the host after a drift check: the row's
+                                              # cost per weight type (each type's rung moved by its own ratio)
     threads_note: str = ""                    # CPUs: why the rates are for fewer threads than -t asked
     profile_note: str = ""                    # the host: its profile's age and quality (describe_host_rates)
     profile_warnings: tuple[str, ...] = ()    # the host: the profile was made with another build or CPU
@@ -107,8 +110,11 @@ class DeviceRates:
     def tg_compute_s(self, type_name: str, n_weights: float, n_rows: float) -> float:
         """Decode compute time of ``n_weights`` weights of ``type_name`` in ``n_rows`` matrix rows: weights × the
         type's cost + rows × the row's cost (0 where the device has no compute term: GPUs)."""
-        c = self.tg_cost(type_name)
-        return n_weights * c + n_rows * self.tg_row_s if c else 0.0
+        if not self.tg_s_per_weight:
+            return 0.0
+        t = type_name if type_name in self.tg_s_per_weight else nearest_type(type_name, self.tg_s_per_weight)
+        c = self.tg_s_per_weight.get(t)       # a type without a cost of its own borrows the nearest type's, rows too
+        return n_weights * c + n_rows * self.tg_row_s_by_type.get(t, self.tg_row_s) if c else 0.0
 
     def attn_compute_s(self, ops: float, tail_ops: float = 0.0, head_cells: float = 0.0) -> float:
         """Decode attention's compute time: ``ops`` multiply-adds (``tail_ops`` of them in a head's scalar tail)
@@ -128,23 +134,6 @@ class DeviceRates:
         """Prompt attention's compute time: ``ops`` multiply-adds over ``head_cells`` query heads × KV cells (the
         cells the tiled kernel computes: :func:`v100lab.llama_context.fa_prompt_cells`)."""
         return ops * self.pp_attn_s_per_op + head_cells * self.pp_attn_s_per_head_cell
-
-
-def nearest_type(type_name: str, known: Mapping[str, float]) -> str | None:
-    """The calibrated type with the closest bits per weight (an uncalibrated type borrows its cost)."""
-    try:
-        bpw = bits_per_weight(type_name)
-    except ConfigError:
-        return None
-    best = None
-    for k in known:
-        try:
-            d = abs(bits_per_weight(k) - bpw)
-        except ConfigError:
-            continue
-        if best is None or d < best[0]:
-            best = (d, k)
-    return best[1] if best else None
 
 
 def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) -> DeviceRates:
@@ -278,8 +267,14 @@ def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLER
 #: the residual every calibration point should keep (issue 18: a fit within 10 % of each of its own points)
 RESIDUAL_TARGET = 0.10
 #: a point missed by more than this many standard errors of its own loads' median is a miss of the model; within
-#: them, the point's loads disagree as much as the miss, and the machine's noise can account for it
-NOISE_Z = 2.0
+#: them, the point's loads disagree as much as the miss, and the machine's noise can account for it (the drift
+#: check judges a rung's move the same way)
+NOISE_Z = drift.NOISE_Z
+
+
+#: a point whose loads leave their median uncertain by more than this (:func:`median_standard_error`) is uncertain:
+#: calibration settles points to 3 % (calibration.SETTLE_SE) and refuses a machine with many past this
+NOISY_MACHINE_SE = 0.05
 
 
 def median_standard_error(tps) -> float | None:
@@ -307,6 +302,10 @@ def point_misses(cal: Mapping[str, Any], target: float = RESIDUAL_TARGET, z: flo
     for th, fit in sorted((cal.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
         errs = fit.get("tg_fit_rel_err") or []
         pts = [pt for pt in cal.get("points") or [] if str(pt.get("threads")) == str(th) and pt.get("tg_tps")]
+        names = fit.get("tg_fit_points")
+        if names and all(names) and len(names) == len(errs):   # fits since issue 18, 17th round, name their points
+            by_name = {pt.get("config"): pt for pt in pts}
+            pts = [by_name.get(n, {"config": n}) for n in names]
         if len(pts) != len(errs):
             continue
         for pt, e in zip(pts, errs):
@@ -348,12 +347,16 @@ def describe_misses(misses, z: float = NOISE_Z) -> str:
     return f"{len(misses)} point(s) missed by > {100 * RESIDUAL_TARGET:.0f} %: " + ", ".join(said)
 
 
-def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[str, Any]:
+def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
+                        uncertain_se: float = NOISY_MACHINE_SE) -> dict[str, Any]:
     """How well a stored calibration describes its own points: per thread count the max and median
     |relative residual| of the decode (tg) and prompt (pp) fits, the noisy points (cv above ``noisy_cv``),
-    the overall worst residual with the fit and thread count it came from, and the types whose rate grows
-    faster than the thread count (:func:`superlinear_scaling`). From the calibration's own
-    ``tg_fit_rel_err``/``pp_fit_rel_err`` and rates, so older profiles get it too."""
+    the overall worst residual with the fit and thread count it came from, the types whose rate grows
+    faster than the thread count (:func:`superlinear_scaling`), the misses judged against their loads
+    (:func:`point_misses`), and the points whose loads leave their median uncertain by more than ``uncertain_se``
+    (:func:`median_standard_error`; ``uncertain_points``, with the median standard error over all points and the
+    loads calibration's settling added). From the calibration's own points, fits and rates, so older profiles get it
+    too."""
     per: dict[str, Any] = {}
     worst = (0.0, None, None)
     for th, p in sorted((cal.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
@@ -376,10 +379,18 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10) -> dict[
     unsettled = [pt for pt in measured if _pass_gap(pt.get("tg_pass_tps")) > noisy_cv
                  or _pass_gap(pt.get("pp_pass_tps")) > noisy_cv]
     misses = point_misses(cal)
+    # how well each point's loads pin its median (issue 18, seventeenth round: calibration settles them to 3 %)
+    ses = [se for pt in measured for se in (median_standard_error(pt.get("tg_pass_tps")),
+                                           median_standard_error(pt.get("pp_pass_tps"))) if se is not None]
+    uncertain = [pt for pt in measured if any((se or 0) > uncertain_se for se in (
+        median_standard_error(pt.get("tg_pass_tps")), median_standard_error(pt.get("pp_pass_tps"))))]
     return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
             "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal),
-            "misses": misses, "misses_beyond_noise": sum(1 for m in misses if m["beyond_noise"] is True)}
+            "misses": misses, "misses_beyond_noise": sum(1 for m in misses if m["beyond_noise"] is True),
+            "uncertain_points": len(uncertain), "uncertain_se": uncertain_se,
+            "median_standard_error": round(statistics.median(ses), 4) if ses else None,
+            "settled_loads": sum((cal.get("settled") or {}).values())}
 
 
 def _pass_gap(tps) -> float:
@@ -392,29 +403,6 @@ def _pass_gap(tps) -> float:
     if len(v) % 2 == 0:
         return v[mid] / v[mid - 1] - 1.0
     return min(v[mid] / v[mid - 1] - 1.0, v[mid + 1] / v[mid] - 1.0)
-
-
-def _parse_time(text) -> _dt.datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    for parse in (lambda t: _dt.datetime.fromisoformat(t.replace("Z", "+00:00")),
-                  lambda t: _dt.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S%z")):
-        try:
-            d = parse(text)
-        except ValueError:
-            continue
-        return d if d.tzinfo else d.replace(tzinfo=_dt.timezone.utc)
-    return None
-
-
-def _age(seconds: float) -> str:
-    if seconds < 0:
-        return "in the future: clock changed?"
-    if seconds < 3600:
-        return f"{max(1, round(seconds / 60))} min old"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.0f} h old"
-    return f"{seconds / 86400:.0f} days old"
 
 
 @dataclass(frozen=True)
@@ -457,12 +445,12 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
                  + " reached in decode, no per-type compute cost; run `v100lab calibrate`")
     now = now or _dt.datetime.now(_dt.timezone.utc)
     current = current if current is not None else current_build_facts()
-    when = _parse_time(cal.get("measured_at"))
+    when = parse_utc(cal.get("measured_at"))
     q = cal.get("quality") or calibration_quality(cal)
     parts = []
     if when is not None:
         age = (now - when).total_seconds()
-        parts.append(f"host calibration of {when.astimezone(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC ({_age(age)})")
+        parts.append(f"host calibration of {when.astimezone(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC ({age_text(age)})")
     else:
         age = None
         parts.append("host calibration of unknown date")
@@ -482,6 +470,10 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
                      + (f", {q['unsettled_points']} whose passes differ by > {100 * q.get('noisy_cv', 0.1):.0f} %"
                         if q.get("unsettled_points") else ""))
     warnings = []
+    checked, drift_warnings = drift.describe(cal.get(drift.DRIFT_KEY), now=now)
+    if checked:
+        parts.append(checked)
+    warnings += drift_warnings
     # a profile stored before the check has a quality record without it: computed from its rates
     superlinear = q["superlinear"] if "superlinear" in q else superlinear_scaling(cal)
     if superlinear:
@@ -537,11 +529,16 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     """The host's DeviceRates at ``threads``: a calibrated thread count as measured; in between,
     per-weight rates interpolated linearly; beyond the largest, compute rates scaled by the thread
     ratio while the bandwidth stays at the largest measured (a stated extrapolation)."""
-    per = {int(k): v for k, v in (cal.get("threads") or {}).items()}
+    check = cal.get(drift.DRIFT_KEY) if (cal.get(drift.DRIFT_KEY) or {}).get("applied") else None
+    # an applied drift check (v100lab calibrate --check) brings each thread count's costs up to the phase it measured
+    per = {int(k): drift.scaled_fit(v, check, int(k)) if check else v for k, v in (cal.get("threads") or {}).items()}
     if not per:
         raise V100labError("host calibration has no thread counts; run `v100lab calibrate` again")
     ks = sorted(per)
-    src = f"host calibration ({', '.join(map(str, ks))} threads)"
+    scaled = [k for k in ks if check and drift.ratios(check, k)["tg"]]
+    src = f"host calibration ({', '.join(map(str, ks))} threads)" + (
+        f"; rates at {', '.join(map(str, scaled))} thread(s) scaled by the drift check of {check.get('measured_at')}"
+        if scaled else "")
     if threads in per:
         p = per[threads]
         return _rates_from(device, p, 1.0, src)
@@ -554,9 +551,9 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     f = (threads - lo) / (hi - lo)
     a, b = per[lo], per[hi]
     mixed = dict(b)
-    for key in ("tg_s_per_weight", "pp_s_per_weight"):
+    for key in ("tg_s_per_weight", "pp_s_per_weight", "tg_row_s_by_type"):
         mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
-                      for t in set(a.get(key, {})) & set(b.get(key, {}))}
+                      for t in set(a.get(key) or {}) & set(b.get(key) or {}) if a[key][t] and b[key][t]}
     for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell",
                 "pp_attn_s_per_head_cell", "tg_row_s"):
         if a.get(key) and b.get(key):
@@ -583,7 +580,8 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         attn_split_layer_s=float(p.get("attn_split_layer_s", 0.0)),
         attn_s_per_head_cell=float(p.get("attn_s_per_head_cell", 0.0)) / speedup,
         pp_attn_s_per_head_cell=float(p.get("pp_attn_s_per_head_cell", 0.0)) / speedup,
-        tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup)
+        tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup,
+        tg_row_s_by_type=MappingProxyType({t: c / speedup for t, c in (p.get("tg_row_s_by_type") or {}).items()}))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ from typing import Any, Mapping, Sequence
 from v100lab import speed
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
-from v100lab.rates import effective_threads, nearest_type
+from v100lab.llama_context import nearest_type
+from v100lab.rates import effective_threads
 from v100lab.safeio import cache_dir, read_json_dict
 from v100lab.spec import ModelSpec
 

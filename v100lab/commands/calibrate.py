@@ -12,10 +12,10 @@ import os
 import statistics
 import sys
 
-from v100lab import calibration
+from v100lab import calibration, drift, drift_check
 from v100lab.devices import host_profile_path
 from v100lab.errors import ConfigError, V100labError
-from v100lab.rates import NOISE_Z, describe_host_rates, stored_calibration, stored_misses
+from v100lab.rates import NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses
 from v100lab.serving import batching_path
 from v100lab.render import term_text
 
@@ -33,6 +33,11 @@ def add_arguments(p):
     p.add_argument("--passes", type=int, default=calibration.CALIB_PASSES,
                    help=f"passes over all points, the median kept per point (default {calibration.CALIB_PASSES}; "
                         "a shared VM slows a point for tens of seconds at a time, so one pass is not repeatable)")
+    p.add_argument("--settle-rounds", type=int, default=calibration.SETTLE_ROUNDS,
+                   help="after the passes, rounds that load again every point whose loads leave its median uncertain "
+                        f"by more than {100 * calibration.SETTLE_SE:.0f} %% or that the fit misses by more than "
+                        f"{100 * RESIDUAL_TARGET:.0f} %% "
+                        f"(default {calibration.SETTLE_ROUNDS}; 0: none)")
     p.add_argument("--show", action="store_true", help="print the stored calibration and exit")
     p.add_argument("--force", action="store_true",
                    help="store the calibration even when it fails the quality bounds (too many noisy points, a fit "
@@ -40,6 +45,19 @@ def add_arguments(p):
     p.add_argument("--batching", action="store_true",
                    help="measure batched decode instead (llama-batched-bench on the calibration models, ~1.5 min): "
                         "the curve `serving` predicts -np / concurrent users with on this CPU (default threads: all cores)")
+    p.add_argument("--check", action="store_true",
+                   help="a drift check instead (a few minutes): decode calibration's own rungs again, compare them "
+                        "with the stored calibration, and bring its rates up to the machine's present speed "
+                        "(each weight type by its own rung); the profile line of every prediction then says so")
+    p.add_argument("--no-apply", action="store_true",
+                   help="with --check: record the check and warn when the machine moved, but keep predicting with "
+                        "the calibration's own rates")
+    p.add_argument("--types", default="",
+                   help="with --check: comma-separated weight types whose rungs to decode (default: every type "
+                        "calibration measured; e.g. Q4_0 for a check of about a minute)")
+    p.add_argument("--loads", type=int, default=drift_check.LOADS,
+                   help=f"with --check: loads of each rung (default {drift_check.LOADS}: their median is kept, their "
+                        "spread gives its standard error)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -93,6 +111,13 @@ def _summary(cal: dict) -> list[str]:
         lines.append(f"noisy points (cv > 10 %): {', '.join(pt['config'] + '/' + str(pt['threads']) + 't' for pt in noisy)}"
                      " — rerun with the machine idle")
     q = cal.get("quality") or {}
+    if cal.get("settled"):
+        lines.append(f"settling: {sum(cal['settled'].values())} extra load(s) of {len(cal['settled'])} point(s) × "
+                     f"thread count whose median was uncertain by > {100 * calibration.SETTLE_SE:.0f} % or that the "
+                     f"fit missed by > {100 * RESIDUAL_TARGET:.0f} %")
+    if q.get("median_standard_error") is not None:
+        lines.append(f"each point's median known to ±{100 * q['median_standard_error']:.1f} % (median over points; "
+                     f"{q.get('uncertain_points', 0)} point(s) beyond ±{100 * q.get('uncertain_se', 0.05):.0f} %)")
     if q.get("unsettled_points"):
         lines.append(f"{q['unsettled_points']} of {q.get('measured_points')} points: no other pass within 10 % of "
                      f"their median pass (the machine's speed moved; the median is kept)")
@@ -116,7 +141,55 @@ def _batching_summary(res: dict) -> list[str]:
     return lines
 
 
+def _check_lines(rec: dict) -> list[str]:
+    lines = [f"drift check of {rec.get('measured_at')} against the calibration of {rec.get('calibration_measured_at')}"
+             f" ({rec.get('loads')} load(s) a rung, {rec.get('seconds', '?')} s)",
+             f"{'rung':<22} {'threads':>7} {'test':>4} {'calibration t/s':>16} {'now t/s (loads)':>26} {'ratio':>14}"]
+    gone = {(r["config"], r["threads"], r["test"]) for r in drift.moved(rec)}
+    for r in rec.get("rungs") or ():
+        se = f" ± {100 * r['standard_error']:.1f} %" if r.get("standard_error") is not None else ""
+        mark = "  moved" if (r["config"], r["threads"], r["test"]) in gone else ""
+        lines.append(f"{r['config']:<22} {r['threads']:>7} {r['test']:>4} {r['calibration_tps']:>16.2f} "
+                     f"{' / '.join(f'{x:.1f}' for x in r['tps']):>26} {'×' + format(r['ratio'], '.3f') + se:>14}{mark}")
+    for th, bw in sorted((rec.get("bandwidth_gbs") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"memory bandwidth, {th} thread(s): {bw:.1f} GB/s now")
+    lines.append(f"{len(gone)} of {len(rec.get('rungs') or ())} rungs moved by more than {100 * drift.TOLERANCE:.0f} % "
+                 f"and {drift.NOISE_Z:g} standard errors" + ("" if gone else ": the machine is where it was calibrated"))
+    lines.append("applied: predictions on this host now use the calibration's rates scaled by it"
+                 if rec.get("applied") else "recorded, not applied (--no-apply): predictions keep the calibration's rates")
+    return lines
+
+
+def _run_check(args) -> int:
+    if not 1 <= args.loads <= MAX_PASSES:
+        raise ConfigError(f"--loads must be between 1 and {MAX_PASSES}, got {args.loads}")
+    types = [t.strip() for t in args.types.split(",") if t.strip()] or None
+    say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
+    rec = drift_check.store(drift_check.check(threads=_threads(args.threads), types=types, loads=args.loads,
+                                              progress=say), apply=not args.no_apply)
+    if args.json:
+        json.dump({"profile": str(host_profile_path()), "drift": rec}, sys.stdout, indent=2)
+        print()
+        return 0
+    for line in _check_lines(rec):
+        print(term_text(line, limit=400))
+    hp = describe_host_rates()
+    print(term_text(hp.line, limit=600))
+    for w in hp.warnings:
+        print(f"warning: {term_text(w, limit=400)}")
+    return 0
+
+
 def run(args) -> int:
+    if args.check and (args.show or args.batching):
+        raise ConfigError("--check measures a drift check: not with --show or --batching")
+    if (args.no_apply or args.types or args.loads != drift_check.LOADS) and not args.check:
+        raise ConfigError("--no-apply, --types and --loads go with --check")
+    if args.check and (args.force or args.passes != calibration.CALIB_PASSES or args.repetitions != 3
+                       or args.settle_rounds != calibration.SETTLE_ROUNDS):
+        raise ConfigError("--force, --passes, --repetitions and --settle-rounds are a calibration's: not with --check")
+    if args.check:
+        return _run_check(args)
     if args.batching and not args.show:
         if not 1 <= args.repetitions <= MAX_REPETITIONS:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
@@ -140,15 +213,20 @@ def run(args) -> int:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
         if not 1 <= args.passes <= MAX_PASSES:
             raise ConfigError(f"--passes must be between 1 and {MAX_PASSES}, got {args.passes}")
+        if not 0 <= args.settle_rounds <= MAX_PASSES:
+            raise ConfigError(f"--settle-rounds must be between 0 and {MAX_PASSES}, got {args.settle_rounds}")
         say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
         cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say,
-                                    force=args.force, passes=args.passes)
+                                    force=args.force, passes=args.passes, settle_rounds=args.settle_rounds)
     if args.json:
         json.dump({"profile": str(host_profile_path()), "speed_calibration": cal}, sys.stdout, indent=2)
         print()
         return 0
     for line in _summary(cal):
         print(line)
+    if args.show and cal.get(drift.DRIFT_KEY):
+        for line in _check_lines(cal[drift.DRIFT_KEY]):
+            print(term_text(line, limit=400))
     hp = describe_host_rates(cal)
     print(term_text(hp.line, limit=400))
     for w in hp.warnings:

@@ -1,0 +1,152 @@
+"""A drift check: how far this machine has moved from its calibration, and the calibrated rates brought up to now.
+
+On a shared VM the host's speed moves in phases: on a 2-core Zen 3 calibration's own rungs ran 5-31 % slower than
+calibration had measured them 35-100 minutes later, and 16-55 % faster three hours later, every type by its own
+factor (benchmarks/RESULTS.md, issue 18, fifteenth and sixteenth rounds). A calibration is 40-70 minutes of
+measuring; a drift check decodes calibration's own rungs again, a few loads each (:mod:`v100lab.drift_check`,
+``v100lab calibrate --check``), and stores what it found beside the calibration (key :data:`DRIFT_KEY`). This
+module is the record's arithmetic, no measuring:
+
+* :func:`ratios` — per thread count, each weight type's decode ratio (the rung's median tok/s now over the figure
+  calibration stored for it), the prompt rung's ratio, and the memory bandwidth now;
+* :func:`scaled_fit` — one thread count's fitted costs with each type's decode cost (its weights and its rows)
+  divided by that type's ratio, everything else decode costs (attention, the per-layer overheads) by the
+  :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and the bandwidth replaced by the one measured
+  now. Its decode part was first judged in the sixteenth round, on the predicted time alone (the benchmark's "by
+  type" correction): on a VM in a phase 16-55 % faster than its calibration, the decode median error on rows
+  calibration never saw went from 27.0 % to 6.0 %; ``benchmarks/bench_speed.py`` now judges this function itself;
+* :func:`describe` — the clause every host prediction carries about it.
+
+A check is applied (``applied``: predictions use the scaled costs) or only recorded; a new calibration drops it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+from typing import Any, Mapping
+
+from v100lab.clock import age_text, parse_utc
+from v100lab.llama_context import nearest_type
+
+#: the key of the drift check inside the stored calibration (``speed_calibration``)
+DRIFT_KEY = "drift"
+#: the rung whose ratio scales what is not a weight type's (attention, overheads): calibration's depth rung
+#: (calibration.DEPTH_TYPE, the type attention and the per-layer costs are pinned on)
+BASE_TYPE = "Q4_0"
+#: a rung within this of its calibration figure has not moved (the residual target of a calibration point)
+TOLERANCE = 0.10
+#: a ratio is beyond the noise when it is this many of its loads' standard errors away from 1
+NOISE_Z = 2.0
+#: decode costs of a fitted thread count (seconds; divided by a ratio when applied)
+_BASE_SCALED = ("attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell", "attn_split_layer_s",
+                "overhead_token_s", "overhead_layer_s")
+_PP_SCALED = ("pp_attn_s_per_op", "pp_attn_s_per_head_cell", "pp_overhead_s")
+
+
+def ratios(record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
+    """What a drift ``record`` says at ``threads``: ``{"tg": {type: ratio}, "pp": ratio or None, "bandwidth_gbs":
+    GB/s or None}`` (empty ``tg`` when the record has no rung at that thread count)."""
+    out: dict[str, Any] = {"tg": {}, "pp": None, "bandwidth_gbs": None}
+    for r in (record or {}).get("rungs") or ():
+        if int(r.get("threads", -1)) != threads or not r.get("ratio"):
+            continue
+        if r.get("test") == "pp":
+            out["pp"] = float(r["ratio"])
+        else:
+            out["tg"][str(r["type"])] = float(r["ratio"])
+    bw = ((record or {}).get("bandwidth_gbs") or {}).get(str(threads))
+    out["bandwidth_gbs"] = float(bw) if bw else None
+    return out
+
+
+def scaled_fit(fit: Mapping[str, Any], record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
+    """``fit`` (one thread count's fitted costs, as calibration stores them) brought up to the phase ``record``
+    measured at ``threads``: a type's decode cost per weight and its rows' cost (``tg_row_s_by_type``) divided by
+    its own rung's ratio (a type without a rung: the nearest type's by bits per weight), the other decode costs by
+    the :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and the bandwidth the one measured now.
+    ``fit`` unchanged (a copy) when the record has no decode rung at ``threads``."""
+    r = ratios(record, threads)
+    out = dict(fit)
+    if not r["tg"]:
+        return out
+    base = r["tg"].get(BASE_TYPE) or statistics.median(r["tg"].values())
+
+    def ratio_of(t: str) -> float:
+        if t in r["tg"]:
+            return r["tg"][t]
+        near = nearest_type(t, r["tg"])
+        return r["tg"][near] if near else base
+
+    costs = fit.get("tg_s_per_weight") or {}
+    out["tg_s_per_weight"] = {t: c / ratio_of(t) for t, c in costs.items()}
+    row = float(fit.get("tg_row_s") or 0.0)
+    out["tg_row_s"] = row / base
+    out["tg_row_s_by_type"] = {t: row / ratio_of(t) for t in costs}
+    for key in _BASE_SCALED:
+        if fit.get(key):
+            out[key] = float(fit[key]) / base
+    if r["pp"]:
+        out["pp_s_per_weight"] = {t: c / r["pp"] for t, c in (fit.get("pp_s_per_weight") or {}).items()}
+        for key in _PP_SCALED:
+            if fit.get(key):
+                out[key] = float(fit[key]) / r["pp"]
+    if r["bandwidth_gbs"]:
+        # the bandwidth measured now; the efficiency (calibration.fit_cpu: >= 1 keeps the memory term from ever
+        # exceeding a calibrated cost) follows, so that no type's faster cost is capped by a slower memory figure
+        old_bw = float(fit.get("bandwidth_gbs") or r["bandwidth_gbs"])
+        fastest = max(ratio_of(t) for t in costs) if costs else base
+        out["bandwidth_gbs"] = r["bandwidth_gbs"]
+        out["efficiency"] = max(1.0, float(fit.get("efficiency") or 1.0) * old_bw * fastest / r["bandwidth_gbs"])
+    return out
+
+
+def moved(record: Mapping[str, Any] | None, tolerance: float = TOLERANCE, z: float = NOISE_Z) -> list[dict]:
+    """The rungs of ``record`` that have moved: more than ``tolerance`` from their calibration figure and more than
+    ``z`` standard errors of their loads' median (a rung with too few loads to tell counts on the tolerance
+    alone)."""
+    out = []
+    for r in (record or {}).get("rungs") or ():
+        ratio, se = r.get("ratio"), r.get("standard_error")
+        if not ratio or abs(ratio - 1) <= tolerance:
+            continue
+        if se is not None and abs(ratio - 1) <= z * se * ratio:
+            continue
+        out.append(dict(r))
+    return out
+
+
+def span(record: Mapping[str, Any] | None, test: str = "tg") -> tuple[float, float, float] | None:
+    """(lowest, median, highest) ratio of the record's ``test`` rungs, or None."""
+    xs = [float(r["ratio"]) for r in (record or {}).get("rungs") or () if r.get("ratio") and r.get("test", "tg") == test]
+    return (min(xs), statistics.median(xs), max(xs)) if xs else None
+
+
+def describe(record: Mapping[str, Any] | None, now: _dt.datetime | None = None) -> tuple[str, list[str]]:
+    """(one clause for the profile's line, warnings) on a drift check: "drift check of 2026-12-04 21:10 UTC (5 min
+    old): decode at ×0.84–×1.12 of calibration (median ×0.97), prompt ×1.05, applied". A warning when the check
+    found rungs that moved (:func:`moved`) and was not applied. ("", []) without a record."""
+    if not record:
+        return "", []
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    when = parse_utc(record.get("measured_at"))
+    head = "drift check" + (f" of {when:%Y-%m-%d %H:%M} UTC ({age_text((now - when).total_seconds())})" if when else "")
+    said = []
+    tg = span(record, "tg")
+    if tg:
+        lo, med, hi = tg
+        said.append(f"decode at ×{lo:.2f}–×{hi:.2f} of calibration (median ×{med:.2f})")
+    pp = span(record, "pp")
+    if pp:
+        said.append(f"prompt ×{pp[1]:.2f}")
+    applied = bool(record.get("applied"))
+    clause = head + (": " + ", ".join(said) if said else "") + (", applied" if applied else ", not applied")
+    warnings = []
+    gone = moved(record)
+    if gone and not applied:
+        warnings.append(f"the {head} found the machine moved from its calibration ("
+                        + ", ".join(f"{r['type']} {r.get('test', 'tg')} at {r['threads']} t ×{r['ratio']:.2f}"
+                                    for r in gone[:3]) + (", ..." if len(gone) > 3 else "")
+                        + "): predictions use the calibration's rates; `v100lab calibrate --check` applies a new "
+                          "check, `v100lab calibrate` remakes the profile")
+    return clause, warnings
