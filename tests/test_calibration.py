@@ -260,12 +260,13 @@ def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_dept
     the other points in parts between them; nothing else repeats, and the order of the other points is the plan's."""
     planned = calibration.calibration_points()
     order = calibration.pass_order(planned)
-    pair = (f"calib-wide:{calibration.DEPTH_TYPE}", f"{calibration.WIDE512_LABEL}:{calibration.DEPTH_TYPE}")
     names = [cp.name for cp in order]
-    assert calibration.ROW_PAIR_LOADS >= 3
-    assert [n for n in names if n in pair] == list(pair) * calibration.ROW_PAIR_LOADS
-    start = names.index(pair[0])
-    assert names[start:start + 2 * calibration.ROW_PAIR_LOADS] == list(pair) * calibration.ROW_PAIR_LOADS
+    assert calibration.ROW_PAIR_LOADS >= 3 and calibration.DEPTH_TYPE in calibration.ROW_PAIR_TYPES
+    for t in calibration.ROW_PAIR_TYPES:
+        pair = (f"calib-wide:{t}", f"{calibration.WIDE512_LABEL}:{t}")
+        assert [n for n in names if n in pair] == list(pair) * calibration.ROW_PAIR_LOADS
+        start = names.index(pair[0])
+        assert names[start:start + 2 * calibration.ROW_PAIR_LOADS] == list(pair) * calibration.ROW_PAIR_LOADS
     cheap = [cp.name for cp in planned if cp.prompt and not cp.decode and cp.depth == 0]
     assert len(cheap) == len(calibration.CALIB_TYPES) - 1 + 2      # every type's calib-wide-pp but F16's; 128, 256
     deep = [cp.name for cp in planned if cp.decode and (cp.depth or cp.label == calibration.WIDE96_LABEL)]
@@ -273,7 +274,8 @@ def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_dept
     assert calibration.PROMPT_LOADS >= 3 and calibration.DEPTH_LOADS >= 3
     others = [cp.name for cp in planned if cp.name not in cheap + deep]
     assert list(dict.fromkeys(n for n in names if n not in cheap + deep)) == others
-    assert len(order) == (len(planned) + 2 * (calibration.ROW_PAIR_LOADS - 1) + len(cheap) * (calibration.PROMPT_LOADS - 1)
+    assert len(order) == (len(planned) + 2 * len(calibration.ROW_PAIR_TYPES) * (calibration.ROW_PAIR_LOADS - 1)
+                          + len(cheap) * (calibration.PROMPT_LOADS - 1)
                           + len(deep) * (calibration.DEPTH_LOADS - 1))
     for group, loads in ((cheap, calibration.PROMPT_LOADS), (deep, calibration.DEPTH_LOADS)):
         at = [i for i, n in enumerate(names) if n in group]
@@ -343,12 +345,15 @@ def test_a_matrix_row_is_calibrated_on_a_rung_of_half_the_row_length_and_charged
     DRAM in DEPTH_TYPE at depth 0 (decode only), with twice calib-wide's rows per weight; the work counts a row as
     ne[1..] of a matrix read (ne[0] its length); predictions charge rows × the fitted cost on top of the weights'."""
     cfg = RunConfig()
-    [cp] = [cp for cp in calibration.calibration_points() if cp.label == calibration.WIDE512_LABEL]
-    assert (cp.type_name, cp.depth, cp.decode, cp.prompt) == (calibration.DEPTH_TYPE, 0, True, False)
-    assert cp.synth.n_embd == calibration.CALIB_WIDE.n_embd // 2 and calibration.WIDE512_LABEL in calibration.WIDE_LABELS
-    # measured right after the rung it is contrasted with, so that both see the same phase of a shared VM
+    pairs = [cp for cp in calibration.calibration_points() if cp.label == calibration.WIDE512_LABEL]
+    assert [cp.type_name for cp in pairs] == list(calibration.ROW_PAIR_TYPES)       # a repacked type and one not
     names = [p.name for p in calibration.calibration_points()]
-    assert names[names.index(cp.name) - 1] == f"calib-wide:{calibration.DEPTH_TYPE}"
+    for cp in pairs:
+        assert (cp.depth, cp.decode, cp.prompt) == (0, True, False)
+        assert cp.synth.n_embd == calibration.CALIB_WIDE.n_embd // 2 and calibration.WIDE512_LABEL in calibration.WIDE_LABELS
+        # measured right after the rung it is contrasted with, so that both see the same phase of a shared VM
+        assert names[names.index(cp.name) - 1] == f"calib-wide:{cp.type_name}"
+        assert calibration._rate_key({"label": cp.label}, cp.type_name) == cp.type_name
     planned = {p["label"]: p for p in _planned_points() if p["depth"] == calibration.CALIB_N_GEN // 2
                and p["spec"].tensors[-1].type_name == calibration.DEPTH_TYPE}
     per_row = {}

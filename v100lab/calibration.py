@@ -15,11 +15,11 @@ Calibration measures, with real llama.cpp (the isolated in-process backend of :m
   the per-layer overhead, the Q4_0 rung's depths the cost of attention over a KV cache read from DRAM (as a real
   model's is: its weights evict the cache between tokens), calib-wide96's the extra cost of a head_dim past the
   SIMD step, ``calib-wide128`` (calib-wide's matrices, 8 query heads of 128) at depths 2048 and 4096 the cost per
-  query head × KV cell; and ``calib-wide512`` (CALIB_WIDE's layer at n_embd 512, Q4_0, 118 layers) the cost of a
+  query head × KV cell; and ``calib-wide512`` (CALIB_WIDE's layer at n_embd 512, in Q4_0 and Q4_1: :data:`ROW_PAIR_TYPES`) the cost of a
   matrix row;
 * in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
   VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
-  repeatable); the row's pair (calib-wide512 and the Q4_0 rung) :data:`ROW_PAIR_LOADS` times a pass,
+  repeatable); each row pair (calib-wide512 and its type's rung) :data:`ROW_PAIR_LOADS` times a pass,
   alternating, each prompt point at depth 0 :data:`PROMPT_LOADS` times a pass and attention's decode points
   :data:`DEPTH_LOADS` times, spread through it (:func:`pass_order`) — a depth point's context filled once per
   calibration and restored by its later loads;
@@ -190,6 +190,12 @@ WIDE256_PP_LABEL = "calib-wide256-pp"
 # overhead alone predicted 1-7 %.
 CALIB_WIDE512 = dataclasses.replace(CALIB_WIDE, n_embd=512, n_ff=1408, n_head=8, n_head_kv=2)
 WIDE512_LABEL = "calib-wide512"
+# ... in two types: DEPTH_TYPE (Q4_0, repacked on x86: ggml-cpu/repack.cpp splits each matrix into 4 chunks a thread)
+# and Q4_1 (not repacked: ggml-cpu.c ggml_compute_forward_mul_mat takes 64-row chunks), so that the one row cost is a
+# contrast in both kernel families and not one pair's. With the Q4_0 pair alone, on a Zen 5 the 2-thread row cost came
+# out 15.9 ns in calibration 28 and 10.2 ns from the same pair 10 minutes later (a probe), and the default model
+# (Q4_1, rows of 576) was predicted 12 % too slow at 2 threads (benchmarks/RESULTS.md, issue 18, seventeenth round).
+ROW_PAIR_TYPES = (DEPTH_TYPE, "Q4_1")
 # The row's cost is a contrast of 25-50 % between two rungs (calib-wide512 against calib-wide's DEPTH_TYPE rung),
 # and on a shared VM a rung's speed moves between loads of the model, not only between repetitions: within one
 # load the repetitions agree within a few %, from one load to the next the level moves by up to 25 % (calib-wide
@@ -296,11 +302,11 @@ def calibration_points() -> list[CalPoint]:
         shared = wide_spec(t) == CALIB_WIDE          # decode and prompt on one model
         pts.append(CalPoint("calib-wide", CALIB_WIDE, t) if shared
                    else CalPoint("calib-wide", wide_spec(t), t, prompt=False))
-        if t == DEPTH_TYPE:
-            # the row cost is a contrast between two rungs (calib-wide512 against calib-wide's DEPTH_TYPE rung):
+        if t in ROW_PAIR_TYPES:
+            # the row cost is a contrast between two rungs (calib-wide512 against calib-wide's rung of that type):
             # measured back to back, both see the same phase of a shared VM (issue 18, ninth round); pass_order
             # alternates the two ROW_PAIR_LOADS times a pass (tenth round)
-            pts.append(CalPoint(WIDE512_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE, prompt=False))
+            pts.append(CalPoint(WIDE512_LABEL, wide_spec(t, CALIB_WIDE512), t, prompt=False))
         if not shared:
             pts.append(CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False))
         if t == DEPTH_TYPE:
@@ -441,9 +447,10 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None,
     if progress:
         progress(f"{WIDE96_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE96).n_layer} layers)")
     out[(WIDE96_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE)
-    if progress:
-        progress(f"{WIDE512_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE512).n_layer} layers)")
-    out[(WIDE512_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE512), DEPTH_TYPE)
+    for t in ROW_PAIR_TYPES:
+        if progress:
+            progress(f"{WIDE512_LABEL}:{t} ({wide_spec(t, CALIB_WIDE512).n_layer} layers)")
+        out[(WIDE512_LABEL, t)] = pure_quantized_synthetic(wide_spec(t, CALIB_WIDE512), t)
     if progress:
         progress(f"{WIDE128_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE128).n_layer} layers)")
     out[(WIDE128_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE)
@@ -469,7 +476,7 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None,
 def calibration_stems() -> set[str]:
     """File stems of the calibration models (the benchmark checks it never judges on them)."""
     return {wide_spec(t).stem for t in CALIB_TYPES} | {wide_spec(DEPTH_TYPE, CALIB_WIDE96).stem,
-                                                       wide_spec(DEPTH_TYPE, CALIB_WIDE512).stem,
+                                                       *(wide_spec(t, CALIB_WIDE512).stem for t in ROW_PAIR_TYPES),
                                                        wide_spec(DEPTH_TYPE, CALIB_WIDE128).stem, CALIB_WIDE128.stem,
                                                        CALIB_WIDE256.stem, CALIB_DEEP.stem,
                                                        CALIB_DEEP96.stem, CALIB_SHALLOW.stem, CALIB_THIN.stem,
