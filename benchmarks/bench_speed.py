@@ -31,6 +31,7 @@ from typing import Callable
 from v100lab import calibration, devices, drift_check, rates, seed, speed, zoo
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
+from v100lab.errors import V100labError
 from v100lab.header import read_spec
 
 N_GEN = 32
@@ -143,6 +144,17 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     host = get_device("host")
     rows = []
     configs = validation[::3] if quick else validation
+    # every model resolved (and refused if it is a calibration model) before anything is measured: a model missing
+    # late in a pass (an optional package not installed) once lost a whole pass's measurements
+    paths = {}
+    for alias, *_ in configs:
+        if alias not in paths:
+            try:
+                paths[alias] = zoo.resolve(alias)
+            except V100labError as exc:
+                sys.exit(f"bench_speed: {exc}")
+            if any(paths[alias].name.startswith(s) for s in stems):
+                sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
     ref = DriftReferences(cal, [c[1] for c in configs], drift_types) if drift_types else None
     if ref is not None and refs is not None:
         refs.append(ref)
@@ -165,9 +177,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
             between_passes()
             for i, pp_only in plan:
                 alias, threads, depth, with_pp = configs[i]
-                path = zoo.resolve(alias)
-                if any(path.name.startswith(s) for s in stems):
-                    sys.exit(f"bench_speed: {alias} is a calibration model; refusing to judge on it")
+                path = paths[alias]
                 t0 = time.perf_counter()
                 m = calibration.measure(path, threads, depth=depth, n_gen=0 if pp_only else N_GEN,
                                         n_prompt=N_PROMPT if with_pp else 0, repetitions=repetitions,

@@ -42,9 +42,9 @@ def _record(applied=True, **over):
 def test_a_check_scales_each_type_by_its_own_rung_and_the_rest_by_the_base_rung():
     """Each type's cost per weight and its rows' cost divided by its rung's ratio (F16, without a rung: the nearest
     type's by bits per weight, Q8_0's), attention and the per-layer costs by the Q4_0 rung's, the prompt by the
-    prompt rung's; the bandwidth is the one measured with the check, and the efficiency follows it so that the
-    fastest type's cost is never capped by the memory term. A thread count the check did not measure is left as
-    calibrated."""
+    prompt rung's; the bandwidth is the one measured with the check, and the efficiency — the best bandwidth a rung
+    reached over STREAM's — is that rung's moved by its own ratio, over the bandwidth now. A thread count the check
+    did not measure is left as calibrated."""
     out = drift.scaled_fit(FIT, _record(), 1)
     assert out["tg_s_per_weight"] == pytest.approx({"Q4_0": 1e-10 / 1.25, "Q4_K": 2e-10 / 0.8, "F16": 3e-10 / 0.5})
     assert out["tg_row_s_by_type"] == pytest.approx({"Q4_0": 1e-8 / 1.25, "Q4_K": 1e-8 / 0.8, "F16": 1e-8 / 0.5})
@@ -52,9 +52,14 @@ def test_a_check_scales_each_type_by_its_own_rung_and_the_rest_by_the_base_rung(
         assert out[key] == pytest.approx(FIT[key] / 1.25), key
     assert out["pp_s_per_weight"] == pytest.approx({"Q4_0": 1e-11 / 2, "Q4_K": 2e-11 / 2})
     assert out["pp_attn_s_per_op"] == pytest.approx(1e-12 / 2)
-    assert out["bandwidth_gbs"] == 30.0 and out["efficiency"] == 1.0       # 20 GB/s × 1.25 < 30: no cap to lift
-    slower_memory = drift.scaled_fit(FIT, _record(bandwidth_gbs={"1": 10.0}), 1)
-    assert slower_memory["efficiency"] == pytest.approx(20.0 * 1.25 / 10.0)
+    assert out["bandwidth_gbs"] == 30.0 and out["efficiency"] == 1.0       # STREAM was the best: it stays so
+    # Q4_K's rung reached 1.5 × STREAM's 20 GB/s; with a check that finds Q4_K at ×0.8 and the memory at 10 GB/s, it
+    # reaches 24 GB/s: 2.4 × the bandwidth now. A fit stored without the type: the base (Q4_0) rung's ratio
+    fit = dict(FIT, efficiency=1.5, efficiency_type="Q4_K")
+    assert drift.scaled_fit(fit, _record(bandwidth_gbs={"1": 10.0}), 1)["efficiency"] == pytest.approx(2.4)
+    assert drift.scaled_fit(dict(fit, efficiency_type=None), _record(bandwidth_gbs={"1": 10.0}), 1)["efficiency"] \
+        == pytest.approx(1.5 * 20 * 1.25 / 10)
+    assert drift.scaled_fit(fit, _record(bandwidth_gbs={"1": 40.0}), 1)["efficiency"] == 1.0
     assert FIT["tg_s_per_weight"]["Q4_0"] == 1e-10          # the calibration itself is not changed
     assert drift.scaled_fit(FIT, _record(), 2) == FIT
     assert drift.scaled_fit(FIT, None, 1) == FIT

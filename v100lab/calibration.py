@@ -750,13 +750,15 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached on calib-wide (its rows' cost included), relative to
     # the STREAM figure (>= 1 keeps the bandwidth term from ever exceeding a calibrated cost at this thread count)
-    achieved = []
+    achieved = {}
     for t, c in costs.items():
         if c > 0 and OWN_RATE not in t:
-            achieved.append(type_sizef(t) / (c + rows_per_weight.get(t, 0.0) * c_row) / 1e9)
-    eff = max([1.0] + [a / bandwidth_gbs for a in achieved])
+            achieved[t] = type_sizef(t) / (c + rows_per_weight.get(t, 0.0) * c_row) / 1e9
+    eff = max([1.0] + [a / bandwidth_gbs for a in achieved.values()])
+    # the type whose rung set the efficiency (None: STREAM itself), for a drift check's scaling (drift.scaled_fit)
+    eff_type = max(achieved, key=achieved.get) if eff > 1.0 else None
     out: dict[str, Any] = {
-        "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4),
+        "bandwidth_gbs": bandwidth_gbs, "efficiency": round(eff, 4), "efficiency_type": eff_type,
         "tg_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and OWN_RATE not in t},
         "tg_own_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and OWN_RATE in t},
         "tg_row_s": float(c_row),

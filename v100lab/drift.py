@@ -92,12 +92,17 @@ def scaled_fit(fit: Mapping[str, Any], record: Mapping[str, Any] | None, threads
             if fit.get(key):
                 out[key] = float(fit[key]) / r["pp"]
     if r["bandwidth_gbs"]:
-        # the bandwidth measured now; the efficiency (calibration.fit_cpu: >= 1 keeps the memory term from ever
-        # exceeding a calibrated cost) follows, so that no type's faster cost is capped by a slower memory figure
+        # the bandwidth measured now. The efficiency (calibration.fit_cpu: the best bandwidth a rung reached, over
+        # STREAM's, >= 1) is that rung's bandwidth moved by its own ratio (``efficiency_type``; a fit stored before
+        # it: the base rung's), over the bandwidth now; 1 where STREAM itself was the best
         old_bw = float(fit.get("bandwidth_gbs") or r["bandwidth_gbs"])
-        fastest = max(ratio_of(t) for t in costs) if costs else base
+        old_eff = float(fit.get("efficiency") or 1.0)
         out["bandwidth_gbs"] = r["bandwidth_gbs"]
-        out["efficiency"] = max(1.0, float(fit.get("efficiency") or 1.0) * old_bw * fastest / r["bandwidth_gbs"])
+        if old_eff > 1.0:
+            moved_by = ratio_of(fit["efficiency_type"]) if fit.get("efficiency_type") else base
+            out["efficiency"] = max(1.0, old_eff * old_bw * moved_by / r["bandwidth_gbs"])
+        else:
+            out["efficiency"] = 1.0
     return out
 
 
