@@ -9,7 +9,7 @@ scripts/setup.sh
 # that failed is not retried). Without it the notebooks say so and show predictions, labelled.
 scripts/build-tools.sh .venv || echo "workbook: no same-commit llama-server; server measurements are skipped" >&2
 if ! .venv/bin/python -c 'import sys; from v100lab.rates import stored_calibration; sys.exit(not stored_calibration())'; then
-  echo "workbook: calibrating this machine once (v100lab calibrate, three passes: ~40-70 min on 2 cores)" >&2
+  echo "workbook: calibrating this machine once (v100lab calibrate, three passes: ~20-70 min on 2 cores)" >&2
   # --force: on a noisy machine the profile is stored anyway, its quality recorded and shown beside every
   # host prediction, rather than the workbook not running at all (calibrate's three passes already retry)
   .venv/bin/v100lab calibrate --force

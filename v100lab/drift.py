@@ -2,13 +2,14 @@
 
 On a shared VM the host's speed moves in phases: on a 2-core Zen 3 calibration's own rungs ran 5-31 % slower than
 calibration had measured them 35-100 minutes later, and 16-55 % faster three hours later, every type by its own
-factor (benchmarks/RESULTS.md, issue 18, fifteenth and sixteenth rounds). A calibration is 40-70 minutes of
+factor (benchmarks/RESULTS.md, issue 18, fifteenth and sixteenth rounds). A calibration is 20-70 minutes of
 measuring; a drift check decodes calibration's own rungs again, a few loads each (:mod:`v100lab.drift_check`,
 ``v100lab calibrate --check``), and stores what it found beside the calibration (key :data:`DRIFT_KEY`). This
 module is the record's arithmetic, no measuring:
 
 * :func:`ratios` — per thread count, each weight type's decode ratio (the rung's median tok/s now over the figure
-  calibration stored for it), the prompt rung's ratio, and the memory bandwidth now;
+  calibration stored for it; 1.0 for a rung that has not moved beyond 10 % and its loads' noise, :func:`has_moved`),
+  the prompt rung's ratio, and the memory bandwidth now (when a decode rung moved);
 * :func:`scaled_fit` — one thread count's fitted costs with each type's decode cost (its weights and its rows)
   divided by that type's ratio, everything else decode costs (attention, the per-layer overheads) by the
   :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and the bandwidth replaced by the one measured
@@ -44,31 +45,51 @@ _BASE_SCALED = ("attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell", "
 _PP_SCALED = ("pp_attn_s_per_op", "pp_attn_s_per_head_cell", "pp_overhead_s")
 
 
+def has_moved(rung: Mapping[str, Any], tolerance: float = TOLERANCE, z: float = NOISE_Z) -> bool:
+    """Whether a rung of a check has moved from its calibration figure: by more than ``tolerance`` and by more than
+    ``z`` standard errors of its loads' median (a rung with too few loads to tell counts on the tolerance alone)."""
+    ratio, se = rung.get("ratio"), rung.get("standard_error")
+    if not ratio or abs(ratio - 1) <= tolerance:
+        return False
+    return se is None or abs(ratio - 1) > z * se * ratio
+
+
 def ratios(record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
     """What a drift ``record`` says at ``threads``: ``{"tg": {type: ratio}, "pp": ratio or None, "bandwidth_gbs":
-    GB/s or None}`` (empty ``tg`` when the record has no rung at that thread count)."""
-    out: dict[str, Any] = {"tg": {}, "pp": None, "bandwidth_gbs": None}
+    GB/s or None, "moved": how many rungs moved}`` (empty ``tg`` when the record has no rung at that thread count).
+
+    A rung that has not moved (:func:`has_moved`) counts as 1.0, and the bandwidth measured with the check is taken
+    only when a decode rung moved: a check's few loads see a few moments of the machine, and on a quiet Zen 5 VM
+    applying them as measured moved the default model's 1-thread prediction from +2.6 % to +11 % against llama-bench
+    while no rung had moved beyond its noise, and its STREAM figure read 36.7 and 62.8 GB/s two hours apart
+    (benchmarks/RESULTS.md, issue 18, seventeenth round). A machine that has not moved keeps its calibration."""
+    out: dict[str, Any] = {"tg": {}, "pp": None, "bandwidth_gbs": None, "moved": 0}
     for r in (record or {}).get("rungs") or ():
         if int(r.get("threads", -1)) != threads or not r.get("ratio"):
             continue
+        went = has_moved(r)
+        ratio = float(r["ratio"]) if went else 1.0
+        out["moved"] += went
         if r.get("test") == "pp":
-            out["pp"] = float(r["ratio"])
+            out["pp"] = ratio
         else:
-            out["tg"][str(r["type"])] = float(r["ratio"])
+            out["tg"][str(r["type"])] = ratio
     bw = ((record or {}).get("bandwidth_gbs") or {}).get(str(threads))
-    out["bandwidth_gbs"] = float(bw) if bw else None
+    tg_moved = any(has_moved(r) for r in (record or {}).get("rungs") or ()
+                   if int(r.get("threads", -1)) == threads and r.get("test", "tg") == "tg")
+    out["bandwidth_gbs"] = float(bw) if bw and tg_moved else None
     return out
 
 
 def scaled_fit(fit: Mapping[str, Any], record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
     """``fit`` (one thread count's fitted costs, as calibration stores them) brought up to the phase ``record``
-    measured at ``threads``: a type's decode cost per weight and its rows' cost (``tg_row_s_by_type``) divided by
+    measured at ``threads`` (its moved rungs only: :func:`ratios`): a type's decode cost per weight and its rows' cost (``tg_row_s_by_type``) divided by
     its own rung's ratio (a type without a rung: the nearest type's by bits per weight), the other decode costs by
     the :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and the bandwidth the one measured now.
-    ``fit`` unchanged (a copy) when the record has no decode rung at ``threads``."""
+    ``fit`` unchanged (a copy) when the record has no decode rung at ``threads``, or none of its rungs there moved."""
     r = ratios(record, threads)
     out = dict(fit)
-    if not r["tg"]:
+    if not r["tg"] or not r["moved"]:
         return out
     base = r["tg"].get(BASE_TYPE) or statistics.median(r["tg"].values())
 
@@ -107,18 +128,8 @@ def scaled_fit(fit: Mapping[str, Any], record: Mapping[str, Any] | None, threads
 
 
 def moved(record: Mapping[str, Any] | None, tolerance: float = TOLERANCE, z: float = NOISE_Z) -> list[dict]:
-    """The rungs of ``record`` that have moved: more than ``tolerance`` from their calibration figure and more than
-    ``z`` standard errors of their loads' median (a rung with too few loads to tell counts on the tolerance
-    alone)."""
-    out = []
-    for r in (record or {}).get("rungs") or ():
-        ratio, se = r.get("ratio"), r.get("standard_error")
-        if not ratio or abs(ratio - 1) <= tolerance:
-            continue
-        if se is not None and abs(ratio - 1) <= z * se * ratio:
-            continue
-        out.append(dict(r))
-    return out
+    """The rungs of ``record`` that have moved (:func:`has_moved`)."""
+    return [dict(r) for r in (record or {}).get("rungs") or () if has_moved(r, tolerance, z)]
 
 
 def span(record: Mapping[str, Any] | None, test: str = "tg") -> tuple[float, float, float] | None:
@@ -129,7 +140,8 @@ def span(record: Mapping[str, Any] | None, test: str = "tg") -> tuple[float, flo
 
 def describe(record: Mapping[str, Any] | None, now: _dt.datetime | None = None) -> tuple[str, list[str]]:
     """(one clause for the profile's line, warnings) on a drift check: "drift check of 2026-12-04 21:10 UTC (5 min
-    old): decode at ×0.84–×1.12 of calibration (median ×0.97), prompt ×1.05, applied". A warning when the check
+    old): decode at ×0.84–×1.12 of calibration (median ×0.97), prompt ×1.05, 3 of 22 rungs moved, applied" (or "no rung
+    moved beyond its noise, the calibration's rates stand"). A warning when the check
     found rungs that moved (:func:`moved`) and was not applied. ("", []) without a record."""
     if not record:
         return "", []
@@ -145,7 +157,11 @@ def describe(record: Mapping[str, Any] | None, now: _dt.datetime | None = None) 
     if pp:
         said.append(f"prompt ×{pp[1]:.2f}")
     applied = bool(record.get("applied"))
-    clause = head + (": " + ", ".join(said) if said else "") + (", applied" if applied else ", not applied")
+    n_moved = len(moved(record))
+    said.append(f"{n_moved} of {len(record.get('rungs') or ())} rungs moved" if n_moved
+                else "no rung moved beyond its noise")
+    clause = head + (": " + ", ".join(said) if said else "") + (
+        (", applied" if n_moved else ", the calibration's rates stand") if applied else ", not applied")
     warnings = []
     gone = moved(record)
     if gone and not applied:

@@ -1,6 +1,6 @@
 """Measuring a drift check: calibration's own rungs decoded again now, against the figures calibration stored.
 
-``v100lab calibrate --check`` (a few minutes on 2 cores, against calibration's 40-70): each weight type's decode rung
+``v100lab calibrate --check`` (a few minutes on 2 cores, against calibration's 20-70): each weight type's decode rung
 (calib-wide, the files calibration measured) and the :data:`v100lab.drift.BASE_TYPE` prompt point, :data:`LOADS`
 loads each, at each calibrated thread count, thread counts and types taking turns within each round of loads as
 calibration's passes do; then the memory bandwidth with calibration's kernel. :func:`check` returns the record

@@ -535,7 +535,7 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     if not per:
         raise V100labError("host calibration has no thread counts; run `v100lab calibrate` again")
     ks = sorted(per)
-    scaled = [k for k in ks if check and drift.ratios(check, k)["tg"]]
+    scaled = [k for k in ks if check and drift.ratios(check, k)["moved"]]
     src = f"host calibration ({', '.join(map(str, ks))} threads)" + (
         f"; rates at {', '.join(map(str, scaled))} thread(s) scaled by the drift check of {check.get('measured_at')}"
         if scaled else "")

@@ -1,8 +1,9 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About 40-70 minutes on a 2-core VM (39 on a Zen 2; 70 on a Zen 3 before depth fills were kept; three passes over the points, the median
-of each kept; plus building the calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so
-any other process collapses throughput.
+About 20-70 minutes on a 2-core VM (20 on a Zen 5; 39 on a Zen 2; 70 on a Zen 3 before depth fills were kept; three
+passes over the points, the median of each kept, then settling rounds for the uncertain ones; plus building the
+calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so any other process
+collapses throughput. ``--check`` is a drift check of a few minutes instead (:mod:`v100lab.drift_check`).
 """
 
 from __future__ import annotations
@@ -155,8 +156,12 @@ def _check_lines(rec: dict) -> list[str]:
         lines.append(f"memory bandwidth, {th} thread(s): {bw:.1f} GB/s now")
     lines.append(f"{len(gone)} of {len(rec.get('rungs') or ())} rungs moved by more than {100 * drift.TOLERANCE:.0f} % "
                  f"and {drift.NOISE_Z:g} standard errors" + ("" if gone else ": the machine is where it was calibrated"))
-    lines.append("applied: predictions on this host now use the calibration's rates scaled by it"
-                 if rec.get("applied") else "recorded, not applied (--no-apply): predictions keep the calibration's rates")
+    if not rec.get("applied"):
+        lines.append("recorded, not applied (--no-apply): predictions keep the calibration's rates")
+    elif gone:
+        lines.append("applied: predictions on this host now use the calibration's rates scaled by the rungs that moved")
+    else:
+        lines.append("applied, and nothing moved: predictions keep the calibration's rates")
     return lines
 
 
