@@ -48,8 +48,9 @@ def add_arguments(p):
                         "the curve `serving` predicts -np / concurrent users with on this CPU (default threads: all cores)")
     p.add_argument("--check", action="store_true",
                    help="a drift check instead (a few minutes): decode calibration's own rungs again, compare them "
-                        "with the stored calibration, and bring its rates up to the machine's present speed "
-                        "(each weight type by its own rung); the profile line of every prediction then says so")
+                        "with the stored calibration, and bring the rates of the rungs that moved (by more than 10 %% "
+                        "and their loads' noise) up to the machine's present speed, each weight type by its own rung; "
+                        "the profile line of every prediction then says so")
     p.add_argument("--no-apply", action="store_true",
                    help="with --check: record the check and warn when the machine moved, but keep predicting with "
                         "the calibration's own rates")
