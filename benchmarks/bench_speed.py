@@ -104,16 +104,9 @@ class DriftReferences:
         return drift_check.combine(self.records)
 
     def profiles(self) -> dict[str, dict]:
-        """name → the host profile with the references applied: ``base`` (the DEPTH_TYPE rung's ratio for every
-        type) and, with more than one type, ``by_type``."""
+        """name → the host profile with the references applied (:func:`corrected_profiles`)."""
         rec = self.combined()
-        if not rec:
-            return {}
-        prof = calibration_only_profile()
-        out = {"base": drift_check.with_check(prof, drift_check.only_types(rec, [calibration.DEPTH_TYPE]))}
-        if len(self.types) > 1:
-            out["by_type"] = drift_check.with_check(prof, rec)
-        return out
+        return corrected_profiles(calibration_only_profile(), rec, by_type=len(self.types) > 1) if rec else {}
 
     def summary(self) -> dict | None:
         rec = self.combined()
@@ -121,6 +114,30 @@ class DriftReferences:
             return None
         return {"references": len(self.records), "at_utc": [r.get("measured_at") for r in self.records],
                 "rungs": rec["rungs"], "bandwidth_gbs": rec.get("bandwidth_gbs")}
+
+
+def corrected_profiles(profile: dict, record: dict, by_type: bool = True) -> dict[str, dict]:
+    """name → ``profile`` (the calibration's own, no check) with a drift ``record`` applied: ``base`` (the
+    DEPTH_TYPE rung's ratio for every type) and, with ``by_type``, ``by_type`` (each type's own rung)."""
+    out = {"base": drift_check.with_check(profile, drift_check.only_types(record, [calibration.DEPTH_TYPE]))}
+    if by_type:
+        out["by_type"] = drift_check.with_check(profile, record)
+    return out
+
+
+def predict_row(spec, test: str, depth: int, threads: int, profile: dict | None = None):
+    """The prediction a validation row is judged on: tg at the generated tokens' middle depth (depth + N_GEN / 2),
+    pp512 from ``depth``, in the row's context, on the host (``profile``: the host profile to predict from)."""
+    cfg = RunConfig(n_ctx=_n_ctx(depth), n_threads=threads, n_gpu_layers=0)
+    if test == "tg":
+        return speed.predict(spec, [get_device("host")], cfg, depth=depth + N_GEN // 2, profile=profile)
+    return speed.predict(spec, [get_device("host")], cfg, depth=depth, n_prompt=N_PROMPT, profile=profile)
+
+
+def predict_llamabench(spec, threads: int, n_gen: int, profile: dict | None = None) -> float:
+    """The decode tok/s a llama-bench tg``n_gen`` row is judged on: at its generated tokens' middle depth."""
+    cfg = RunConfig(n_ctx=max(512, n_gen + 256), n_threads=threads, n_gpu_layers=0)
+    return speed.predict(spec, [get_device("host")], cfg, depth=n_gen // 2, profile=profile).tg_tps
 
 
 def calibration_only_profile() -> dict:
@@ -141,7 +158,6 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     if not cal:
         sys.exit("bench_speed: no calibration stored for this host; run `v100lab calibrate` first")
     stems = calibration.calibration_stems()
-    host = get_device("host")
     rows = []
     configs = validation[::3] if quick else validation
     # every model resolved (and refused if it is a calibration model) before anything is measured: a model missing
@@ -192,16 +208,13 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     for i, (alias, threads, depth, with_pp) in enumerate(configs):
         spec = read_spec(zoo.resolve(alias))
         m = measured[i]
-        n_ctx = _n_ctx(depth)
-        cfg = RunConfig(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=0)
 
         def predicted(test: str, profile=None) -> float:
-            if test == "tg":
-                return speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2, profile=profile).tg_tps
-            return speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT, profile=profile).pp_tps
+            p = predict_row(spec, test, depth, threads, profile)
+            return p.tg_tps if test == "tg" else p.pp_tps
 
-        p_tg = speed.predict(spec, [host], cfg, depth=depth + N_GEN // 2, profile=raw)
-        p_pp = speed.predict(spec, [host], cfg, depth=depth, n_prompt=N_PROMPT, profile=raw) if with_pp else None
+        p_tg = predict_row(spec, "tg", depth, threads, raw)
+        p_pp = predict_row(spec, "pp", depth, threads, raw) if with_pp else None
         for test, meas, pred in (("tg", m["tg"], p_tg.tg_tps), ("pp", m.get("pp"), p_pp.pp_tps if p_pp else None)):
             if meas is None:
                 continue
@@ -296,14 +309,12 @@ class LlamaBenchPasses:
                 time.sleep(20)
             self.run_pass()
         spec = read_spec(zoo.resolve("default"))
-        host = get_device("host")
         rows = []
         for (th, n), g in sorted(self.got.items()):
-            cfg = RunConfig(n_ctx=max(512, n + 256), n_threads=th, n_gpu_layers=0)
-            # the generated tokens' middle depth; the calibration's own rates (no drift check a user applied)
-            pred = speed.predict(spec, [host], cfg, depth=n // 2, profile=calibration_only_profile()).tg_tps
+            # the calibration's own rates (no drift check a user applied)
+            pred = predict_llamabench(spec, th, n, calibration_only_profile())
             typical = statistics.median(g["means"])     # the passes' median, as calibration keeps (combine_passes)
-            fixed = {name: speed.predict(spec, [host], cfg, depth=n // 2, profile=prof).tg_tps / typical - 1
+            fixed = {name: predict_llamabench(spec, th, n, prof) / typical - 1
                      for name, prof in (corrected or {}).items()}
             rows.append({"model": "default", "threads": th, "test": f"tg{n}",
                          "means_tps": [round(x, 2) for x in g["means"]],

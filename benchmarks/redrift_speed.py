@@ -18,9 +18,7 @@ import statistics
 import sys
 
 import bench_speed
-from v100lab import calibration, drift_check, rates, speed, zoo
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
+from v100lab import drift_check, rates, zoo
 from v100lab.header import read_spec
 
 
@@ -35,22 +33,15 @@ def main(argv=None) -> int:
     rec = {"rungs": ref["rungs"], "bandwidth_gbs": ref.get("bandwidth_gbs"), "measured_at": ref["at_utc"][-1],
            "calibration_measured_at": prof[rates.PROFILE_KEY]["measured_at"]}
     raw = drift_check.without_check(prof)
-    profiles = {"raw": raw,
-                "Q4_0 rung": drift_check.with_check(raw, drift_check.only_types(rec, [calibration.DEPTH_TYPE])),
-                "by type": drift_check.with_check(raw, rec)}
-    host = get_device("host")
+    profiles = {"raw": raw, **{"Q4_0 rung" if k == "base" else "by type": p
+                               for k, p in bench_speed.corrected_profiles(raw, rec).items()}}
     errs = {name: {"tg": [], "pp": []} for name in profiles}
     for r in val["host"]["rows"]:
         spec = read_spec(zoo.resolve(r["model"]))
-        cfg = RunConfig(n_ctx=bench_speed._n_ctx(r["depth"]), n_threads=r["threads"], n_gpu_layers=0)
         test = r["test"][:2]
         for name, p in profiles.items():
-            if test == "tg":
-                pred = speed.predict(spec, [host], cfg, depth=r["depth"] + bench_speed.N_GEN // 2, profile=p).tg_tps
-            else:
-                pred = speed.predict(spec, [host], cfg, depth=r["depth"], n_prompt=bench_speed.N_PROMPT,
-                                     profile=p).pp_tps
-            errs[name][test].append(abs(pred / r["measured_tps"] - 1))
+            pred = bench_speed.predict_row(spec, test, r["depth"], r["threads"], p)
+            errs[name][test].append(abs((pred.tg_tps if test == "tg" else pred.pp_tps) / r["measured_tps"] - 1))
     print("| predictions | tg median | tg worst | pp median | pp worst |\n|---|--:|--:|--:|--:|")
     for name, d in errs.items():
         cells = [f"{100 * f(v):.1f} %" if v else "—" for v in (d["tg"], d["pp"]) for f in (statistics.median, max)]
@@ -61,9 +52,9 @@ def main(argv=None) -> int:
         print("\n| default model vs llama-bench | " + " | ".join(profiles) + " |\n|---|" + "--:|" * len(profiles))
         for r in rows:
             n = int(r["test"][2:])
-            cfg = RunConfig(n_ctx=max(512, n + 256), n_threads=r["threads"], n_gpu_layers=0)
-            cells = [f"{100 * (speed.predict(spec, [host], cfg, depth=n // 2, profile=p).tg_tps / r['median_mean_tps'] - 1):+.1f} %"
-                     for p in profiles.values()]
+            errs_lb = [bench_speed.predict_llamabench(spec, r["threads"], n, p) / r["median_mean_tps"] - 1
+                       for p in profiles.values()]
+            cells = [f"{100 * e:+.1f} %" for e in errs_lb]
             print(f"| {r['threads']} t {r['test']} | " + " | ".join(cells) + " |")
     return 0
 

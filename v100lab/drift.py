@@ -64,6 +64,7 @@ def ratios(record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
     while no rung had moved beyond its noise, and its STREAM figure read 36.7 and 62.8 GB/s two hours apart
     (benchmarks/RESULTS.md, issue 18, seventeenth round). A machine that has not moved keeps its calibration."""
     out: dict[str, Any] = {"tg": {}, "pp": None, "bandwidth_gbs": None, "moved": 0}
+    tg_moved = False
     for r in (record or {}).get("rungs") or ():
         if int(r.get("threads", -1)) != threads or not r.get("ratio"):
             continue
@@ -74,18 +75,18 @@ def ratios(record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
             out["pp"] = ratio
         else:
             out["tg"][str(r["type"])] = ratio
+            tg_moved |= went
     bw = ((record or {}).get("bandwidth_gbs") or {}).get(str(threads))
-    tg_moved = any(has_moved(r) for r in (record or {}).get("rungs") or ()
-                   if int(r.get("threads", -1)) == threads and r.get("test", "tg") == "tg")
     out["bandwidth_gbs"] = float(bw) if bw and tg_moved else None
     return out
 
 
 def scaled_fit(fit: Mapping[str, Any], record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
     """``fit`` (one thread count's fitted costs, as calibration stores them) brought up to the phase ``record``
-    measured at ``threads`` (its moved rungs only: :func:`ratios`): a type's decode cost per weight and its rows' cost (``tg_row_s_by_type``) divided by
-    its own rung's ratio (a type without a rung: the nearest type's by bits per weight), the other decode costs by
-    the :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and the bandwidth the one measured now.
+    measured at ``threads`` (its moved rungs only: :func:`ratios`): a type's decode cost per weight and its rows'
+    cost (``tg_row_s_by_type``) divided by its own rung's ratio (a type without a rung: the nearest type's by bits
+    per weight), the other decode costs by the :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and
+    the bandwidth the one measured now.
     ``fit`` unchanged (a copy) when the record has no decode rung at ``threads``, or none of its rungs there moved."""
     r = ratios(record, threads)
     out = dict(fit)
@@ -134,15 +135,16 @@ def moved(record: Mapping[str, Any] | None, tolerance: float = TOLERANCE, z: flo
 
 def span(record: Mapping[str, Any] | None, test: str = "tg") -> tuple[float, float, float] | None:
     """(lowest, median, highest) ratio of the record's ``test`` rungs, or None."""
-    xs = [float(r["ratio"]) for r in (record or {}).get("rungs") or () if r.get("ratio") and r.get("test", "tg") == test]
+    xs = [float(r["ratio"]) for r in (record or {}).get("rungs") or ()
+          if r.get("ratio") and r.get("test", "tg") == test]
     return (min(xs), statistics.median(xs), max(xs)) if xs else None
 
 
 def describe(record: Mapping[str, Any] | None, now: _dt.datetime | None = None) -> tuple[str, list[str]]:
     """(one clause for the profile's line, warnings) on a drift check: "drift check of 2026-12-04 21:10 UTC (5 min
-    old): decode at ×0.84–×1.12 of calibration (median ×0.97), prompt ×1.05, 3 of 22 rungs moved, applied" (or "no rung
-    moved beyond its noise, the calibration's rates stand"). A warning when the check
-    found rungs that moved (:func:`moved`) and was not applied. ("", []) without a record."""
+    old): decode at ×0.84–×1.12 of calibration (median ×0.97), prompt ×1.05, 3 of 22 rungs moved, applied" (or "no
+    rung moved beyond its noise, the calibration's rates stand"). A warning when the check found rungs that moved
+    (:func:`moved`) and was not applied. ("", []) without a record."""
     if not record:
         return "", []
     now = now or _dt.datetime.now(_dt.timezone.utc)
@@ -157,13 +159,12 @@ def describe(record: Mapping[str, Any] | None, now: _dt.datetime | None = None) 
     if pp:
         said.append(f"prompt ×{pp[1]:.2f}")
     applied = bool(record.get("applied"))
-    n_moved = len(moved(record))
-    said.append(f"{n_moved} of {len(record.get('rungs') or ())} rungs moved" if n_moved
-                else "no rung moved beyond its noise")
-    clause = head + (": " + ", ".join(said) if said else "") + (
-        (", applied" if n_moved else ", the calibration's rates stand") if applied else ", not applied")
-    warnings = []
     gone = moved(record)
+    said.append(f"{len(gone)} of {len(record.get('rungs') or ())} rungs moved" if gone
+                else "no rung moved beyond its noise")
+    clause = head + ": " + ", ".join(said) + (
+        (", applied" if gone else ", the calibration's rates stand") if applied else ", not applied")
+    warnings = []
     if gone and not applied:
         warnings.append(f"the {head} found the machine moved from its calibration ("
                         + ", ".join(f"{r['type']} {r.get('test', 'tg')} at {r['threads']} t ×{r['ratio']:.2f}"

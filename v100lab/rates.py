@@ -98,23 +98,23 @@ class DeviceRates:
         """Bytes/s that decode reaches on weights of ``type_name`` (its kernel family's efficiency)."""
         return self.bandwidth_gbs * 1e9 * self.efficiency_by_type.get(type_name, self.efficiency)
 
+    def _tg_type(self, type_name: str) -> str | None:
+        """The calibrated type whose decode costs ``type_name`` uses: its own, or the nearest by bits per weight."""
+        if type_name in self.tg_s_per_weight:
+            return type_name
+        return nearest_type(type_name, self.tg_s_per_weight)
+
     def tg_cost(self, type_name: str) -> float | None:
         """Seconds per weight of ``type_name`` in decode, or None when the device has no compute term
         for it (GPUs)."""
-        if not self.tg_s_per_weight:
-            return None
-        if type_name in self.tg_s_per_weight:
-            return self.tg_s_per_weight[type_name]
-        return self.tg_s_per_weight.get(nearest_type(type_name, self.tg_s_per_weight))
+        return self.tg_s_per_weight.get(self._tg_type(type_name)) if self.tg_s_per_weight else None
 
     def tg_compute_s(self, type_name: str, n_weights: float, n_rows: float) -> float:
         """Decode compute time of ``n_weights`` weights of ``type_name`` in ``n_rows`` matrix rows: weights × the
-        type's cost + rows × the row's cost (0 where the device has no compute term: GPUs)."""
-        if not self.tg_s_per_weight:
-            return 0.0
-        t = type_name if type_name in self.tg_s_per_weight else nearest_type(type_name, self.tg_s_per_weight)
-        c = self.tg_s_per_weight.get(t)       # a type without a cost of its own borrows the nearest type's, rows too
-        return n_weights * c + n_rows * self.tg_row_s_by_type.get(t, self.tg_row_s) if c else 0.0
+        type's cost + rows × the row's cost (0 where the device has no compute term: GPUs); a type without costs of
+        its own borrows the nearest type's, its rows' too."""
+        c = self.tg_cost(type_name)
+        return n_weights * c + n_rows * self.tg_row_s_by_type.get(self._tg_type(type_name), self.tg_row_s) if c else 0.0
 
     def attn_compute_s(self, ops: float, tail_ops: float = 0.0, head_cells: float = 0.0) -> float:
         """Decode attention's compute time: ``ops`` multiply-adds (``tail_ops`` of them in a head's scalar tail)
@@ -380,10 +380,10 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
                  or _pass_gap(pt.get("pp_pass_tps")) > noisy_cv]
     misses = point_misses(cal)
     # how well each point's loads pin its median (issue 18, seventeenth round: calibration settles them to 3 %)
-    ses = [se for pt in measured for se in (median_standard_error(pt.get("tg_pass_tps")),
-                                           median_standard_error(pt.get("pp_pass_tps"))) if se is not None]
-    uncertain = [pt for pt in measured if any((se or 0) > uncertain_se for se in (
-        median_standard_error(pt.get("tg_pass_tps")), median_standard_error(pt.get("pp_pass_tps"))))]
+    per_point = [[se for se in (median_standard_error(pt.get(f"{test}_pass_tps")) for test in ("tg", "pp"))
+                  if se is not None] for pt in measured]
+    ses = [se for point in per_point for se in point]
+    uncertain = [point for point in per_point if any(se > uncertain_se for se in point)]
     return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
             "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal),
