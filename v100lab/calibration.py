@@ -74,7 +74,7 @@ from v100lab.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
 from v100lab.rates import (NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET, calibration_quality,
                            current_build_facts, median_standard_error)
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
-from v100lab.work import single_device_work
+from v100lab.work import attn_spilled_bytes, single_device_work
 
 log = logging.getLogger(__name__)
 
@@ -687,8 +687,13 @@ def _n_parameters(rows) -> int:
     return sum(1 for col in zip(*rows) if any(col))
 
 
+#: the effective caches tried for attention's re-reads (:func:`v100lab.work.attn_spilled_bytes`), 64 KiB to 64 MiB
+#: in steps of √2; the fit keeps the one whose least-squares fit is best (none, when no capacity helps)
+ATTN_CACHE_GRID_BYTES = tuple(round(2 ** (16 + k / 2)) for k in range(21))
+
+
 def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: int | None = None,
-            head_cells: bool = True) -> dict[str, Any]:
+            head_cells: bool = True, spill: bool = True) -> dict[str, Any]:
     """Fit one thread count's decode and prompt costs from measured points.
 
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
@@ -696,8 +701,10 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has
     no barrier and one partial per head, so its per-layer cost is not fitted there (0). ``head_cells=False`` leaves
     attention's cost per query head × KV cell out (0; the tenth round's model, for benchmarks/refit_speed.py's
-    comparisons on the same measurements). Returns the JSON-able
-    parameters stored in the host profile."""
+    comparisons on the same measurements). ``spill=False`` leaves out the bytes attention's query heads re-read from
+    beyond an effective cache (:func:`v100lab.work.attn_spilled_bytes`; the seventeenth round's model): with it,
+    the capacity is chosen from :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, its cost per byte by the
+    least squares. Returns the JSON-able parameters stored in the host profile."""
     import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
@@ -722,7 +729,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     # calib-wide512 costs, and its residual stayed at 11.5 %). Attention is measured on the wide rungs only
     # (their KV read from DRAM); the tail column (head_dim past the SIMD step) is calib-wide96's, on builds whose
     # step leaves one; the per-cell column (query heads × KV cells) is pinned by calib-wide128 against calib-wide.
-    rows, y, wts = [], [], []
+    rows, y, wts, sweeps = [], [], [], []
     rows_per_weight: dict[str, float] = {}      # calib-wide's, per type (for the efficiency below)
     for p in points:
         w = _single_device_work(p["spec"], cfg, p["depth"])
@@ -740,12 +747,11 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
                        w.attn_split_layers if threads != 1 else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
-    A = np.array(rows) * np.array(wts)[:, None]
-    scale = np.abs(A).max(axis=0)
-    scale[scale == 0] = 1.0
-    x = nnls(A / scale, np.array(y) * np.array(wts)) / scale
-    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-5]))
-    c_row, c_attn, c_tail, c_cell, c_split = x[-5:]
+        sweeps.append(w.attn_sweeps if label in WIDE_LABELS else ())
+    # attention's re-reads from beyond an effective cache: one column per capacity tried, the best fit kept
+    cap, rows, x = _fit_with_capacity(np, rows, y, wts, sweeps, ATTN_CACHE_GRID_BYTES if spill else ())
+    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-6]))
+    c_row, c_attn, c_tail, c_cell, c_split, c_spill = x[-6:]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached on calib-wide (its rows' cost included), relative to
@@ -764,9 +770,10 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_row_s": float(c_row),
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
         "attn_s_per_head_cell": float(c_cell),
+        "attn_cache_bytes": float(cap) if c_spill > 0 else 0.0, "attn_s_per_spilled_byte": float(c_spill),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
-        "tg_parameters": _n_parameters(rows),
+        "tg_parameters": _n_parameters(rows) + (1 if c_spill > 0 else 0),     # the capacity is one more
         "tg_fit_points": [p.get("name") for p in points],
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention's multiply-adds c_op + its head × cells c_cell, on the wide
@@ -806,6 +813,26 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
                     "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array(y) - 1],
                     "pp_parameters": _n_parameters(rows), "pp_fit_points": [p.get("name") for p in pp_pts]})
     return out
+
+
+def _fit_with_capacity(np, rows, y, wts, sweeps, capacities):
+    """The decode fit with one more column, the bytes attention re-reads from beyond a cache of each capacity in
+    ``capacities`` (:func:`v100lab.work.attn_spilled_bytes` of each point's ``sweeps``), and without it (capacity
+    0, the column empty): returns the capacity whose weighted least squares (squared relative errors) are smallest —
+    a capacity replaces a smaller one only by improving on it by more than rounding — the rows with its column, and
+    the fitted costs."""
+    best = None
+    for cap in (0.0,) + tuple(capacities):
+        full = [r + [attn_spilled_bytes(sw, cap)] for r, sw in zip(rows, sweeps)]
+        A = np.array(full) * np.array(wts)[:, None]
+        scale = np.abs(A).max(axis=0)
+        scale[scale == 0] = 1.0
+        b = np.array(y) * np.array(wts)
+        x = nnls(A / scale, b) / scale
+        sse = float(np.sum((A @ x - b) ** 2))
+        if best is None or sse < best[0] - max(1e-6, 1e-3 * best[0]):      # a better fit, not rounding
+            best = (sse, cap, full, x)
+    return best[1], best[2], best[3]
 
 
 #: the share of calibration points that must measure for a fit (the rest crashed, hung or were refused)

@@ -8,14 +8,16 @@ costs more time than reading them (on a 2-core host, Q4_0 decodes no faster than
 quarter of the bytes). So each device gets two terms per weight type, and the larger one wins::
 
     t_device = Σ_type max(bytes_type / (efficiency × bandwidth), weights_type × cost_type + rows_type × cost_row)
-             + max(kv_bytes / (efficiency × bandwidth), attention_ops × cost_attention)
+             + max(kv_bytes / (efficiency × bandwidth), attention_ops × cost_attention
+                   + head_cells × cost_head_cell + re-read bytes × cost_re_read)
              + state_bytes / (efficiency × bandwidth)
              + overhead_layer × layers_on_device
     t_token  = Σ_device t_device + overhead_token + host-link transfers
 
 The rates — ``cost_type`` (seconds per weight, per thread count), ``cost_row`` (seconds per matrix row: each row
-is one dot product, whose setup and horizontal sum a short row pays for with fewer weights; CPUs), the
-efficiency and the overheads — are an
+is one dot product, whose setup and horizontal sum a short row pays for with fewer weights; CPUs), attention's
+costs (CPUs: per multiply-add, per query head × KV cell, and per byte its query heads read again once a layer's KV
+cells outgrow an effective cache, :func:`v100lab.work.attn_spilled_bytes`), the efficiency and the overheads — are an
 input: :mod:`v100lab.rates` gives them (the host's stored calibration, GPU classes fitted on published
 llama-bench tables, stated assumptions otherwise), and :func:`predict` takes explicit ones too.
 Prompt processing is compute-bound: ``weights × n_prompt × cost_pp_type`` at the device's matmul rate for
@@ -235,7 +237,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         t_mem += w.other_bytes / bw + w.state_bytes / bw
         # GPUs: CUDA-core work per weight (dequantisation, activation quantisation) on top of the memory time
         t_cmp += sum(tw.n_weights for tw in w.weights.values()) * r.tg_add_s_per_weight
-        tm, tc = w.kv_bytes / bw, r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells)
+        tm, tc = w.kv_bytes / bw, r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps)
         if tc > tm:
             t_cmp += tc
         else:
