@@ -749,7 +749,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         wts.append(1.0 / p["tg"])
         sweeps.append(w.attn_sweeps if label in WIDE_LABELS else ())
     # attention's re-reads from beyond an effective cache: one column per capacity tried, the best fit kept
-    cap, rows, x = _fit_with_capacity(np, rows, y, wts, sweeps, ATTN_CACHE_GRID_BYTES if spill else ())
+    cap, rows, x = _fit_with_capacity(rows, y, wts, sweeps, ATTN_CACHE_GRID_BYTES if spill else ())
     o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-6]))
     c_row, c_attn, c_tail, c_cell, c_split, c_spill = x[-6:]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
@@ -803,10 +803,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
                         + [per_type[t] for t in ptypes])
             y.append(p["pp"])
             wts.append(1.0 / p["pp"])
-        A = np.array(rows) * np.array(wts)[:, None]
-        scale = np.abs(A).max(axis=0)
-        scale[scale == 0] = 1.0
-        xp = nnls(A / scale, np.array(y) * np.array(wts)) / scale
+        xp, _ = _weighted_nnls(rows, y, wts)
         predp = np.array(rows) @ xp
         out.update({"pp_overhead_s": 0.0, "pp_attn_s_per_op": float(xp[0]), "pp_attn_s_per_head_cell": float(xp[1]),
                     "pp_s_per_weight": {t: float(c) for t, c in zip(ptypes, xp[2:]) if c > 0},
@@ -815,7 +812,20 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     return out
 
 
-def _fit_with_capacity(np, rows, y, wts, sweeps, capacities):
+def _weighted_nnls(rows, y, wts):
+    """Non-negative least squares of ``rows`` against ``y``, each row weighted by ``wts`` (1 / the point's time: the
+    residuals are relative errors), columns scaled to one size first: the costs, and the weighted sum of squares."""
+    import numpy as np   # heavy: only the fits need it
+
+    A = np.array(rows) * np.array(wts)[:, None]
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    b = np.array(y) * np.array(wts)
+    x = nnls(A / scale, b) / scale
+    return x, float(np.sum((A @ x - b) ** 2))
+
+
+def _fit_with_capacity(rows, y, wts, sweeps, capacities):
     """The decode fit with one more column, the bytes attention re-reads from beyond a cache of each capacity in
     ``capacities`` (:func:`v100lab.work.attn_spilled_bytes` of each point's ``sweeps``), and without it (capacity
     0, the column empty): returns the capacity whose weighted least squares (squared relative errors) are smallest —
@@ -824,12 +834,7 @@ def _fit_with_capacity(np, rows, y, wts, sweeps, capacities):
     best = None
     for cap in (0.0,) + tuple(capacities):
         full = [r + [attn_spilled_bytes(sw, cap)] for r, sw in zip(rows, sweeps)]
-        A = np.array(full) * np.array(wts)[:, None]
-        scale = np.abs(A).max(axis=0)
-        scale[scale == 0] = 1.0
-        b = np.array(y) * np.array(wts)
-        x = nnls(A / scale, b) / scale
-        sse = float(np.sum((A @ x - b) ** 2))
+        x, sse = _weighted_nnls(full, y, wts)
         if best is None or sse < best[0] - max(1e-6, 1e-3 * best[0]):      # a better fit, not rounding
             best = (sse, cap, full, x)
     return best[1], best[2], best[3]

@@ -177,11 +177,12 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             cells = kv_cells_read(spec, il, cfg, used)
             row = float(kv_cell_bytes(spec, il, cfg.cache_type_k, cfg.cache_type_v))
             kv += cells * row
-            attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-            tail += cells * spec.n_head_at(il) * dtail
-            head_cells += cells * spec.n_head_at(il)
+            hc = cells * spec.n_head_at(il)
+            attn += hc * (spec.head_dim_k + spec.head_dim_v)
+            tail += hc * dtail
+            head_cells += hc
             split += fa_split_kv(spec, il, cfg, used)
-            sweeps[(row, cells * row)] = sweeps.get((row, cells * row), 0.0) + cells * spec.n_head_at(il)
+            sweeps[(row, cells * row)] = sweeps.get((row, cells * row), 0.0) + hc
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
             weights=MappingProxyType({k: TypeWork(*v) for k, v in sorted(weights.items())}),
