@@ -1,7 +1,8 @@
 """Refit a stored calibration with this commit's fit, and judge it on stored validation rows — no measuring.
 
     .venv/bin/python benchmarks/refit_speed.py CAL.json [VALIDATION.json] [--median-of-passes] [--no-head-cells]
-                                               [--pool CAL2.json] [--depth-loads N] [--prompt-loads N]
+                                               [--no-spill] [--no-kv-bytes] [--pool CAL2.json] [--depth-loads N]
+                                               [--prompt-loads N]
 
 ``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
 re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
@@ -10,7 +11,8 @@ median of the point's passes (``tg_pass_tps``/``pp_pass_tps``, the rule of :func
 its host rows are predicted from the refitted profile (with ``--median-of-passes`` a row measured in two passes
 is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
 benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
-``--no-spill``: fit without attention's re-reads from beyond an effective cache (the model before the eighteenth
+``--no-kv-bytes``: fit without attention's cost per KV byte read (the eighteenth round's model; a calibration
+without calib-mha's depth points is fitted without it anyway). ``--no-spill``: fit without attention's re-reads from beyond an effective cache (the model before the eighteenth
 round). ``--no-head-cells``: fit without attention's cost per query head × KV cell (the model before the eleventh round),
 to judge that term on the same measurements. ``--pool CAL2.json``: add the passes of a second calibration of the
 same machine and build to every point both measured, each point's figure then the median of all their passes — what
@@ -46,7 +48,8 @@ def use_calibration_step(cal: dict) -> None:
         work.F16_SIMD_STEP = step
 
 
-def refit(cal: dict, median_of_passes: bool, head_cells: bool = True, spill: bool = True) -> dict:
+def refit(cal: dict, median_of_passes: bool, head_cells: bool = True, spill: bool = True,
+          kv_bytes: bool = True) -> dict:
     """``cal`` with every thread count refitted (and, optionally, each point's figure the median of its passes)."""
     paths = calibration.calibration_model_paths()
     specs = {f"{label}:{t}": read_spec(p) for (label, t), p in paths.items()}
@@ -67,7 +70,8 @@ def refit(cal: dict, median_of_passes: bool, head_cells: bool = True, spill: boo
              "pp_depth": int(d) if d else 0})
     for th, pts in sorted(by_threads.items()):
         old = out["threads"][str(th)]
-        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"], threads=th, head_cells=head_cells, spill=spill)
+        fit = calibration.fit_cpu(pts, old["bandwidth_gbs"], threads=th, head_cells=head_cells, spill=spill,
+                                  kv_bytes=kv_bytes)
         fit["bandwidth_cv"] = old.get("bandwidth_cv")
         out["threads"][str(th)] = fit
         res = fit["tg_fit_rel_err"]
@@ -75,6 +79,7 @@ def refit(cal: dict, median_of_passes: bool, head_cells: bool = True, spill: boo
               f"{1e9 * fit['attn_s_per_op']:.3f} ns/op + {1e9 * fit.get('attn_s_per_head_cell', 0):.2f} ns/head-cell "
               f"(head_dim tail {1e9 * fit.get('attn_tail_s_per_op', 0):.3f}), "
               f"split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer, "
+              f"{1e12 * fit.get('attn_s_per_kv_byte', 0):.0f} ps/KV byte, "
               f"re-read {1e12 * fit.get('attn_s_per_spilled_byte', 0):.1f} ps/B beyond "
               f"{fit.get('attn_cache_bytes', 0) / 2**20:.2f} MiB; "
               f"decode residual max {100 * max(map(abs, res)):.1f} %, "
@@ -154,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-head-cells", action="store_true", help="leave the cost per query head × KV cell out")
     ap.add_argument("--no-spill", action="store_true",
                     help="leave out attention's re-reads from beyond an effective cache (the seventeenth round's model)")
+    ap.add_argument("--no-kv-bytes", action="store_true",
+                    help="leave out attention's cost per KV byte read (the eighteenth round's model)")
     ap.add_argument("--pool", metavar="CAL2", help="a second calibration whose passes join this one's, point by point")
     ap.add_argument("--depth-loads", type=int, metavar="N",
                     help=f"keep the first N of each pass's {calibration.DEPTH_LOADS} loads of attention's decode points")
@@ -172,7 +179,8 @@ def main(argv=None) -> int:
     if args.prompt_loads:
         cal = cut_loads(cal, args.prompt_loads, prompt=True)
     use_calibration_step(cal)
-    new = refit(cal, args.median_of_passes, head_cells=not args.no_head_cells, spill=not args.no_spill)
+    new = refit(cal, args.median_of_passes, head_cells=not args.no_head_cells, spill=not args.no_spill,
+                kv_bytes=not args.no_kv_bytes)
     if args.validation:
         with open(args.validation) as f:
             judge(new, json.load(f), args.median_of_passes)

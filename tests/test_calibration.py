@@ -69,6 +69,7 @@ def test_fit_cpu_recovers_known_costs():
 _WIDE_COSTS = {t: (1.0 + 0.1 * i) * 1e-10 for i, t in enumerate(calibration.CALIB_TYPES)}
 _NARROW_COSTS = {64: 0.4e-10, 256: 0.5e-10}   # cache-resident: faster per weight, one rate per width
 _WIDE96_COST = 0.9 * _WIDE_COSTS[calibration.DEPTH_TYPE]    # calib-wide96's weights: a rate of their own
+_MHA_COST = 1.1 * _WIDE_COSTS[calibration.DEPTH_TYPE]       # calib-mha's: one of their own too
 _O_LAYER, _C_ATTN, _C_TAIL = 2e-5, 3e-11, 9e-11
 _C_CELL = 5e-9         # per query head × KV cell: about half of a head_dim-64 cell's attention time, as measured
 _C_ROW = 1e-8          # per matrix row (one vec_dot call): ~6 % of a 1024-weight Q4_0 row here
@@ -85,9 +86,10 @@ def _pure_spec(cp):
         dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
 
 
-def _planned_points(points=None, spill_s_per_byte=0.0, cache_bytes=0.0):
+def _planned_points(points=None, spill_s_per_byte=0.0, cache_bytes=0.0, kv_s_per_byte=0.0):
     """Decode times of calibration's points (``calibration_points()`` unless given), generated from known costs
-    (with ``spill_s_per_byte``: attention's re-reads from beyond a cache of ``cache_bytes`` too)."""
+    (with ``spill_s_per_byte``: attention's re-reads from beyond a cache of ``cache_bytes`` too; with
+    ``kv_s_per_byte``: a cost per KV byte attention reads)."""
     cfg = RunConfig()
     pts = []
     for cp in points or calibration.calibration_points():
@@ -98,11 +100,13 @@ def _planned_points(points=None, spill_s_per_byte=0.0, cache_bytes=0.0):
         w = calibration._single_device_work(spec, cfg, depth)
         cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE512_LABEL: _WIDE_COSTS[cp.type_name],
                 calibration.WIDE128_LABEL: _WIDE_COSTS[cp.type_name],
-                calibration.WIDE96_LABEL: _WIDE96_COST}.get(cp.label, _NARROW_COSTS.get(s.n_embd))
+                calibration.WIDE96_LABEL: _WIDE96_COST,
+                calibration.MHA_LABEL: _MHA_COST}.get(cp.label, _NARROW_COSTS.get(s.n_embd))
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
         t += w.n_rows * _C_ROW if cp.label in calibration.WIDE_LABELS else 0.0     # a narrow rate holds its rows
         t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
         t += w.attn_head_cells * _C_CELL + spill_s_per_byte * work.attn_spilled_bytes(w.attn_sweeps, cache_bytes)
+        t += kv_s_per_byte * w.kv_bytes
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label, "name": cp.name})
     return pts
 
@@ -134,7 +138,8 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     assert fit["tg_row_s"] == pytest.approx(_C_ROW, rel=0.05)
     assert fit["tg_own_s_per_weight"] == {
         f"Q4_0{calibration.NARROW_RATE}64": pytest.approx(_NARROW_COSTS[64], rel=0.02),
-        f"{calibration.DEPTH_TYPE}{calibration.OWN_RATE}{calibration.WIDE96_LABEL}": pytest.approx(_WIDE96_COST, rel=0.02)}
+        f"{calibration.DEPTH_TYPE}{calibration.OWN_RATE}{calibration.WIDE96_LABEL}": pytest.approx(_WIDE96_COST, rel=0.02),
+        f"{calibration.DEPTH_TYPE}{calibration.OWN_RATE}{calibration.MHA_LABEL}": pytest.approx(_MHA_COST, rel=0.02)}
     assert "attn_narrow_s_per_op" not in fit                  # no narrow model is measured at depth
     # one shared rate per type (the old structure) cannot describe these points
     for p in pts:
@@ -174,6 +179,35 @@ def test_attention_re_reads_beyond_a_cache_are_fitted_with_their_capacity():
     assert r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps) \
         - r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells) \
         == pytest.approx(fit["attn_s_per_spilled_byte"] * work.attn_spilled_bytes(w.attn_sweeps, cap), rel=1e-9)
+
+
+def test_attention_cost_per_kv_byte_is_set_apart_by_the_ungrouped_rung(caplog):
+    """Attention's time follows the KV bytes it reads, so its cost per head × cell follows the GQA ratio (issue 18,
+    nineteenth round: 16 query heads over 16 / 8 / 4 KV heads cost 3-6x / 2-3x / 1x per head × cell). Every other
+    rung groups 4 query heads on a KV head, where the bytes are a fixed multiple of the multiply-adds: calib-mha
+    (no grouping) sets them apart. Planted on calibration's own points, the fit recovers the cost per byte and
+    leaves the others where they were; without calib-mha's depth points the column is left out (0), with a warning,
+    instead of splitting attention between two collinear columns; predictions charge it through the rates."""
+    assert {(cp.synth.n_head, cp.synth.n_head_kv) for cp in calibration.calibration_points()
+            if cp.label == calibration.MHA_LABEL} == {(calibration.CALIB_WIDE.n_head,) * 2}
+    assert calibration.MHA_LABEL in calibration.WIDE_LABELS
+    pts = _planned_points(kv_s_per_byte=2e-10)
+    fit = calibration.fit_cpu(pts, 30.0, threads=1)
+    assert fit["attn_s_per_kv_byte"] == pytest.approx(2e-10, rel=0.02)
+    assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.05)
+    assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.05)
+    assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 0.005
+    without = calibration.fit_cpu(pts, 30.0, threads=1, kv_bytes=False)
+    assert without["attn_s_per_kv_byte"] == 0.0
+    assert max(abs(e) for e in without["tg_fit_rel_err"]) > 0.02           # calib-mha's depth points are missed
+    no_mha = [p for p in pts if not (p["label"] == calibration.MHA_LABEL and p["depth"] > calibration.CALIB_N_GEN)]
+    with caplog.at_level("WARNING"):
+        old = calibration.fit_cpu(no_mha, 30.0, threads=1)
+    assert old["attn_s_per_kv_byte"] == 0.0 and "cost per KV byte not fitted" in caplog.text
+    host = calibration.Device(id="host", name="host", kind="cpu", memory_gib=24, bandwidth_gbs=30)
+    r = rates.cpu_rates_from_calibration(host, {"threads": {"1": fit}}, 1)
+    assert r.attn_compute_s(1e6, 0.0, 1e4, (), 5e6) - r.attn_compute_s(1e6, 0.0, 1e4) \
+        == pytest.approx(5e6 * fit["attn_s_per_kv_byte"], rel=1e-9)
 
 
 def test_spilled_bytes_follow_the_layers_cells_against_the_cache():
@@ -303,7 +337,8 @@ def test_every_wide_rung_streams_from_dram():
 def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_depth_points_in_rounds():
     """The row's cost is a contrast between two rungs whose speed moves from one load to the next (issue 18, ninth
     round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own. The depth-0 prompt
-    points (twelfth round) and attention's decode points (fourteenth: at depth, with calib-wide96's depth-0 point)
+    points (twelfth round) and attention's decode points (fourteenth: at depth, with calib-wide96's and calib-mha's
+    depth-0 points)
     are measured in whole rounds, in plan order, PROMPT_LOADS and DEPTH_LOADS of them, spread through the pass —
     the other points in parts between them; nothing else repeats, and the order of the other points is the plan's."""
     planned = calibration.calibration_points()
@@ -317,8 +352,10 @@ def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_dept
         assert names[start:start + 2 * calibration.ROW_PAIR_LOADS] == list(pair) * calibration.ROW_PAIR_LOADS
     cheap = [cp.name for cp in planned if cp.prompt and not cp.decode and cp.depth == 0]
     assert len(cheap) == len(calibration.CALIB_TYPES) - 1 + 2      # every type's calib-wide-pp but F16's; 128, 256
-    deep = [cp.name for cp in planned if cp.decode and (cp.depth or cp.label == calibration.WIDE96_LABEL)]
-    assert len(deep) == len(calibration.CALIB_DEPTHS) + len(calibration.WIDE128_DEPTHS) + len(calibration.WIDE96_DEPTHS)
+    deep = [cp.name for cp in planned
+            if cp.decode and (cp.depth or cp.label in (calibration.WIDE96_LABEL, calibration.MHA_LABEL))]
+    assert len(deep) == (len(calibration.CALIB_DEPTHS) + len(calibration.WIDE128_DEPTHS)
+                         + len(calibration.WIDE96_DEPTHS) + len(calibration.MHA_DEPTHS))
     assert calibration.PROMPT_LOADS >= 3 and calibration.DEPTH_LOADS >= 3
     others = [cp.name for cp in planned if cp.name not in cheap + deep]
     assert list(dict.fromkeys(n for n in names if n not in cheap + deep)) == others

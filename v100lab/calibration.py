@@ -25,8 +25,10 @@ Calibration measures, with real llama.cpp (the isolated in-process backend of :m
   calibration and restored by its later loads;
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
-  + attention_ops × cost_attention + head_cells × cost_cell + split_kv_layers × cost_split`` (weighted by 1/t,
-  i.e. relative error; ``head_cells``: query heads × KV cells; ``split_kv_layers``: layers whose
+  + attention_ops × cost_attention + head_cells × cost_cell + kv_bytes × cost_kv_byte + split_kv_layers × cost_split
+  + re-read bytes × cost_spilled_byte`` (weighted by 1/t, i.e. relative error; ``head_cells``: query heads × KV
+  cells; ``kv_bytes``: the KV cells' bytes attention reads, whose cost per head × cell follows the GQA ratio and
+  which calib-mha, with no grouping, sets apart from the multiply-adds; ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more); for prompt processing per token
   ``Σ_type weights_type × cost_type + attention_ops × cost_op + head_cells × cost_cell`` on calib-wide's matrices
@@ -167,6 +169,18 @@ WIDE96_DEPTHS = (0, 1024, 2048)
 CALIB_WIDE128 = dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2)
 WIDE128_LABEL = "calib-wide128"
 WIDE128_DEPTHS = (2048, 4096)
+# Attention's cost per KV byte, the GQA ratio (issue 18, nineteenth round). Every rung above groups 4 query heads on
+# a KV head, so a layer's KV bytes were a fixed multiple of its multiply-adds (2 bytes per element, (dk + dv) per
+# head × cell, ÷ 4) and the fit could not tell a cost per byte from one per multiply-add. On a Sapphire Rapids VM,
+# 16 query heads of 64 over 16 / 8 / 4 KV heads cost 70-111 / 52-96 / 16-37 ns per head × cell at 1 thread (both
+# builds; benchmarks/RESULTS.md): attention's time follows the KV bytes it reads, at 2-5 GB/s — the model charged
+# bytes only as a floor, at the stream bandwidth — and the default model (9 query heads on 3 KV heads, 4/3 the bytes
+# per head × cell) was predicted 30 % too fast at depth at 2 threads. CALIB_WIDE's layer with as many KV heads as
+# query heads (no grouping: 4x the KV bytes per head × cell of calib-wide's rung), in DEPTH_TYPE, streaming; depth 0
+# pins its weights (a rate of its own, as calib-wide96's), 1024 and 2048 its attention.
+CALIB_MHA = dataclasses.replace(CALIB_WIDE, n_head_kv=CALIB_WIDE.n_head)
+MHA_LABEL = "calib-mha"
+MHA_DEPTHS = (0, 1024, 2048)
 # Prompt attention (issue 18, twelfth round). A prompt's attention is ggml-cpu's tiled flash attention
 # (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled; v100lab.llama_context.fa_prompt_cells), not
 # decode's one query at a time: per query head × KV cell a mask read, a scale and a softmax step, per multiply-add
@@ -294,7 +308,8 @@ def calibration_points() -> list[CalPoint]:
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
     and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
     the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
-    :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell);
+    :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell),
+    calib-mha at :data:`MHA_DEPTHS` (the cost per KV byte: no GQA grouping);
     the thin pair's decode (the per-layer overhead); prompt attention on calib-wide-pp's matrices at depths 0 and
     :data:`PP_DEPTH` with heads of 64, 128 and 256."""
     pts = []
@@ -326,6 +341,8 @@ def calibration_points() -> list[CalPoint]:
             pts.append(CalPoint(WIDE128_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE, depth=d, prompt=False))
     pts += [CalPoint(WIDE96_LABEL, wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE, depth=d, prompt=False)
             for d in WIDE96_DEPTHS]
+    pts += [CalPoint(MHA_LABEL, wide_spec(DEPTH_TYPE, CALIB_MHA), DEPTH_TYPE, depth=d, prompt=False)
+            for d in MHA_DEPTHS]
     return pts
 
 
@@ -335,9 +352,9 @@ def _cheap_prompt(cp: CalPoint) -> bool:
 
 
 def _attention_decode(cp: CalPoint) -> bool:
-    """A decode point of attention's contrasts — at depth, or calib-wide96's depth-0 point (its other side):
-    measured :data:`DEPTH_LOADS` times a pass."""
-    return cp.decode and (cp.depth > 0 or cp.label == WIDE96_LABEL)
+    """A decode point of attention's contrasts — at depth, or calib-wide96's and calib-mha's depth-0 points (their
+    other side): measured :data:`DEPTH_LOADS` times a pass."""
+    return cp.decode and (cp.depth > 0 or cp.label in (WIDE96_LABEL, MHA_LABEL))
 
 
 def pass_order(points: Sequence[CalPoint]) -> list[CalPoint]:
@@ -454,6 +471,9 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None,
     if progress:
         progress(f"{WIDE128_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE128).n_layer} layers)")
     out[(WIDE128_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE)
+    if progress:
+        progress(f"{MHA_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_MHA).n_layer} layers)")
+    out[(MHA_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_MHA), DEPTH_TYPE)
     for label, synth in ((WIDE128_PP_LABEL, CALIB_WIDE128), (WIDE256_PP_LABEL, CALIB_WIDE256)):
         if progress:
             progress(f"{label}:{DEPTH_TYPE} ({synth.n_layer} layers)")
@@ -647,7 +667,7 @@ OWN_RATE = "@"
 #: is what transfers: the per-layer overhead.
 NARROW_RATE = OWN_RATE + "narrow"
 #: the labels of the rungs that stream from DRAM (every other calibration model is narrow)
-WIDE_LABELS = ("calib-wide", WIDE96_LABEL, WIDE512_LABEL, WIDE128_LABEL)
+WIDE_LABELS = ("calib-wide", WIDE96_LABEL, WIDE512_LABEL, WIDE128_LABEL, MHA_LABEL)
 #: the narrow models (cache-resident matrices of n_embd 64-384): their prompts are left out of the prompt fit
 NARROW_LABELS = ("calib-thin", "calib-thin-shallow", "calib-deep", "calib-deep96", "calib-shallow")
 
@@ -663,13 +683,14 @@ def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
     round); for the other models the type + OWN_RATE + what sets them apart, a rate only they use: calib-wide96 its
     own (its depth-0 point pins it, so that its depth points give attention and the head_dim tail and nothing
     else — per weight its 1536-element rows came out 25 % dearer to 14 % cheaper than calib-wide's 1024 from one
-    calibration to the next, too noisy to pin the row's cost); the narrow models NARROW_RATE + their width, one rate
+    calibration to the next, too noisy to pin the row's cost), calib-mha its own too (its depth-0 point pins it, its
+    depth points give attention's cost per KV byte); the narrow models NARROW_RATE + their width, one rate
     per matrix width (calib-thin and calib-thin-shallow share theirs, which is what identifies the per-layer
     overhead)."""
     label = point.get("label") or WIDE_LABELS[0]
     if label in (WIDE_LABELS[0], WIDE512_LABEL, WIDE128_LABEL):
         return type_name
-    if label == WIDE96_LABEL:
+    if label in (WIDE96_LABEL, MHA_LABEL):
         return f"{type_name}{OWN_RATE}{label}"
     return f"{type_name}{NARROW_RATE}{point['spec'].n_embd}"
 
@@ -693,7 +714,7 @@ ATTN_CACHE_GRID_BYTES = tuple(round(2 ** (16 + k / 2)) for k in range(21))
 
 
 def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: int | None = None,
-            head_cells: bool = True, spill: bool = True) -> dict[str, Any]:
+            head_cells: bool = True, spill: bool = True, kv_bytes: bool = True) -> dict[str, Any]:
     """Fit one thread count's decode and prompt costs from measured points.
 
     Each point: ``spec`` (ModelSpec), ``depth``, ``tg`` (s/token at that depth, the middle of the
@@ -704,7 +725,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     comparisons on the same measurements). ``spill=False`` leaves out the bytes attention's query heads re-read from
     beyond an effective cache (:func:`v100lab.work.attn_spilled_bytes`; the seventeenth round's model): with it,
     the capacity is chosen from :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, its cost per byte by the
-    least squares. Returns the JSON-able parameters stored in the host profile."""
+    least squares. ``kv_bytes=False`` leaves out attention's cost per KV byte read (the eighteenth round's model;
+    fitted only when calib-mha's depth points, whose GQA ratio differs, were measured). Returns the JSON-able
+    parameters stored in the host profile."""
     import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
@@ -715,6 +738,11 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         # random, and predictions for other head_dims with it. The tenth round's model instead.
         log.warning("no %s point measured: attention fitted per multiply-add only", WIDE128_LABEL)
         head_cells = False
+    kv_bytes = kv_bytes and any(p.get("label") == MHA_LABEL and p.get("depth", 0) > CALIB_N_GEN for p in points)
+    if not kv_bytes:
+        # without calib-mha at depth every rung groups 4 query heads on a KV head: the KV bytes are a fixed multiple
+        # of the multiply-adds, and the fit would split attention between the two columns at random
+        log.warning("no %s point at depth measured: attention's cost per KV byte not fitted (0)", MHA_LABEL)
     types = sorted({_rate_key(p, t) for p in points for t in _single_device_work(p["spec"], cfg, p["depth"]).weights})
     # decode: t = o_layer (L + 1) + Σ n_T c_T + rows c_row + attn c_attn + (other bytes) / bandwidth. A separate
     # per-token constant is not identifiable from two model shapes; graph and sync costs grow with the
@@ -728,7 +756,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     # one per width, holds them (counted, their 49 k output rows of 64 capped the row's cost far below what
     # calib-wide512 costs, and its residual stayed at 11.5 %). Attention is measured on the wide rungs only
     # (their KV read from DRAM); the tail column (head_dim past the SIMD step) is calib-wide96's, on builds whose
-    # step leaves one; the per-cell column (query heads × KV cells) is pinned by calib-wide128 against calib-wide.
+    # step leaves one; the per-cell column (query heads × KV cells) is pinned by calib-wide128 against calib-wide; the
+    # per-KV-byte column (the bytes of the cells read) by calib-mha, whose query
+    # heads are not grouped (4x calib-wide's KV bytes per head × cell).
     rows, y, wts, sweeps = [], [], [], []
     rows_per_weight: dict[str, float] = {}      # calib-wide's, per type (for the efficiency below)
     for p in points:
@@ -744,14 +774,15 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         n_rows = w.n_rows if label in WIDE_LABELS else 0.0
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
                     + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells if head_cells else 0.0,
-                       w.attn_split_layers if threads != 1 else 0.0])
+                       w.attn_split_layers if threads != 1 else 0.0,
+                       w.kv_bytes if kv_bytes and label in WIDE_LABELS else 0.0])
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
         sweeps.append(w.attn_sweeps if label in WIDE_LABELS else ())
     # attention's re-reads from beyond an effective cache: one column per capacity tried, the best fit kept
     cap, rows, x = _fit_with_capacity(rows, y, wts, sweeps, ATTN_CACHE_GRID_BYTES if spill else ())
-    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-6]))
-    c_row, c_attn, c_tail, c_cell, c_split, c_spill = x[-6:]
+    o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-7]))
+    c_row, c_attn, c_tail, c_cell, c_split, c_kv, c_spill = x[-7:]
     pred = np.array(rows) @ x + (np.array([p["tg"] for p in points]) - np.array(y))
     rel = pred / np.array([p["tg"] for p in points]) - 1
     # efficiency: the best bandwidth any weight type reached on calib-wide (its rows' cost included), relative to
@@ -769,7 +800,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_own_s_per_weight": {t: float(c) for t, c in costs.items() if c > 0 and OWN_RATE in t},
         "tg_row_s": float(c_row),
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
-        "attn_s_per_head_cell": float(c_cell),
+        "attn_s_per_head_cell": float(c_cell), "attn_s_per_kv_byte": float(c_kv),
         "attn_cache_bytes": float(cap) if c_spill > 0 else 0.0, "attn_s_per_spilled_byte": float(c_spill),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],

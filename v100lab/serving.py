@@ -156,7 +156,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
         t_w += w.other_bytes / bw
         mem_part += w.other_bytes / bw
         tm = w.kv_bytes / bw
-        tc = r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps)
+        tc = r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps, w.kv_bytes)
         t_kv += batch * (max(tm, tc) + w.state_bytes / bw)
         if tc > tm:
             cmp_part += batch * tc

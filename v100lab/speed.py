@@ -237,7 +237,8 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         t_mem += w.other_bytes / bw + w.state_bytes / bw
         # GPUs: CUDA-core work per weight (dequantisation, activation quantisation) on top of the memory time
         t_cmp += sum(tw.n_weights for tw in w.weights.values()) * r.tg_add_s_per_weight
-        tm, tc = w.kv_bytes / bw, r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps)
+        tm, tc = w.kv_bytes / bw, r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps,
+                                    w.kv_bytes)
         if tc > tm:
             t_cmp += tc
         else:

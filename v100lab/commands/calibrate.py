@@ -93,6 +93,8 @@ def _summary(cal: dict) -> list[str]:
         attn = (f"   attention: {1e9 * p.get('attn_s_per_op', 0):.3f} ns per multiply-add (KV read from DRAM)")
         if p.get("attn_s_per_head_cell"):
             attn += f" + {1e9 * p['attn_s_per_head_cell']:.2f} ns per query head × KV cell"
+        if p.get("attn_s_per_kv_byte"):
+            attn += f" + {1e12 * p['attn_s_per_kv_byte']:.0f} ps per KV byte read"
         if p.get("attn_tail_s_per_op"):
             attn += f", +{1e9 * p['attn_tail_s_per_op']:.3f} ns in a head's scalar tail"
         if p.get("attn_split_layer_s"):
