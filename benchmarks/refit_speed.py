@@ -12,7 +12,7 @@ its host rows are predicted from the refitted profile (with ``--median-of-passes
 is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
 benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
 ``--no-kv-bytes``: fit without attention's cost per KV byte read (the eighteenth round's model; a calibration
-without calib-mha's depth points is fitted without it anyway). ``--no-spill``: fit without attention's re-reads from beyond an effective cache (the model before the eighteenth
+without calib-mha's depth points is fitted without it anyway). ``--no-spill``: fit without attention's head × cells that miss an effective cache (the model before the eighteenth
 round). ``--no-head-cells``: fit without attention's cost per query head × KV cell (the model before the eleventh round),
 to judge that term on the same measurements. ``--pool CAL2.json``: add the passes of a second calibration of the
 same machine and build to every point both measured, each point's figure then the median of all their passes — what
@@ -80,7 +80,7 @@ def refit(cal: dict, median_of_passes: bool, head_cells: bool = True, spill: boo
               f"(head_dim tail {1e9 * fit.get('attn_tail_s_per_op', 0):.3f}), "
               f"split-KV {1e6 * fit.get('attn_split_layer_s', 0):.0f} us/layer, "
               f"{1e12 * fit.get('attn_s_per_kv_byte', 0):.0f} ps/KV byte, "
-              f"re-read {1e12 * fit.get('attn_s_per_spilled_byte', 0):.1f} ps/B beyond "
+              f"{1e9 * fit.get('attn_s_per_missed_head_cell', 0):.1f} ns per missed head-cell beyond "
               f"{fit.get('attn_cache_bytes', 0) / 2**20:.2f} MiB; "
               f"decode residual max {100 * max(map(abs, res)):.1f} %, "
               f"prompt max {100 * max(map(abs, fit.get('pp_fit_rel_err') or [0])):.1f} %")
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--median-of-passes", action="store_true")
     ap.add_argument("--no-head-cells", action="store_true", help="leave the cost per query head × KV cell out")
     ap.add_argument("--no-spill", action="store_true",
-                    help="leave out attention's re-reads from beyond an effective cache (the seventeenth round's model)")
+                    help="leave out attention's head × cells that miss an effective cache (the seventeenth round's model)")
     ap.add_argument("--no-kv-bytes", action="store_true",
                     help="leave out attention's cost per KV byte read (the eighteenth round's model)")
     ap.add_argument("--pool", metavar="CAL2", help="a second calibration whose passes join this one's, point by point")

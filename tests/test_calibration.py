@@ -86,9 +86,9 @@ def _pure_spec(cp):
         dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
 
 
-def _planned_points(points=None, spill_s_per_byte=0.0, cache_bytes=0.0, kv_s_per_byte=0.0):
+def _planned_points(points=None, miss_s=0.0, cache_bytes=0.0, kv_s_per_byte=0.0):
     """Decode times of calibration's points (``calibration_points()`` unless given), generated from known costs
-    (with ``spill_s_per_byte``: attention's re-reads from beyond a cache of ``cache_bytes`` too; with
+    (with ``miss_s``: a cost per attention head × cell that misses a cache of ``cache_bytes`` too; with
     ``kv_s_per_byte``: a cost per KV byte attention reads)."""
     cfg = RunConfig()
     pts = []
@@ -105,7 +105,7 @@ def _planned_points(points=None, spill_s_per_byte=0.0, cache_bytes=0.0, kv_s_per
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
         t += w.n_rows * _C_ROW if cp.label in calibration.WIDE_LABELS else 0.0     # a narrow rate holds its rows
         t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
-        t += w.attn_head_cells * _C_CELL + spill_s_per_byte * work.attn_spilled_bytes(w.attn_sweeps, cache_bytes)
+        t += w.attn_head_cells * _C_CELL + miss_s * work.attn_missed_head_cells(w.attn_sweeps, cache_bytes)
         t += kv_s_per_byte * w.kv_bytes
         pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label, "name": cp.name})
     return pts
@@ -148,22 +148,22 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     assert max(abs(e) for e in shared["tg_fit_rel_err"]) > 0.05 > 10 * max(abs(e) for e in fit["tg_fit_rel_err"])
 
 
-def test_attention_re_reads_beyond_a_cache_are_fitted_with_their_capacity():
+def test_attention_misses_beyond_a_cache_are_fitted_with_their_capacity():
     """ggml-cpu's flash attention sweeps a layer's KV cells once per query head; once the layer's cells outgrow a
-    cache, the sweeps after the first read them again from beyond it (issue 18, eighteenth round: on a Sapphire
-    Rapids VM's AVX2 build attention's time per 1024 cells grew 4x from depth 1024 to 4096). Planted on
-    calibration's own points, the fit must find the capacity on its grid and the cost per byte, and leave the
+    cache, a share of the head × cells miss it (issue 18, eighteenth round: on a Sapphire Rapids VM's AVX2 build
+    attention's time per 1024 cells grew 4x from depth 1024 to 4096). Planted on calibration's own points, the
+    fit must find the capacity on its grid and the cost of a miss, and leave the
     other attention costs where they were; without the column the same points are missed; points without the term
     keep it out (capacity 0)."""
     cap = calibration.ATTN_CACHE_GRID_BYTES[10]                    # 2 MiB
     assert cap == 2 ** 21
-    pts = _planned_points(spill_s_per_byte=4e-11, cache_bytes=cap)
+    pts = _planned_points(miss_s=3e-8, cache_bytes=cap)
     deep = [p for p in pts if p["depth"] > 2000]
-    assert all(work.attn_spilled_bytes(calibration._single_device_work(p["spec"], RunConfig(), p["depth"]).attn_sweeps,
+    assert all(work.attn_missed_head_cells(calibration._single_device_work(p["spec"], RunConfig(), p["depth"]).attn_sweeps,
                                        cap) > 0 for p in deep)
     fit = calibration.fit_cpu(pts, 30.0, threads=1)
     assert fit["attn_cache_bytes"] == cap
-    assert fit["attn_s_per_spilled_byte"] == pytest.approx(4e-11, rel=0.02)
+    assert fit["attn_s_per_missed_head_cell"] == pytest.approx(3e-8, rel=0.02)
     assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.05)
     assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 0.005
@@ -171,14 +171,14 @@ def test_attention_re_reads_beyond_a_cache_are_fitted_with_their_capacity():
     assert without["attn_cache_bytes"] == 0.0 and without["tg_parameters"] == fit["tg_parameters"] - 2
     assert max(abs(e) for e in without["tg_fit_rel_err"]) > 0.02
     plain = calibration.fit_cpu(_planned_points(), 30.0, threads=1)
-    assert plain["attn_cache_bytes"] == 0.0 and plain["attn_s_per_spilled_byte"] == 0.0
+    assert plain["attn_cache_bytes"] == 0.0 and plain["attn_s_per_missed_head_cell"] == 0.0
     # predictions charge it through the rates, per sweep
     host = calibration.Device(id="host", name="host", kind="cpu", memory_gib=24, bandwidth_gbs=30)
     r = rates.cpu_rates_from_calibration(host, {"threads": {"1": fit}}, 1)
     w = calibration._single_device_work(deep[0]["spec"], RunConfig(), deep[0]["depth"])
     assert r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells, w.attn_sweeps) \
         - r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells) \
-        == pytest.approx(fit["attn_s_per_spilled_byte"] * work.attn_spilled_bytes(w.attn_sweeps, cap), rel=1e-9)
+        == pytest.approx(fit["attn_s_per_missed_head_cell"] * work.attn_missed_head_cells(w.attn_sweeps, cap), rel=1e-9)
 
 
 def test_attention_cost_per_kv_byte_is_set_apart_by_the_ungrouped_rung(caplog):
@@ -210,18 +210,21 @@ def test_attention_cost_per_kv_byte_is_set_apart_by_the_ungrouped_rung(caplog):
         == pytest.approx(5e6 * fit["attn_s_per_kv_byte"], rel=1e-9)
 
 
-def test_spilled_bytes_follow_the_layers_cells_against_the_cache():
-    """work.attn_spilled_bytes: nothing while a layer's KV cells fit; beyond, each query head × cell's row bytes by
-    the share that does not fit; a model's sweeps grouped by kind of layer (gemma3's sliding-window layers stop at
-    their window)."""
+def test_missed_head_cells_follow_the_layers_cells_against_the_cache():
+    """work.attn_missed_head_cells: nothing while a layer's KV cells fit; beyond, the share of its query heads ×
+    cells that does not fit, whatever a row's length; a model's sweeps grouped by kind of layer (gemma3's
+    sliding-window layers stop at their window)."""
     spec = skeleton_spec("llama2-7b", "Q4_0")
     cfg = RunConfig(n_ctx=8192)
     w = calibration._single_device_work(spec, cfg, 4000)
-    ((hc, row, foot),) = w.attn_sweeps                             # one kind of layer
-    assert row == 2 * 4096 * 2 and hc == w.attn_head_cells and foot == row * hc / (32 * 32)
-    assert work.attn_spilled_bytes(w.attn_sweeps, foot) == 0.0
-    assert work.attn_spilled_bytes(w.attn_sweeps, foot / 4) == pytest.approx(hc * row * 0.75)
-    assert work.attn_spilled_bytes(w.attn_sweeps, 0.0) == 0.0      # no capacity: no term
+    ((hc, foot),) = w.attn_sweeps                                  # one kind of layer
+    row = 2 * 4096 * 2                                             # K and V of 32 KV heads of 128, f16
+    assert hc == w.attn_head_cells and foot == row * hc / (32 * 32)
+    assert work.attn_missed_head_cells(w.attn_sweeps, foot) == 0.0
+    assert work.attn_missed_head_cells(w.attn_sweeps, foot / 4) == pytest.approx(hc * 0.75)
+    gemma = calibration._single_device_work(skeleton_spec("gemma3-27b", "Q4_0"), cfg, 4000)
+    assert len(gemma.attn_sweeps) == 2 and sum(h for h, _ in gemma.attn_sweeps) == gemma.attn_head_cells
+    assert work.attn_missed_head_cells(w.attn_sweeps, 0.0) == 0.0      # no capacity: no term
 
 
 def test_the_thin_pair_pins_the_per_layer_cost_under_noise():
@@ -524,8 +527,8 @@ def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(mo
     assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
     assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 1e-3
-    # the model without the column (refit_speed.py --no-head-cells --no-spill: the re-reads' column, per head × cell
-    # × a row's bytes past a small cache, would stand in for it in part) cannot describe these points
+    # the model without the column (refit_speed.py --no-head-cells --no-spill: the misses' column, per head × cell
+    # past a small cache, would stand in for it in part) cannot describe these points
     off = calibration.fit_cpu(list(planned.values()), 30.0, threads=2, head_cells=False, spill=False)
     assert off["attn_s_per_head_cell"] == 0.0 and off["tg_parameters"] == fit["tg_parameters"] - 1
     assert max(abs(e) for e in off["tg_fit_rel_err"]) > 0.01

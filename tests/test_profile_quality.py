@@ -222,14 +222,14 @@ def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
     cal = _calibration(current)
     cal["threads"]["1"].update({"attn_s_per_op": 3.19e-10, "attn_tail_s_per_op": 1.5e-9})
     cal["threads"]["2"] = dict(cal["threads"]["1"], attn_s_per_op=1.56e-10, attn_split_layer_s=2.9e-5,
-                               attn_s_per_spilled_byte=3.4e-11, attn_cache_bytes=2.83 * 2**20)
+                               attn_s_per_missed_head_cell=3.4e-8, attn_cache_bytes=2.83 * 2**20)
     _store(cal)
     assert cli.main(["calibrate", "--show"]) == 0
     out = capsys.readouterr().out
     assert "attention: 0.319 ns per multiply-add (KV read from DRAM), +1.500 ns in a head's scalar tail\n" in out
     assert "attention: 0.156 ns per multiply-add (KV read from DRAM), +1.500 ns in a head's scalar tail, " \
-           "29 us per layer on the split-KV path; 34 ps per byte its query heads re-read once a layer's KV cells " \
-           "pass 2.8 MiB" in out
+           "29 us per layer on the split-KV path; 34.0 ns per query head × KV cell that misses once a layer's KV " \
+           "cells pass 2.8 MiB" in out
 
 
 def test_calibrate_show_says_how_many_parameters_the_residuals_are_over(fresh_cache, capsys):

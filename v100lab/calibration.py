@@ -26,9 +26,10 @@ Calibration measures, with real llama.cpp (the isolated in-process backend of :m
 * a non-negative least-squares fit, per thread count, of
   ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
   + attention_ops × cost_attention + head_cells × cost_cell + kv_bytes × cost_kv_byte + split_kv_layers × cost_split
-  + re-read bytes × cost_spilled_byte`` (weighted by 1/t, i.e. relative error; ``head_cells``: query heads × KV
+  + missed head_cells × cost_missed_cell`` (weighted by 1/t, i.e. relative error; ``head_cells``: query heads × KV
   cells; ``kv_bytes``: the KV cells' bytes attention reads, whose cost per head × cell follows the GQA ratio and
-  which calib-mha, with no grouping, sets apart from the multiply-adds; ``split_kv_layers``: layers whose
+  which calib-mha, with no grouping, sets apart from the multiply-adds; ``missed head_cells``: the head × cells
+  whose reads miss an effective cache once a layer's KV cells outgrow it (:func:`v100lab.work.attn_missed_head_cells`); ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more); for prompt processing per token
   ``Σ_type weights_type × cost_type + attention_ops × cost_op + head_cells × cost_cell`` on calib-wide's matrices
@@ -76,7 +77,7 @@ from v100lab.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
 from v100lab.rates import (NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET, calibration_quality,
                            current_build_facts, median_standard_error)
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
-from v100lab.work import attn_spilled_bytes, single_device_work
+from v100lab.work import attn_missed_head_cells, single_device_work
 
 log = logging.getLogger(__name__)
 
@@ -708,7 +709,7 @@ def _n_parameters(rows) -> int:
     return sum(1 for col in zip(*rows) if any(col))
 
 
-#: the effective caches tried for attention's re-reads (:func:`v100lab.work.attn_spilled_bytes`), 64 KiB to 64 MiB
+#: the effective caches tried for attention's missed reads (:func:`v100lab.work.attn_missed_head_cells`), 64 KiB to 64 MiB
 #: in steps of √2; the fit keeps the one whose least-squares fit is best (none, when no capacity helps)
 ATTN_CACHE_GRID_BYTES = tuple(round(2 ** (16 + k / 2)) for k in range(21))
 
@@ -722,9 +723,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has
     no barrier and one partial per head, so its per-layer cost is not fitted there (0). ``head_cells=False`` leaves
     attention's cost per query head × KV cell out (0; the tenth round's model, for benchmarks/refit_speed.py's
-    comparisons on the same measurements). ``spill=False`` leaves out the bytes attention's query heads re-read from
-    beyond an effective cache (:func:`v100lab.work.attn_spilled_bytes`; the seventeenth round's model): with it,
-    the capacity is chosen from :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, its cost per byte by the
+    comparisons on the same measurements). ``spill=False`` leaves out the query heads × cells whose reads miss an
+    effective cache (:func:`v100lab.work.attn_missed_head_cells`; the seventeenth round's model): with it, the
+    capacity is chosen from :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, the cost of a miss by the
     least squares. ``kv_bytes=False`` leaves out attention's cost per KV byte read (the eighteenth round's model;
     fitted only when calib-mha's depth points, whose GQA ratio differs, were measured). Returns the JSON-able
     parameters stored in the host profile."""
@@ -779,7 +780,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         y.append(p["tg"] - known)
         wts.append(1.0 / p["tg"])
         sweeps.append(w.attn_sweeps if label in WIDE_LABELS else ())
-    # attention's re-reads from beyond an effective cache: one column per capacity tried, the best fit kept
+    # attention's head × cells that miss an effective cache: one column per capacity tried, the best fit kept
     cap, rows, x = _fit_with_capacity(rows, y, wts, sweeps, ATTN_CACHE_GRID_BYTES if spill else ())
     o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-7]))
     c_row, c_attn, c_tail, c_cell, c_split, c_kv, c_spill = x[-7:]
@@ -801,7 +802,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_row_s": float(c_row),
         "attn_s_per_op": float(c_attn), "attn_tail_s_per_op": float(c_tail), "attn_split_layer_s": float(c_split),
         "attn_s_per_head_cell": float(c_cell), "attn_s_per_kv_byte": float(c_kv),
-        "attn_cache_bytes": float(cap) if c_spill > 0 else 0.0, "attn_s_per_spilled_byte": float(c_spill),
+        "attn_cache_bytes": float(cap) if c_spill > 0 else 0.0, "attn_s_per_missed_head_cell": float(c_spill),
         "overhead_token_s": float(o_tok), "overhead_layer_s": float(o_layer),
         "tg_fit_rel_err": [round(float(r), 4) for r in rel],
         "tg_parameters": _n_parameters(rows) + (1 if c_spill > 0 else 0),     # the capacity is one more
@@ -857,14 +858,14 @@ def _weighted_nnls(rows, y, wts):
 
 
 def _fit_with_capacity(rows, y, wts, sweeps, capacities):
-    """The decode fit with one more column, the bytes attention re-reads from beyond a cache of each capacity in
-    ``capacities`` (:func:`v100lab.work.attn_spilled_bytes` of each point's ``sweeps``), and without it (capacity
+    """The decode fit with one more column, attention's head × cells that miss a cache of each capacity in
+    ``capacities`` (:func:`v100lab.work.attn_missed_head_cells` of each point's ``sweeps``), and without it (capacity
     0, the column empty): returns the capacity whose weighted least squares (squared relative errors) are smallest —
     a capacity replaces a smaller one only by improving on it by more than rounding — the rows with its column, and
     the fitted costs."""
     best = None
     for cap in (0.0,) + tuple(capacities):
-        full = [r + [attn_spilled_bytes(sw, cap)] for r, sw in zip(rows, sweeps)]
+        full = [r + [attn_missed_head_cells(sw, cap)] for r, sw in zip(rows, sweeps)]
         x, sse = _weighted_nnls(full, y, wts)
         if best is None or sse < best[0] - max(1e-6, 1e-3 * best[0]):      # a better fit, not rounding
             best = (sse, cap, full, x)

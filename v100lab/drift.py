@@ -41,7 +41,7 @@ TOLERANCE = 0.10
 NOISE_Z = 2.0
 #: decode costs of a fitted thread count (seconds; divided by a ratio when applied)
 _BASE_SCALED = ("attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell", "attn_split_layer_s",
-                "attn_s_per_spilled_byte", "attn_s_per_kv_byte", "overhead_token_s", "overhead_layer_s")
+                "attn_s_per_missed_head_cell", "attn_s_per_kv_byte", "overhead_token_s", "overhead_layer_s")
 _PP_SCALED = ("pp_attn_s_per_op", "pp_attn_s_per_head_cell", "pp_overhead_s")
 
 

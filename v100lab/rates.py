@@ -37,7 +37,7 @@ from v100lab.devices import Device, get_device, host_fingerprint, read_host_prof
 from v100lab.errors import ConfigError, V100labError
 from v100lab.llama_context import causal_cells, nearest_type, resolve_flash_attn
 from v100lab.skeleton import skeleton_spec
-from v100lab.work import attn_spilled_bytes, single_device_work
+from v100lab.work import attn_missed_head_cells, single_device_work
 
 #: the host profile's key for the CPU calibration (written by :func:`v100lab.calibration.calibrate`)
 PROFILE_KEY = "speed_calibration"
@@ -84,8 +84,8 @@ class DeviceRates:
                                               # type where its kernel family differs (CUDA: F16/BF16/F32)
     tg_add_s_per_weight: float = 0.0          # GPUs: decode time per weight added to the memory time (CUDA-core work)
     attn_cache_bytes: float = 0.0             # CPU: the effective cache a layer's KV cells must fit in for attention's
-                                              # query heads to re-read them there (0: no such term; work.attn_spilled_bytes)
-    attn_s_per_spilled_byte: float = 0.0      # CPU: per byte attention re-reads from beyond that cache
+                                              # query heads to find them there (0: no such term; work.attn_missed_head_cells)
+    attn_s_per_missed_head_cell: float = 0.0  # CPU: per query head × KV cell whose reads miss that cache
     attn_s_per_kv_byte: float = 0.0           # CPU: per byte of the KV cells attention reads (what makes its cost per
                                               # head × cell follow the GQA ratio: calibration's calib-mha)
 
@@ -125,12 +125,12 @@ class DeviceRates:
                        kv_bytes: float = 0.0) -> float:
         """Decode attention's compute time: ``ops`` multiply-adds (``tail_ops`` of them in a head's scalar tail)
         over ``head_cells`` query heads × KV cells (one softmax step each), the ``kv_bytes`` of the cells read, and
-        the bytes its query heads' sweeps (:attr:`v100lab.work.DeviceWork.attn_sweeps`) read again from beyond the
-        fitted cache."""
+        the query heads × cells of its sweeps (:attr:`v100lab.work.DeviceWork.attn_sweeps`) that miss the fitted
+        cache."""
         t = ops * self.attn_s_per_op + tail_ops * self.attn_tail_s_per_op + head_cells * self.attn_s_per_head_cell
         t += kv_bytes * self.attn_s_per_kv_byte
-        if self.attn_s_per_spilled_byte and sweeps:
-            t += attn_spilled_bytes(sweeps, self.attn_cache_bytes) * self.attn_s_per_spilled_byte
+        if self.attn_s_per_missed_head_cell and sweeps:
+            t += attn_missed_head_cells(sweeps, self.attn_cache_bytes) * self.attn_s_per_missed_head_cell
         return t
 
     def pp_cost(self, type_name: str) -> float:
@@ -567,7 +567,7 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
         mixed[key] = {t: 1.0 / ((1 - f) / a[key][t] + f / b[key][t])
                       for t in set(a.get(key) or {}) & set(b.get(key) or {}) if a[key][t] and b[key][t]}
     for key in ("attn_s_per_op", "pp_attn_s_per_op", "attn_tail_s_per_op", "attn_s_per_head_cell",
-                "pp_attn_s_per_head_cell", "tg_row_s", "attn_s_per_spilled_byte", "attn_s_per_kv_byte"):
+                "pp_attn_s_per_head_cell", "tg_row_s", "attn_s_per_missed_head_cell", "attn_s_per_kv_byte"):
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
     for key in ("overhead_token_s", "overhead_layer_s", "attn_split_layer_s", "pp_overhead_s", "bandwidth_gbs",
@@ -594,7 +594,7 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         pp_attn_s_per_head_cell=float(p.get("pp_attn_s_per_head_cell", 0.0)) / speedup,
         tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup,
         attn_cache_bytes=float(p.get("attn_cache_bytes", 0.0)),
-        attn_s_per_spilled_byte=float(p.get("attn_s_per_spilled_byte", 0.0)) / speedup,
+        attn_s_per_missed_head_cell=float(p.get("attn_s_per_missed_head_cell", 0.0)) / speedup,
         attn_s_per_kv_byte=float(p.get("attn_s_per_kv_byte", 0.0)) / speedup,
         tg_row_s_by_type=MappingProxyType({t: c / speedup for t, c in (p.get("tg_row_s_by_type") or {}).items()}))
 

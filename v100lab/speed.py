@@ -9,15 +9,15 @@ quarter of the bytes). So each device gets two terms per weight type, and the la
 
     t_device = Σ_type max(bytes_type / (efficiency × bandwidth), weights_type × cost_type + rows_type × cost_row)
              + max(kv_bytes / (efficiency × bandwidth), attention_ops × cost_attention
-                   + head_cells × cost_head_cell + re-read bytes × cost_re_read)
+                   + head_cells × cost_head_cell + missed head_cells × cost_miss)
              + state_bytes / (efficiency × bandwidth)
              + overhead_layer × layers_on_device
     t_token  = Σ_device t_device + overhead_token + host-link transfers
 
 The rates — ``cost_type`` (seconds per weight, per thread count), ``cost_row`` (seconds per matrix row: each row
 is one dot product, whose setup and horizontal sum a short row pays for with fewer weights; CPUs), attention's
-costs (CPUs: per multiply-add, per query head × KV cell, and per byte its query heads read again once a layer's KV
-cells outgrow an effective cache, :func:`v100lab.work.attn_spilled_bytes`), the efficiency and the overheads — are an
+costs (CPUs: per multiply-add, per query head × KV cell, per KV byte read, and per head × cell whose reads miss an
+effective cache once a layer's KV cells outgrow it, :func:`v100lab.work.attn_missed_head_cells`), the efficiency and the overheads — are an
 input: :mod:`v100lab.rates` gives them (the host's stored calibration, GPU classes fitted on published
 llama-bench tables, stated assumptions otherwise), and :func:`predict` takes explicit ones too.
 Prompt processing is compute-bound: ``weights × n_prompt × cost_pp_type`` at the device's matmul rate for

@@ -53,8 +53,8 @@ class DeviceWork:
     attn_split_layers: int = 0        # layers whose decode attention takes the CPU split-KV path (fa_split_kv)
     attn_head_cells: float = 0.0      # Σ query heads × cells: one softmax step each (mask, scale, expf, the online
                                       # max and sum), whatever head_dim is
-    attn_sweeps: tuple[tuple[float, float, float], ...] = ()   # (query heads × cells, KV bytes a cell, KV bytes of
-                                      # the layer's cells read) per kind of layer: what attn_spilled_bytes prices
+    attn_sweeps: tuple[tuple[float, float], ...] = ()   # (query heads × cells, KV bytes of the layer's cells read)
+                                      # per kind of layer: what attn_missed_head_cells prices
 
     @property
     def weight_bytes_read(self) -> float:
@@ -166,7 +166,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
                 other += t.n_bytes
         kv = attn = tail = head_cells = state = 0.0
         split = 0
-        sweeps: dict[tuple[float, float], float] = {}
+        sweeps: dict[float, float] = {}
         dtail = head_tail(spec.head_dim_k) + head_tail(spec.head_dim_v)
         for il in sorted(layers):
             if spec.is_recurrent(il):
@@ -182,30 +182,31 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             tail += hc * dtail
             head_cells += hc
             split += fa_split_kv(spec, il, cfg, used)
-            sweeps[(row, cells * row)] = sweeps.get((row, cells * row), 0.0) + hc
+            sweeps[cells * row] = sweeps.get(cells * row, 0.0) + hc
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
             weights=MappingProxyType({k: TypeWork(*v) for k, v in sorted(weights.items())}),
             other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, attn_split_layers=split,
-            attn_head_cells=head_cells, attn_sweeps=tuple((hc, row, foot) for (row, foot), hc in sorted(sweeps.items())),
+            attn_head_cells=head_cells, attn_sweeps=tuple((hc, foot) for foot, hc in sorted(sweeps.items())),
             state_bytes=state,
             placed_weight_bytes=stored)
     return out
 
 
-def attn_spilled_bytes(sweeps, capacity_bytes: float) -> float:
-    """Bytes decode attention reads again from beyond a cache of ``capacity_bytes``, given a token's
+def attn_missed_head_cells(sweeps, capacity_bytes: float) -> float:
+    """Query heads × KV cells whose reads miss a cache of ``capacity_bytes``, given a token's
     :attr:`DeviceWork.attn_sweeps`. ggml-cpu's flash-attention kernel walks a layer's KV cells once per *query* head
-    (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk: ``ik2 = iq2 / rk2`` — the query
-    heads of a GQA group each read their KV head's K and V rows again), and a row's cache lines come in whole, with
-    the neighbouring KV heads' parts of the cell (counted: the rows are priced by the cell's bytes). While a layer's
-    cells fit in the cache, the sweeps after the first find them there; beyond it, the share 1 − capacity / the
-    layer's KV bytes of every sweep misses (random replacement). The capacity is fitted per host and thread count
-    (:func:`v100lab.calibration.fit_cpu`): an effective figure, not the L2's nominal size (issue 18, eighteenth
-    round: on a Sapphire Rapids VM's AVX2 build attention's cost a head × cell rose 4x from depth 1024 to 4096)."""
+    (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk: ``ik2 = iq2 / rk2``), one K row
+    and one V row a cell. While a layer's cells fit in the cache those reads hit it; beyond, the share
+    1 − capacity / the layer's KV bytes of every head × cell misses (random replacement), and a miss costs about the
+    same whatever the row's length (issue 18, nineteenth round: on a Sapphire Rapids VM, CALIB_WIDE's layer with
+    8 query / 2 KV heads of 128 cost what 16 / 4 heads of 64 cost a head × cell, at depths 2048 and 4096 — twice the
+    bytes and multiply-adds a head × cell, the same KV bytes a layer — and a price per missed head × cell fitted both
+    builds' calibrations within 6-9 %, where a price per re-read byte left 10-12 %). The capacity is fitted per host
+    and thread count (:func:`v100lab.calibration.fit_cpu`): an effective figure, not the L2's nominal size."""
     if not capacity_bytes:
         return 0.0
-    return sum(hc * row * max(0.0, 1.0 - capacity_bytes / foot) for hc, row, foot in sweeps if foot > 0)
+    return sum(hc * max(0.0, 1.0 - capacity_bytes / foot) for hc, foot in sweeps if foot > 0)
 
 
 def head_tail(head_dim: int, step: int | None = None) -> int:

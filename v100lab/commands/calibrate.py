@@ -99,9 +99,9 @@ def _summary(cal: dict) -> list[str]:
             attn += f", +{1e9 * p['attn_tail_s_per_op']:.3f} ns in a head's scalar tail"
         if p.get("attn_split_layer_s"):
             attn += f", {1e6 * p['attn_split_layer_s']:.0f} us per layer on the split-KV path"
-        if p.get("attn_s_per_spilled_byte") and p.get("attn_cache_bytes"):
-            attn += (f"; {1e12 * p['attn_s_per_spilled_byte']:.0f} ps per byte its query heads re-read once a layer's "
-                     f"KV cells pass {p['attn_cache_bytes'] / 2**20:.1f} MiB")
+        if p.get("attn_s_per_missed_head_cell") and p.get("attn_cache_bytes"):
+            attn += (f"; {1e9 * p['attn_s_per_missed_head_cell']:.1f} ns per query head × KV cell that misses once a "
+                     f"layer's KV cells pass {p['attn_cache_bytes'] / 2**20:.1f} MiB")
         lines.append(attn)
         if p.get("pp_attn_s_per_op") or p.get("pp_attn_s_per_head_cell"):
             lines.append(f"   prompt attention: {1e9 * p.get('pp_attn_s_per_op', 0):.3f} ns per multiply-add + "
