@@ -968,16 +968,11 @@ def _fit_points(th: int, planned: Sequence[CalPoint], best: Mapping, specs: Mapp
 
 
 def _loads_se(t: Timing | None) -> float | None:
-    """The standard error of the median of a test's loads (:func:`v100lab.rates.median_standard_error`); of two loads,
-    the same formula on their gap — two loads that disagree say the machine moved between them, and a third decides
-    (issue 18, nineteenth round: CI's calibration, two passes of one load each, kept 5 of 39 points whose passes
-    differed by more than 10 %, and predicted the default model 21 % slow); None under two loads, or unmeasured."""
-    if not (t and t.pass_best):
-        return None
-    tps = [1.0 / x for x in t.pass_best if x > 0]
-    if len(tps) == 2:
-        return math.sqrt(math.pi / 2) * abs(math.log(tps[0] / tps[1])) / 2
-    return median_standard_error(tps)
+    """The standard error of the median of a test's loads (:func:`v100lab.rates.median_standard_error`), from two
+    loads on: two that disagree say the machine moved between them, and a third decides (issue 18, nineteenth round:
+    CI's calibration, two passes of one load each, kept 5 of 39 points whose passes differed by more than 10 %, and
+    predicted the default model 21 % slow); None under two loads, or unmeasured."""
+    return median_standard_error([1.0 / x for x in t.pass_best if x > 0], min_loads=2) if t and t.pass_best else None
 
 
 def to_settle(fits: Mapping[int, Mapping[str, Any]], best: Mapping, planned: Sequence[CalPoint],

@@ -289,17 +289,18 @@ NOISE_Z = drift.NOISE_Z
 NOISY_MACHINE_SE = 0.05
 
 
-def median_standard_error(tps) -> float | None:
+def median_standard_error(tps, min_loads: int = 3) -> float | None:
     """The relative standard error of the median of a point's loads (``tg_pass_tps``: each load's tok/s):
     sqrt(pi/2) x the standard deviation of their logarithms / sqrt(n) — how far the median may lie from the
-    machine's typical speed by chance alone. None under three loads.
+    machine's typical speed by chance alone. None under ``min_loads`` loads (at two, it is their gap: the
+    settling rounds load a third when two disagree, :func:`v100lab.calibration.to_settle`).
 
     Why the loads and not the repetitions: on a 2-core Zen 3 VM the repetitions of one load (about a second,
     back to back) agreed within 1-3 %, while runs of that same load a few seconds apart moved with a standard
     deviation of 4-10 %, as much as separate loads did, with no steal time (benchmarks/RESULTS.md, issue 18,
     sixteenth round): a load's cv sees one moment of the machine, its loads' spread sees the machine."""
     xs = [math.log(float(x)) for x in tps or () if isinstance(x, (int, float)) and x > 0]
-    if len(xs) < 3:
+    if len(xs) < max(2, min_loads):
         return None
     return math.sqrt(math.pi / 2) * statistics.stdev(xs) / math.sqrt(len(xs))
 
