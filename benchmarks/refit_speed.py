@@ -149,6 +149,20 @@ def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
     for k, v in errs.items():
         if v:
             print(f"\n{k}: median |error| {100 * statistics.median(v):.1f} %, worst {100 * max(v):.1f} % over {len(v)}")
+    lb = (validation.get("llamabench") or {}).get("rows") or []
+    if lb:
+        # the done-when's comparison: the default model against llama-bench's tg64/tg128, predicted as bench_speed.py
+        # predicts them (at the generated tokens' middle depth)
+        print("\n| model | threads | llama-bench test | median of the passes t/s | predicted | error |")
+        print("|---|--:|---|--:|--:|--:|")
+        for r in lb:
+            n_gen = int(r["test"][2:])
+            cfg = RunConfig(n_ctx=max(512, n_gen + 256), n_threads=int(r["threads"]), n_gpu_layers=0)
+            pred = speed.predict(read_spec(zoo.resolve(r["model"])), [host], cfg, depth=n_gen // 2,
+                                 profile=profile).tg_tps
+            meas = float(r["median_mean_tps"])
+            print(f"| {r['model']} | {r['threads']} | {r['test']} | {meas:.2f} | {pred:.2f} | "
+                  f"{100 * (pred / meas - 1):+.1f} % |")
 
 
 def main(argv=None) -> int:

@@ -128,6 +128,93 @@ def test_decode_work_counts_what_llama_cpp_reads(default_model):
     assert w.state_bytes == 0 and w.kv_bytes > 0
 
 
+def _chunks_by_simulation(n_rows: int, threads: int, repacked: bool) -> list[int]:
+    """ggml-cpu's chunk bounds for one token's product, by stepping through the C (ggml-cpu.c
+    ggml_compute_forward_mul_mat with nr1 = 1; repack.cpp forward_mul_mat) chunk index by chunk index."""
+    out = []
+    if not repacked:
+        nchunk0 = (n_rows + 63) // 64
+        if nchunk0 * 1 < threads * 4:
+            nchunk0 = threads if n_rows > 1 else 1
+        dr0 = (n_rows + nchunk0 - 1) // nchunk0
+        for c in range(nchunk0):
+            start = dr0 * c
+            out.append(max(0, min(start + dr0, n_rows) - start))
+        return out
+    chunk_size0 = (n_rows + threads * 4 - 1) // (threads * 4)
+    nchunk0 = (n_rows + chunk_size0 - 1) // chunk_size0
+    if nchunk0 > 0 and n_rows // nchunk0 < 8 and n_rows >= 8:
+        nchunk0 = (n_rows + 7) // 8
+    dr0 = (n_rows + nchunk0 - 1) // nchunk0
+    if threads == 1 or (nchunk0 < threads and (n_rows + threads - 1) // threads >= 8):
+        nchunk0 = threads
+        dr0 = (n_rows + nchunk0 - 1) // nchunk0
+    nchunk0 = min(nchunk0, (n_rows + 7) // 8)
+    for c in range(nchunk0):
+        start, end = dr0 * c, min(dr0 * c + dr0, n_rows)
+        start = start + 8 - start % 8 if start % 8 else start
+        end = min(end + 8 - end % 8 if end % 8 else end, n_rows)
+        out.append(max(0, end - start))
+    return out
+
+
+@pytest.mark.parametrize("n_rows", [1, 7, 64, 96, 192, 576, 640, 960, 1000, 1536, 2816, 49152])
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("repacked", [False, True])
+def test_mul_mat_chunks_follow_ggml_cpu(n_rows, threads, repacked):
+    from v100lab import work
+
+    chunks = work.mul_mat_chunks(n_rows, threads, repacked)
+    assert list(chunks) == _chunks_by_simulation(n_rows, threads, repacked)
+    assert sum(chunks) == n_rows                      # every row once
+    share = work.busiest_share(n_rows, threads, repacked)
+    assert 1.0 <= share <= threads                    # never faster than an even split, never slower than one thread
+    if threads == 1:
+        assert share == 1.0
+
+
+def test_a_576_row_product_is_five_chunks_against_four_at_two_threads():
+    from v100lab import work
+
+    # SmolLM2's q, o and ffn_down: 9 chunks of 64 rows, 5 for one thread and 4 for the other
+    assert work.mul_mat_chunks(576, 2) == (64,) * 9
+    assert work.busiest_share(576, 2) == pytest.approx(5 / 4.5)
+    # the rungs calibration fits on split evenly (calib-wide's 1024 and 2816, calib-wide512's 512 and 1408)
+    assert [work.busiest_share(n, 2) for n in (1024, 2816, 512, 1408, 256, 128)] == [1.0] * 6
+    # the repacked path cuts 4 chunks a thread: 576 rows split evenly
+    assert work.busiest_share(576, 2, repacked=True) == 1.0
+    with pytest.raises(V100labError, match="rows and threads"):
+        work.mul_mat_chunks(0, 2)
+
+
+def test_the_busiest_thread_sets_a_cpu_products_time(default_model):
+    from v100lab.rates import cpu_rates_from_calibration
+
+    spec = read_spec(default_model)
+    host = get_device("host")
+    w = speed.decode_work(spec, {"host": Placed(host, tuple(range(spec.n_layer)), True)}, RunConfig(n_ctx=1024))["host"]
+    q41 = w.weights["Q4_1"]
+    assert q41.shared_by(1) == (q41.n_weights, q41.n_rows)
+    # q, o (576 × 576) and ffn_down (576 rows of 1536) take 10/9 as long; k, v (192 rows) and gate, up (1536) do not
+    per_layer_576 = 2 * 576 * 576 + 576 * 1536
+    n_w, n_r = q41.shared_by(2)
+    assert n_w == pytest.approx(q41.n_weights + spec.n_layer * per_layer_576 * (5 / 4.5 - 1))
+    assert n_r == pytest.approx(q41.n_rows + spec.n_layer * 3 * 576 * (5 / 4.5 - 1))
+    # the tied output (token_embd, 49152 rows): 768 chunks, even
+    assert w.weights["Q8_0"].shared_by(2)[0] == w.weights["Q8_0"].n_weights
+    # priced: the same costs at 1 and 2 threads, only the split differs
+    fit = {"bandwidth_gbs": 1000.0, "efficiency": 1.0, "tg_s_per_weight": {"Q4_1": 1e-10, "Q8_0": 1e-10},
+           "tg_row_s": 1e-8}
+    cal = {"threads": {"1": fit, "2": fit}}
+    t = {}
+    for th in (1, 2):
+        r = cpu_rates_from_calibration(host, cal, th)
+        assert r.threads == th
+        t[th] = 1 / speed.predict(spec, "host", RunConfig(n_ctx=1024, n_threads=th), rates={"host": r}).tg_tps
+    extra = spec.n_layer * (per_layer_576 * 1e-10 + 3 * 576 * 1e-8) * (5 / 4.5 - 1)     # weights and rows
+    assert t[2] - t[1] == pytest.approx(extra, rel=0.02)
+
+
 def test_untied_embedding_is_a_row_lookup(tiny_f16):
     spec = read_spec(tiny_f16)
     from v100lab.devices import device_from_mapping

@@ -768,11 +768,13 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         known = (w.other_bytes + w.state_bytes) / (bandwidth_gbs * 1e9)
         n_by_key: dict[str, float] = {}
         for t, tw in w.weights.items():
-            n_by_key[_rate_key(p, t)] = n_by_key.get(_rate_key(p, t), 0.0) + tw.n_weights
+            # the weights and rows as the threads spend time on them (work.busiest_share; the rungs' matrices split
+            # evenly, the models predicted need not), as speed.roofline prices them
+            n_by_key[_rate_key(p, t)] = n_by_key.get(_rate_key(p, t), 0.0) + tw.shared_by(threads or 1)[0]
             if label == WIDE_LABELS[0] and tw.n_weights:
                 rows_per_weight.setdefault(t, tw.n_rows / tw.n_weights)
         # a narrow model's rate is one per matrix width: it already holds the cost of its rows (64 weights long)
-        n_rows = w.n_rows if label in WIDE_LABELS else 0.0
+        n_rows = w.rows_shared_by(threads or 1) if label in WIDE_LABELS else 0.0
         rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
                     + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells if head_cells else 0.0,
                        w.attn_split_layers if threads != 1 else 0.0,

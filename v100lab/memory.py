@@ -139,7 +139,8 @@ def _is_input(name: str) -> bool:
 REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 
 
-def _repacked(t) -> bool:
+def is_repacked(t) -> bool:
+    """Whether the CPU multiplies weight tensor ``t`` from its re-laid-out copy (the rule above)."""
     dims = n_dims(t.shape)
     return (t.type_name.upper() in REPACK_TYPES and (dims == 2 or (dims == 3 and "_exps." in t.name))
             and t.shape[1] % 8 == 0 and not _is_input(t.name))
@@ -210,7 +211,7 @@ def weights_by_device(spec: ModelSpec, slots: Mapping[int, str], use_mmap: bool 
         dev = devs[t.name]
         out[dev] = out.get(dev, 0) + t.n_bytes
         if dev == HOST:
-            if repack and _repacked(t):
+            if repack and is_repacked(t):
                 host_repack += t.n_bytes
             else:
                 host_plain.append(t)

@@ -88,6 +88,7 @@ class DeviceRates:
     attn_s_per_missed_head_cell: float = 0.0  # CPU: per query head × KV cell whose reads miss that cache
     attn_s_per_kv_byte: float = 0.0           # CPU: per byte of the KV cells attention reads (what makes its cost per
                                               # head × cell follow the GQA ratio: calibration's calib-mha)
+    threads: int = 1                          # CPU: the threads sharing each matrix product (work.busiest_share)
 
     @property
     def peak_bandwidth(self) -> float:
@@ -187,7 +188,7 @@ def _uncalibrated_cpu(device, threads: int) -> DeviceRates:
         efficiency=UNCALIBRATED_CPU_EFFICIENCY, tg_s_per_weight=MappingProxyType({}), attn_s_per_op=0.0,
         pp_s_per_weight=MappingProxyType({}), pp_default_s_per_weight=pp, pp_attn_s_per_op=pp,
         overhead_token_s=UNCALIBRATED_CPU_OVERHEAD_S, overhead_layer_s=0.0, pp_overhead_s=0.0,
-        host_link_gbs=None,
+        host_link_gbs=None, threads=threads,
         source=f"uncalibrated CPU: {UNCALIBRATED_CPU_EFFICIENCY:.0%} of {device.bandwidth_gbs:g} GB/s (assumption); "
                "run `v100lab calibrate` on that machine")
 
@@ -554,13 +555,13 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
         if scaled else "")
     if threads in per:
         p = per[threads]
-        return _rates_from(device, p, 1.0, src)
+        return _rates_from(device, p, 1.0, src, threads)
     lo = max([k for k in ks if k < threads], default=None)
     hi = min([k for k in ks if k > threads], default=None)
     if lo is None:
-        return _rates_from(device, per[hi], threads / hi, src + f"; {threads} thread(s) scaled from {hi}")
+        return _rates_from(device, per[hi], threads / hi, src + f"; {threads} thread(s) scaled from {hi}", threads)
     if hi is None:
-        return _rates_from(device, per[lo], threads / lo, src + f"; {threads} threads extrapolated from {lo}")
+        return _rates_from(device, per[lo], threads / lo, src + f"; {threads} threads extrapolated from {lo}", threads)
     f = (threads - lo) / (hi - lo)
     a, b = per[lo], per[hi]
     mixed = dict(b)
@@ -575,10 +576,10 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
                 "efficiency", "attn_cache_bytes"):
         if key in a and key in b:
             mixed[key] = (1 - f) * a[key] + f * b[key]
-    return _rates_from(device, mixed, 1.0, src + f"; {threads} threads interpolated")
+    return _rates_from(device, mixed, 1.0, src + f"; {threads} threads interpolated", threads)
 
 
-def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> DeviceRates:
+def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str, threads: int = 1) -> DeviceRates:
     tg = {t: c / speedup for t, c in (p.get("tg_s_per_weight") or {}).items()}
     pp = {t: c / speedup for t, c in (p.get("pp_s_per_weight") or {}).items()}
     default_pp = statistics.median(pp.values()) if pp else 1e-9
@@ -596,7 +597,7 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str) -> De
         tg_row_s=float(p.get("tg_row_s", 0.0)) / speedup,
         attn_cache_bytes=float(p.get("attn_cache_bytes", 0.0)),
         attn_s_per_missed_head_cell=float(p.get("attn_s_per_missed_head_cell", 0.0)) / speedup,
-        attn_s_per_kv_byte=float(p.get("attn_s_per_kv_byte", 0.0)) / speedup,
+        attn_s_per_kv_byte=float(p.get("attn_s_per_kv_byte", 0.0)) / speedup, threads=max(1, int(threads)),
         tg_row_s_by_type=MappingProxyType({t: c / speedup for t, c in (p.get("tg_row_s_by_type") or {}).items()}))
 
 

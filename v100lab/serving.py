@@ -135,7 +135,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
             # a GPU's CUDA-core work per weight (rates.fit_cuda_rows) adds to its read time, once per step
             ta = tw.n_weights * r.tg_add_s_per_weight
             tm = tw.n_bytes / r.bandwidth_for(tname) + ta
-            tc1 = r.tg_compute_s(tname, tw.n_weights, tw.n_rows)
+            tc1 = r.tg_compute_s(tname, *tw.shared_by(r.threads))     # one stream: as speed.roofline
             tcb = batch * tw.n_weights * r.pp_cost(tname)
             fixed += max(tm, tc1)
             grow += tw.n_weights * r.pp_cost(tname)

@@ -227,7 +227,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         for tname, tw in w.weights.items():
             tm = tw.n_bytes / r.bandwidth_for(tname)
             c = r.tg_cost(tname)
-            tc = r.tg_compute_s(tname, tw.n_weights, tw.n_rows)
+            tc = r.tg_compute_s(tname, *tw.shared_by(r.threads))     # the busiest thread's share
             if c is not None and tname not in r.tg_s_per_weight and k in active:
                 notes.append(f"{k}: no calibrated cost for {tname}; borrowed the nearest type's")
             if tc > tm:

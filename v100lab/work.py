@@ -8,6 +8,7 @@ seconds per device; :mod:`v100lab.speed` combines them into tok/s.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -16,6 +17,7 @@ from v100lab import buildflags
 from v100lab.config import RunConfig
 from v100lab.errors import ConfigError
 from v100lab.llama_context import F32, fa_split_kv, kv_cell_bytes, kv_cells_read, recurrent_state_floats
+from v100lab.memory import is_repacked
 from v100lab.spec import ModelSpec, TensorInfo
 
 # ggml-cpu simd-mappings.h: ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU flash-attention kernel per KV
@@ -23,6 +25,58 @@ from v100lab.spec import ModelSpec, TensorInfo
 # build (step 64) a head_dim of 96 costs far more per element than 64 or 256; on an AVX2 build (step 32) it
 # does not. The step is the build's (buildflags.f16_simd_step), read once per process.
 F16_SIMD_STEP = buildflags.f16_simd_step_in_use()
+
+# How the threads share a token's matrix-vector product, which ends at a barrier: the op lasts as long as its busiest
+# thread. ggml/src/ggml-cpu/ggml-cpu.c, ggml_compute_forward_mul_mat (one activation row: nr1 = 1): chunks of
+# MUL_MAT_CHUNK_ROWS rows taken in turn (every thread starts at its own index, then takes an atomic counter's next),
+# or one chunk per thread when that gives fewer than 4 chunks a thread — a matrix of 576 rows (SmolLM2's q, o and
+# ffn_down) is 9 chunks, 5 for one thread and 4 for the other at 2 threads: 11 % longer than an even split.
+# ggml/src/ggml-cpu/repack.cpp, tensor_traits::forward_mul_mat (the re-laid-out types, memory.is_repacked): 4 chunks
+# a thread of at least REPACK_NB_COLS rows, each chunk's bounds rounded up to a multiple of it.
+MUL_MAT_CHUNK_ROWS = 64
+REPACK_NB_COLS = 8
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=4096)
+def mul_mat_chunks(n_rows: int, threads: int, repacked: bool = False) -> tuple[int, ...]:
+    """The rows of each chunk ggml-cpu cuts a matrix of ``n_rows`` rows into for one token's product at ``threads``
+    threads (the comment above: mul_mat's 64-row chunks, or the repacked path's)."""
+    if n_rows < 1 or threads < 1:
+        raise ConfigError(f"mul_mat_chunks: rows and threads must be >= 1, got {n_rows}, {threads}")
+    if not repacked:
+        n = _ceil_div(n_rows, MUL_MAT_CHUNK_ROWS)
+        if n < 4 * threads:
+            n = threads if n_rows > 1 else 1       # nr0 > nr1 ? nth : 1 (nr1 = 1)
+        dr = _ceil_div(n_rows, n)
+        return tuple(max(0, min(dr, n_rows - k * dr)) for k in range(n))
+    n = _ceil_div(n_rows, _ceil_div(n_rows, 4 * threads))
+    if n > 0 and n_rows // n < REPACK_NB_COLS and n_rows >= REPACK_NB_COLS:
+        n = _ceil_div(n_rows, REPACK_NB_COLS)
+    dr = _ceil_div(n_rows, n)
+    if threads == 1 or (n < threads and _ceil_div(n_rows, threads) >= REPACK_NB_COLS):
+        n, dr = threads, _ceil_div(n_rows, threads)
+    n = min(n, _ceil_div(n_rows, REPACK_NB_COLS))
+
+    def up(x: int) -> int:
+        return _ceil_div(x, REPACK_NB_COLS) * REPACK_NB_COLS
+
+    return tuple(max(0, min(up(min(k * dr + dr, n_rows)), n_rows) - up(k * dr)) for k in range(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def busiest_share(n_rows: int, threads: int, repacked: bool = False) -> float:
+    """How much longer than an even split a token's product of an ``n_rows`` matrix takes at ``threads`` threads: the
+    busiest thread's rows × threads ÷ rows (1.0 at one thread, or when the chunks deal evenly). Thread j takes chunk j
+    first, then each next chunk goes to the thread that is free first (the atomic counter), a chunk's time its
+    rows'; a thread left alone at the end is assumed no faster."""
+    loads = [0] * threads
+    for k, rows in enumerate(mul_mat_chunks(n_rows, threads, repacked)):
+        loads[k if k < threads else loads.index(min(loads))] += rows
+    return max(loads) * threads / n_rows
 
 
 @dataclass(frozen=True)
@@ -34,6 +88,20 @@ class TypeWork:
     n_weights: float
     n_bytes: float
     n_rows: float = 0.0
+    matrices: tuple[tuple[int, bool, float, float], ...] = ()   # (rows of one product, repacked, weights, rows) per
+                                                         # kind of matrix: how the threads share them (:meth:`shared_by`)
+
+    def shared_by(self, threads: int) -> tuple[float, float]:
+        """(weights, rows) as ``threads`` threads spend time on them: each kind of matrix's by its
+        :func:`busiest_share` — the figures an even split would take as long over (``n_weights``, ``n_rows`` at one
+        thread)."""
+        if threads <= 1 or not self.matrices:
+            return self.n_weights, self.n_rows
+        w, r = self.n_weights, self.n_rows
+        for rows, rep, n_w, n_r in self.matrices:
+            extra = busiest_share(rows, threads, rep) - 1.0
+            w, r = w + n_w * extra, r + n_r * extra
+        return w, r
 
 
 @dataclass(frozen=True)
@@ -71,6 +139,10 @@ class DeviceWork:
     @property
     def n_rows(self) -> float:
         return sum(w.n_rows for w in self.weights.values())
+
+    def rows_shared_by(self, threads: int) -> float:
+        """Matrix rows as ``threads`` threads spend time on them (:meth:`TypeWork.shared_by`)."""
+        return sum(w.shared_by(threads)[1] for w in self.weights.values())
 
     @property
     def flops(self) -> float:
@@ -158,10 +230,14 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             else:
                 continue
             if read_as_matrix:
-                w = weights.setdefault(t.type_name, [0.0, 0.0, 0.0])
+                w = weights.setdefault(t.type_name, [0.0, 0.0, 0.0, {}])
                 w[0] += t.n_elements * frac
                 w[1] += t.n_bytes * frac
                 w[2] += t.n_elements / t.shape[0] * frac      # rows: ne[0] is a row's length (ggml order)
+                # one product's rows: ne[1] (a 3-D stack of experts is one product per expert used)
+                m = w[3].setdefault((int(t.shape[1]), is_repacked(t)), [0.0, 0.0])
+                m[0] += t.n_elements * frac
+                m[1] += t.n_elements / t.shape[0] * frac
             else:
                 other += t.n_bytes
         kv = attn = tail = head_cells = state = 0.0
@@ -185,12 +261,18 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             sweeps[cells * row] = sweeps.get(cells * row, 0.0) + hc
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,
-            weights=MappingProxyType({k: TypeWork(*v) for k, v in sorted(weights.items())}),
+            weights=MappingProxyType({k: _type_work(*v) for k, v in sorted(weights.items())}),
             other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, attn_split_layers=split,
             attn_head_cells=head_cells, attn_sweeps=tuple((hc, foot) for foot, hc in sorted(sweeps.items())),
             state_bytes=state,
             placed_weight_bytes=stored)
     return out
+
+
+def _type_work(n_weights: float, n_bytes: float, n_rows: float, matrices: Mapping[tuple[int, bool], list]) -> TypeWork:
+    """A TypeWork from decode_work's sums: ``matrices`` (rows of one product, repacked) → [weights, rows]."""
+    kinds = tuple((rows, rep, n_w, n_r) for (rows, rep), (n_w, n_r) in sorted(matrices.items()))
+    return TypeWork(n_weights, n_bytes, n_rows, kinds)
 
 
 def attn_missed_head_cells(sweeps, capacity_bytes: float) -> float:
