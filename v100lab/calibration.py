@@ -74,8 +74,8 @@ from v100lab.devices import Device
 from v100lab.errors import ConfigError, RunFailed
 from v100lab.header import read_spec
 from v100lab.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
-from v100lab.rates import (NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET, calibration_quality,
-                           current_build_facts, median_standard_error)
+from v100lab.rates import (MAX_PASS_DRIFT, NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET,
+                           calibration_quality, current_build_facts, median_standard_error)
 from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
 from v100lab.work import attn_missed_head_cells, single_device_work
 
@@ -900,6 +900,10 @@ def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_resid
     if q.get("superlinear"):
         why.append("decode rates grow faster than the thread count (" + ", ".join(q["superlinear"][:3])
                    + "): the thread counts were measured in different phases of the machine")
+    if q.get("max_pass_drift", 0) > MAX_PASS_DRIFT:
+        why.append(f"the machine's speed moved by {100 * q['max_pass_drift']:.0f} % between the passes (at most "
+                   f"{100 * MAX_PASS_DRIFT:.0f} % may): it slowed or sped up under the calibration, and the rates would "
+                   "be of no one moment")
     if q.get("max_residual", 0) > max_fit_residual:
         why.append(f"the fit misses a point by {100 * q['max_residual']:.1f} % ({q.get('max_residual_fit')}, "
                    f"{q.get('max_residual_threads')} thread(s); bound {100 * max_fit_residual:.0f} %)")
@@ -1046,8 +1050,9 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     ``quality`` (:func:`v100lab.rates.calibration_quality`), ``build``, ``cpu`` and ``measured_at`` (UTC).
     A calibration that fails the quality bounds (more than ``max_noisy_share`` of the points with a cv above
     ``rerun_above_cv`` after their rerun, or with a median still uncertain by more than
-    :data:`v100lab.rates.NOISY_MACHINE_SE` after settling, a residual above ``max_fit_residual``, or decode rates that
-    grow faster than the thread count: :func:`v100lab.rates.superlinear_scaling`) is not stored: RunFailed
+    :data:`v100lab.rates.NOISY_MACHINE_SE` after settling, a residual above ``max_fit_residual``, decode rates that
+    grow faster than the thread count: :func:`v100lab.rates.superlinear_scaling`, or passes more than
+    :data:`v100lab.rates.MAX_PASS_DRIFT` apart: :func:`v100lab.rates.pass_drift`) is not stored: RunFailed
     with the figures — unless ``force``, which stores it marked ``forced`` (every prediction then says so)."""
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 1
@@ -1091,6 +1096,7 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
         fits, extra = settle(run, settle_rounds, threads, planned, specs, bws)
     result["points"] += list(failed.values())
     result["settled"] = extra
+    result["passes"] = passes            # rates.pass_drift splits each point's loads by pass
     for th in threads:
         for cp in planned:
             tm = best.get((th, cp.name))

@@ -361,6 +361,37 @@ def describe_misses(misses, z: float = NOISE_Z) -> str:
     return f"{len(misses)} point(s) missed by > {100 * RESIDUAL_TARGET:.0f} %: " + ", ".join(said)
 
 
+#: a calibration whose passes ran more than this apart (:func:`pass_drift`) was made while the machine's speed moved
+#: under it: on the 2-vCPU Sapphire-Rapids VM of issue 18 four calibrations whose predictions held moved 2-6 %, the
+#: two made while it slowed 12 and 14 % — and predicted the default model 20-25 % slow an hour later (twentieth round)
+MAX_PASS_DRIFT = 0.10
+#: the passes of a calibration stored before it recorded their number (calibration.CALIB_PASSES then)
+STORED_PASSES = 3
+
+
+def pass_drift(cal: Mapping[str, Any]) -> dict[str, float]:
+    """Per thread count, how far the machine's speed moved between a calibration's passes: for each pass the median,
+    over the decode points, of the median of that pass's loads ÷ the point's median over all its loads; the largest
+    of those ÷ the smallest − 1. A point's ``tg_pass_tps`` are its passes' loads in order (as many each) and then its
+    settling loads, which are left out; a point whose count does not divide is skipped. Empty under two passes."""
+    passes = int(cal.get("passes") or STORED_PASSES)
+    per: dict[int, dict[int, list[float]]] = {}
+    for pt in cal.get("points") or []:
+        loads = [float(x) for x in pt.get("tg_pass_tps") or () if x]
+        n = len(loads) - int(pt.get("settling_loads") or 0)
+        if passes < 2 or not loads or n < passes or n % passes:
+            continue
+        k_loads, med = n // passes, statistics.median(loads)
+        for k in range(passes):
+            per.setdefault(int(pt["threads"]), {}).setdefault(k, []).append(
+                statistics.median(loads[k * k_loads:(k + 1) * k_loads]) / med)
+    out = {}
+    for th, by_pass in sorted(per.items()):
+        levels = [statistics.median(v) for v in by_pass.values()]
+        out[str(th)] = round(max(levels) / min(levels) - 1.0, 4)
+    return out
+
+
 def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
                         uncertain_se: float = NOISY_MACHINE_SE) -> dict[str, Any]:
     """How well a stored calibration describes its own points: per thread count the max and median
@@ -369,7 +400,8 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
     faster than the thread count (:func:`superlinear_scaling`), the misses judged against their loads
     (:func:`point_misses`), and the points whose loads leave their median uncertain by more than ``uncertain_se``
     (:func:`median_standard_error`; ``uncertain_points``, with the median standard error over all points and the
-    loads calibration's settling added). From the calibration's own points, fits and rates, so older profiles get it
+    loads calibration's settling added), and how far the machine's speed moved between the passes (:func:`pass_drift`;
+    ``max_pass_drift``). From the calibration's own points, fits and rates, so older profiles get it
     too."""
     per: dict[str, Any] = {}
     worst = (0.0, None, None)
@@ -398,13 +430,15 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
                   if se is not None] for pt in measured]
     ses = [se for point in per_point for se in point]
     uncertain = [point for point in per_point if any(se > uncertain_se for se in point)]
+    drift_by_threads = pass_drift(cal)
     return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
             "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal),
             "misses": misses, "misses_beyond_noise": sum(1 for m in misses if m["beyond_noise"] is True),
             "uncertain_points": len(uncertain), "uncertain_se": uncertain_se,
             "median_standard_error": round(statistics.median(ses), 4) if ses else None,
-            "settled_loads": sum((cal.get("settled") or {}).values())}
+            "settled_loads": sum((cal.get("settled") or {}).values()),
+            "pass_drift": drift_by_threads, "max_pass_drift": max(drift_by_threads.values(), default=0.0)}
 
 
 def _pass_gap(tps) -> float:
@@ -488,6 +522,11 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
     if checked:
         parts.append(checked)
     warnings += drift_warnings
+    moved = q["max_pass_drift"] if "max_pass_drift" in q else max(pass_drift(cal).values(), default=0.0)
+    if moved > MAX_PASS_DRIFT:
+        warnings.append(f"the machine's speed moved by {100 * moved:.0f} % between the calibration's passes: its rates "
+                        "are of no one moment, and predictions from them may be off by as much — recalibrate on a "
+                        "quiet machine (`v100lab calibrate`), or bring it up to now (`v100lab calibrate --check`)")
     # a profile stored before the check has a quality record without it: computed from its rates
     superlinear = q["superlinear"] if "superlinear" in q else superlinear_scaling(cal)
     if superlinear:
