@@ -362,8 +362,9 @@ def describe_misses(misses, z: float = NOISE_Z) -> str:
 
 
 #: a calibration whose passes ran more than this apart (:func:`pass_drift`) was made while the machine's speed moved
-#: under it: on the 2-vCPU Sapphire-Rapids VM of issue 18 four calibrations whose predictions held moved 2-6 %, the
-#: two made while it slowed 12 and 14 % — and predicted the default model 20-25 % slow an hour later (twentieth round)
+#: under it: on the 2-vCPU Sapphire-Rapids VM of issue 18 four calibrations moved 2-6 % (the two of them judged on
+#: their own validation predicted the default model within 10 % of llama-bench), the two made while it slowed 12 and
+#: 14 % — and predicted the default model 19-25 % slow an hour later (benchmarks/RESULTS.md, twentieth round)
 MAX_PASS_DRIFT = 0.10
 #: the passes of a calibration stored before it recorded their number (calibration.CALIB_PASSES then)
 STORED_PASSES = 3
