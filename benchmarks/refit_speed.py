@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 
+import bench_speed  # benchmarks/: the script's own folder (as redrift_speed.py does)
 from v100lab import buildflags, calibration, rates, speed, work, zoo
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
@@ -156,10 +157,8 @@ def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
         print("\n| model | threads | llama-bench test | median of the passes t/s | predicted | error |")
         print("|---|--:|---|--:|--:|--:|")
         for r in lb:
-            n_gen = int(r["test"][2:])
-            cfg = RunConfig(n_ctx=max(512, n_gen + 256), n_threads=int(r["threads"]), n_gpu_layers=0)
-            pred = speed.predict(read_spec(zoo.resolve(r["model"])), [host], cfg, depth=n_gen // 2,
-                                 profile=profile).tg_tps
+            pred = bench_speed.predict_llamabench(read_spec(zoo.resolve(r["model"])), int(r["threads"]),
+                                                  int(r["test"][2:]), profile=profile)
             meas = float(r["median_mean_tps"])
             print(f"| {r['model']} | {r['threads']} | {r['test']} | {meas:.2f} | {pred:.2f} | "
                   f"{100 * (pred / meas - 1):+.1f} % |")
