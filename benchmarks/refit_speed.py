@@ -7,7 +7,7 @@
 ``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
 re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
 median of the point's passes (``tg_pass_tps``/``pp_pass_tps``, the rule of :func:`calibration.combine_passes`)
-— for calibrations stored before the median was the rule. ``VALIDATION.json``: `bench_speed.py --json` output;
+— for calibrations stored before the median was the rule. It prints the calibration's pass drift (:func:`v100lab.rates.pass_drift`) first. ``VALIDATION.json``: `bench_speed.py --json` output (its llama-bench rows judged too, as bench_speed.py predicts them);
 its host rows are predicted from the refitted profile (with ``--median-of-passes`` a row measured in two passes
 is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
 benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
@@ -192,6 +192,9 @@ def main(argv=None) -> int:
     if args.prompt_loads:
         cal = cut_loads(cal, args.prompt_loads, prompt=True)
     use_calibration_step(cal)
+    # how far the machine moved between the passes (rates.pass_drift; calibration refuses above MAX_PASS_DRIFT)
+    moved = ", ".join(f"{th} t {100 * d:.1f} %" for th, d in rates.pass_drift(cal).items())
+    print(f"pass drift by thread count: {moved or '— (one pass, or loads that do not split by pass)'}")
     new = refit(cal, args.median_of_passes, head_cells=not args.no_head_cells, spill=not args.no_spill,
                 kv_bytes=not args.no_kv_bytes)
     if args.validation:
