@@ -12,6 +12,7 @@
     .venv/bin/python benchmarks/probe_rungs.py tg-width   # decode per weight: synth-750m's layer vs calib-wide's
     .venv/bin/python benchmarks/probe_rungs.py kv-reuse   # decode attention vs depth: a KV head's cells in L2 or not
     .venv/bin/python benchmarks/probe_rungs.py tg-twin    # decode: the default model vs pure twins of its shape
+    .venv/bin/python benchmarks/probe_rungs.py tg-size [--types Q8_0,Q4_0]  # decode per weight: ~200/400/800 MB a token
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -26,7 +27,7 @@ import dataclasses
 import json
 import statistics
 
-from v100lab import calibration, speed, zoo
+from v100lab import buildflags, calibration, speed, zoo
 from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
@@ -308,6 +309,44 @@ def tg_width(rounds: int) -> None:
                   vs_w1024={k: round(v / med["w1024"], 3) for k, v in med.items()}, predicted_error=err)
 
 
+TG_SIZE_TYPES = ("Q8_0", "Q4_0")
+TG_SIZE_FACTORS = (1, 2, 4)
+
+
+def tg_size(rounds: int, types=TG_SIZE_TYPES) -> None:
+    """Decode (tg16, depth 0) per weight of calibration's own rung (:func:`calibration.wide_spec`, ~200 MB a token)
+    against the same layer with 2x and 4x the layers (~400 and ~800 MB): the same rows, the same kernels, only the
+    bytes a token grow. On a host whose last-level cache is a large share of a rung (480 MiB on the issue's Sapphire
+    Rapids VM, shared with its neighbours), a rung may run partly from the cache, and its rate then prices a model
+    that streams from DRAM too cheaply: synth-750m (675 M weights) in Q8_0 decoded 18-19 % slower than predicted there
+    at both thread counts (benchmarks/RESULTS.md, issue 18, twentieth round). Back to back in each round."""
+    _emit(llc_bytes=buildflags.last_level_cache_bytes())
+    paths, n_w = {}, {}
+    for ty in types:
+        rung = wide_spec(ty)
+        for k in TG_SIZE_FACTORS:
+            spec = dataclasses.replace(rung, n_layer=k * rung.n_layer)
+            paths[(ty, f"x{k}")] = calibration.pure_quantized_synthetic(spec, ty)
+            w = calibration._single_device_work(read_spec(paths[(ty, f"x{k}")]), RunConfig(), 8)
+            n_w[(ty, f"x{k}")] = w.n_weights
+            _emit(size_model=f"{ty}:x{k}", layers=spec.n_layer, weights=w.n_weights,
+                  bytes=sum(tw.n_bytes for tw in w.weights.values()))
+    per_weight: dict = {}
+    for rnd in range(rounds):
+        for th in (2, 1):
+            for (ty, name), path in paths.items():
+                m = measure(path, th, depth=0, n_gen=16, repetitions=5)
+                ps = 1e12 * m["tg"].s_per_token / n_w[(ty, name)]
+                per_weight.setdefault((ty, th, name), []).append(ps)
+                _emit(round=rnd, type=ty, model=name, threads=th, tg_tok_s=round(1 / m["tg"].s_per_token, 2),
+                      ps_per_weight=round(ps, 3), cv=round(m["tg"].cv, 3))
+    for ty in types:
+        for th in (1, 2):
+            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
+            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
+                  vs_x1={k: round(v / med["x1"], 3) for k, v in med.items()})
+
+
 KV_REUSE_DEPTHS = (0, 1024, 2048, 3072, 4096)
 
 
@@ -358,15 +397,17 @@ def kv_reuse(rounds: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
-                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse", "tg-twin"))
+                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse", "tg-twin", "tg-size"))
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--types", default="", help="rows: comma-separated weight types (default Q4_0,Q4_1)")
+    ap.add_argument("--types", default="", help="rows, tg-size: comma-separated weight types (default Q4_0,Q4_1; Q8_0,Q4_0)")
     args = ap.parse_args(argv)
     if args.probe == "rows" and args.types:
         return rows(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
+    if args.probe == "tg-size" and args.types:
+        return tg_size(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
-     "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin}[args.probe](args.rounds)
+     "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin, "tg-size": tg_size}[args.probe](args.rounds)
     return 0
 
 

@@ -146,6 +146,23 @@ def test_f16_step_of_a_native_build_on_other_cpus():
     assert buildflags.f16_simd_step(None, (), "aarch64") == 32
 
 
+def test_repacked_types_follow_the_builds_simd_not_the_cpu():
+    """repack.cpp's ggml_repack_get_optimal_repack_type on x86: Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K only
+    with AVX-512 — the build's, as its flags say, not the CPU's."""
+    spr = text("sapphire-rapids-amx.txt")
+    flags = buildflags.parse_cpuinfo(spr).flags
+    amx = " ".join(buildflags.safe_cmake_args(spr))
+    assert buildflags.repack_types(amx, flags, "x86_64") == {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
+    avx2 = amx.replace("-DGGML_AVX512=ON", "-DGGML_AVX512=OFF")
+    assert buildflags.repack_types(avx2, flags, "x86_64") == {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}
+    no_avx2 = avx2.replace("-DGGML_AVX2=ON", "-DGGML_AVX2=OFF")
+    assert buildflags.repack_types(no_avx2, flags, "x86_64") == frozenset()
+    # a native build compiles for the host it is built on
+    assert "Q2_K" in buildflags.repack_types(None, flags, "x86_64")
+    assert buildflags.repack_types("-DGGML_NATIVE=ON", {"avx", "avx2"}, "x86_64") == buildflags.REPACK_TYPES_AVX2
+    assert buildflags.repack_types(None, {"sse4_2"}, "x86_64") == frozenset()
+
+
 def test_f16_step_of_a_stored_calibrations_system_info():
     """A stored calibration is judged with its own build's step (benchmarks/refit_speed.py), read from the
     llama_print_system_info() line calibration stores: the two builds of benchmarks/RESULTS.md's twelfth round."""

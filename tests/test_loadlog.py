@@ -63,6 +63,24 @@ def test_synthetic_q4_0_has_a_repack_buffer(tiny_f16):
     assert facts.cpu_fallbacks  # token_embd cannot use the repack buffer type: llama.cpp says so
 
 
+@pytest.mark.parametrize("quant", ["Q2_K", "Q4_0", "Q4_K_M", "Q8_0"])
+def test_the_predicted_repack_buffer_is_llamas(tiny_f16, quant):
+    """memory.is_repacked names the tensors this build re-lays out (buildflags.repack_types_in_use: Q2_K only on an
+    AVX-512 build), so the predicted host weights are llama.cpp's CPU_Mapped + CPU_REPACK buffers, on either build."""
+    from v100lab import memory, zoo
+    from v100lab.header import read_spec
+
+    path = zoo.resolve(f"synth-tiny:{quant}")
+    spec = read_spec(path)
+    facts, _ = loadlog.load_and_capture(path, RunConfig(n_ctx=512))
+    repack_mib = sum(b.mib for b in facts.buffers if b.kind == "model" and b.buffer == "CPU_REPACK")
+    predicted = sum(t.n_bytes for t in spec.tensors if memory.is_repacked(t))
+    assert repack_mib == pytest.approx(predicted / 2**20, abs=0.01), \
+        f"{quant}: CPU_REPACK {repack_mib} MiB, predicted {predicted / 2**20:.2f} MiB of {sorted(memory.REPACK_TYPES)}"
+    host = memory.weights_by_device(spec, {i: memory.HOST for i in range(spec.n_layer + 1)})[memory.HOST]
+    assert facts.buffer_mib("model", "host") == pytest.approx(host / 2**20, abs=0.02)
+
+
 def test_refused_configuration_raises_with_llamas_reason(default_model):
     with pytest.raises(RunFailed) as exc:
         loadlog.load_and_capture(default_model, RunConfig(n_ctx=512, cache_type_v="q8_0", flash_attn="off"))

@@ -219,6 +219,36 @@ def f16_simd_step_in_use() -> int:
     return f16_simd_step(read_record().get("cmake_args"), host_cpu().flags)
 
 
+# ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type (llama.cpp 0c1e570), on x86: the weight types
+# the CPU backend re-lays out into 8x8 interleaved blocks, by the SIMD the build was compiled for —
+# ggml_cpu_has_avx2() (``__AVX2__``; every AVX-512 build has it) gives Q4_0, Q4_K, IQ4_NL and MXFP4,
+# ggml_cpu_has_avx512() (``__AVX512F__``) adds Q2_K (q2_K_8x8_q8_K). A build without AVX2 repacks nothing on x86.
+REPACK_TYPES_AVX2 = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+REPACK_TYPES_AVX512 = REPACK_TYPES_AVX2 | {"Q2_K"}
+
+
+def repack_types(cmake_args: str | None, cpu_flags=(), machine: str | None = None) -> frozenset[str]:
+    """The weight types a llama.cpp CPU build re-lays out (the table above), from its flags as :func:`f16_simd_step`
+    reads them: ``GGML_AVX512`` → :data:`REPACK_TYPES_AVX512`, ``GGML_AVX2`` → :data:`REPACK_TYPES_AVX2`, a native
+    build the host's ``avx512f`` / ``avx2``. Arm and other machines — whose kernels (NEON dotprod / i8mm, 4-row
+    interleaves) are not modelled here — are given the AVX2 set."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64", "i686", "i386"):
+        return REPACK_TYPES_AVX2
+    flags = set(cpu_flags)
+    if _option_on(cmake_args or "", "GGML_NATIVE") is not False:      # -march=native: the host's features
+        avx512, avx2 = "avx512f" in flags, "avx2" in flags
+    else:
+        avx512 = bool(_option_on(cmake_args, "GGML_AVX512"))
+        avx2 = avx512 or bool(_option_on(cmake_args, "GGML_AVX2"))
+    return REPACK_TYPES_AVX512 if avx512 else REPACK_TYPES_AVX2 if avx2 else frozenset()
+
+
+def repack_types_in_use() -> frozenset[str]:
+    """:func:`repack_types` of the build ``scripts/setup.sh`` recorded, on this CPU (no record: a native build)."""
+    return repack_types(read_record().get("cmake_args"), host_cpu().flags)
+
+
 #: where ``scripts/build-tools.sh`` records the llama-server/llama-bench/llama-batched-bench it built and installed
 #: into the virtual environment's bin/ (same llama.cpp commit as llama-cpp-python, linked against its libraries)
 def tools_record_path(prefix: str | None = None) -> Path:

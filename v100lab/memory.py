@@ -42,6 +42,7 @@ from typing import Mapping, Sequence
 
 import psutil
 
+from v100lab import buildflags
 from v100lab.config import ALL_LAYERS, RunConfig, tensor_overrides
 from v100lab.devices import Device
 from v100lab.errors import ConfigError
@@ -131,12 +132,14 @@ def _is_input(name: str) -> bool:
 
 
 # ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type (x86 with AVX2/AVX-512, the usual host of
-# a GPU): these weight types are re-laid out into interleaved 8x8 blocks in a separate "CPU_REPACK" buffer
+# a GPU): the build's repacked weight types (buildflags.repack_types: Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K
+# too with AVX-512) are re-laid out into interleaved 8x8 blocks in a separate "CPU_REPACK" buffer
 # when the tensor is a matrix multiplied on the CPU (not token_embd, read by GET_ROWS) with ne[1] % 8 == 0 —
 # a 2-D weight of MUL_MAT or a 3-D stack of experts of MUL_MAT_ID (extra_buffer_type::supports_op:
 # ``ggml_n_dims(src0) == 2`` for MUL_MAT, ``== 3`` for MUL_MAT_ID). A 3-D weight of a plain MUL_MAT — deepseek2's
 # per-head attn_k_b / attn_v_b (src/llama-arch.cpp: GGML_OP_MUL_MAT) — stays in the mapped buffer.
-REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+# The set is the build's in use (scripts/setup.sh's record), read once per process.
+REPACK_TYPES = buildflags.repack_types_in_use()
 
 
 def is_repacked(t) -> bool:
