@@ -12,7 +12,7 @@
     .venv/bin/python benchmarks/probe_rungs.py tg-width   # decode per weight: synth-750m's layer vs calib-wide's
     .venv/bin/python benchmarks/probe_rungs.py kv-reuse   # decode attention vs depth: a KV head's cells in L2 or not
     .venv/bin/python benchmarks/probe_rungs.py tg-twin    # decode: the default model vs pure twins of its shape
-    .venv/bin/python benchmarks/probe_rungs.py tg-size [--types Q8_0,Q4_0]  # decode per weight: ~200/400/800 MB a token
+    .venv/bin/python benchmarks/probe_rungs.py tg-size [--types Q8_0,Q4_0]  # decode per weight: a rung with 1x, 2x, 4x its layers
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -314,12 +314,13 @@ TG_SIZE_FACTORS = (1, 2, 4)
 
 
 def tg_size(rounds: int, types=TG_SIZE_TYPES) -> None:
-    """Decode (tg16, depth 0) per weight of calibration's own rung (:func:`calibration.wide_spec`, ~200 MB a token)
-    against the same layer with 2x and 4x the layers (~400 and ~800 MB): the same rows, the same kernels, only the
-    bytes a token grow. On a host whose last-level cache is a large share of a rung (480 MiB on the issue's Sapphire
-    Rapids VM, shared with its neighbours), a rung may run partly from the cache, and its rate then prices a model
-    that streams from DRAM too cheaply: synth-750m (675 M weights) in Q8_0 decoded 18-19 % slower than predicted there
-    at both thread counts (benchmarks/RESULTS.md, issue 18, twentieth round). Back to back in each round."""
+    """Decode (tg16, depth 0) per weight of calibration's own rung (:func:`calibration.wide_spec`, ~205 MB a token)
+    against the same layer with 2x and 4x the layers (Q8_0: 365 and 676 MB; Q4_0: 383 and 738 MB): the same rows,
+    the same kernels, only the bytes a token grow, past the last-level cache (480 MiB on the issue's Sapphire Rapids
+    VM, shared with its neighbours). Whether a rung runs partly from that cache and so prices a model that streams
+    from DRAM too cheaply: synth-750m (670 M weights, 712 MB a token in Q8_0) decoded 16-19 % slower than predicted
+    there at both thread counts (benchmarks/RESULTS.md, issue 18, twentieth round). It did not (twenty-first round:
+    the larger models cost 0-14 % less per weight). Back to back in each round."""
     _emit(llc_bytes=buildflags.last_level_cache_bytes())
     paths, n_w = {}, {}
     for ty in types:
