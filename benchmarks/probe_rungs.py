@@ -262,6 +262,21 @@ def tg_twin(rounds: int) -> None:
 
 
 #: synth-750m's layer (n_embd 1536, n_ff 4096, 16 query / 4 KV heads): the validation rows decode-weights miss most
+def _tg_per_weight_rounds(paths: dict, n_w: dict, rounds: int) -> dict:
+    """Decode (tg16, depth 0, median of 5) of every model in each round, at 2 then 1 thread, back to back; returns
+    {(type, threads, model): [ps per weight, one per round]} for ``paths`` {(type, model): path}."""
+    per_weight: dict = {}
+    for rnd in range(rounds):
+        for th in (2, 1):
+            for (ty, name), path in paths.items():
+                m = measure(path, th, depth=0, n_gen=16, repetitions=5)
+                ps = 1e12 * m["tg"].s_per_token / n_w[(ty, name)]
+                per_weight.setdefault((ty, th, name), []).append(ps)
+                _emit(round=rnd, type=ty, model=name, threads=th, tg_tok_s=round(1 / m["tg"].s_per_token, 2),
+                      ps_per_weight=round(ps, 3), cv=round(m["tg"].cv, 3))
+    return per_weight
+
+
 TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
 TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
 
@@ -285,15 +300,7 @@ def tg_width(rounds: int) -> None:
             n_w[(ty, name)] = w.n_weights
             _emit(width_model=f"{ty}:{name}", layers=spec.n_layer, weights=w.n_weights, rows=w.n_rows,
                   bytes=sum(tw.n_bytes for tw in w.weights.values()))
-    per_weight: dict = {}
-    for rnd in range(rounds):
-        for th in (2, 1):
-            for (ty, name), path in paths.items():
-                m = measure(path, th, depth=0, n_gen=16, repetitions=5)
-                ps = 1e12 * m["tg"].s_per_token / n_w[(ty, name)]
-                per_weight.setdefault((ty, th, name), []).append(ps)
-                _emit(round=rnd, type=ty, model=name, threads=th, tg_tok_s=round(1 / m["tg"].s_per_token, 2),
-                      ps_per_weight=round(ps, 3), cv=round(m["tg"].cv, 3))
+    per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
     # per type and thread count: each model's ps per weight (median of the rounds) against the calibration rung's,
     # and the stored calibration's prediction for each (w1024 is calibration's own rung: in-sample)
     host = get_device("host")
@@ -332,15 +339,7 @@ def tg_size(rounds: int, types=TG_SIZE_TYPES) -> None:
             n_w[(ty, f"x{k}")] = w.n_weights
             _emit(size_model=f"{ty}:x{k}", layers=spec.n_layer, weights=w.n_weights,
                   bytes=sum(tw.n_bytes for tw in w.weights.values()))
-    per_weight: dict = {}
-    for rnd in range(rounds):
-        for th in (2, 1):
-            for (ty, name), path in paths.items():
-                m = measure(path, th, depth=0, n_gen=16, repetitions=5)
-                ps = 1e12 * m["tg"].s_per_token / n_w[(ty, name)]
-                per_weight.setdefault((ty, th, name), []).append(ps)
-                _emit(round=rnd, type=ty, model=name, threads=th, tg_tok_s=round(1 / m["tg"].s_per_token, 2),
-                      ps_per_weight=round(ps, 3), cv=round(m["tg"].cv, 3))
+    per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
     for ty in types:
         for th in (1, 2):
             med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
