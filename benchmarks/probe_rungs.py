@@ -9,7 +9,7 @@
     .venv/bin/python benchmarks/probe_rungs.py pp-attn    # prompt attention vs depth and head_dim, one set of matrices
     .venv/bin/python benchmarks/probe_rungs.py pp-rows    # prompt cost per weight at rows of 512 and 1024
     .venv/bin/python benchmarks/probe_rungs.py pp-twin    # the default model's prompt against its pure synthetic twin
-    .venv/bin/python benchmarks/probe_rungs.py tg-width   # decode per weight: synth-750m's layer vs calib-wide's
+    .venv/bin/python benchmarks/probe_rungs.py tg-width [--types Q8_0,Q6_K]  # decode per weight: synth-750m's layer vs calib-wide's
     .venv/bin/python benchmarks/probe_rungs.py kv-reuse   # decode attention vs depth: a KV head's cells in L2 or not
     .venv/bin/python benchmarks/probe_rungs.py tg-twin    # decode: the default model vs pure twins of its shape
     .venv/bin/python benchmarks/probe_rungs.py tg-size [--types Q8_0,Q4_0]  # decode per weight: a rung with 1x, 2x, 4x its layers
@@ -31,6 +31,7 @@ from v100lab import buildflags, calibration, speed, zoo
 from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
+from v100lab.errors import V100labError
 from v100lab.header import read_spec
 from v100lab.work import layer_matrices
 
@@ -281,8 +282,9 @@ TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
 TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
 
 
-def tg_width(rounds: int) -> None:
-    """Decode (tg16, depth 0) per weight of pure rungs in Q4_0 (repacked on x86), Q3_K and Q4_K: calibration's own
+def tg_width(rounds: int, types=TG_WIDTH_TYPES) -> None:
+    """Decode (tg16, depth 0) per weight of pure rungs in Q4_0 (repacked on x86), Q3_K and Q4_K (``--types`` for
+    others: Q8_0 and Q6_K, which no x86 build repacks, are the AVX-512 build's misses on synth-750m): calibration's own
     rung (CALIB_WIDE's layer, deep enough to stream: :func:`calibration.wide_spec`), the same layer with twice the
     layers (the bytes a token of synth-750m, ~400 MB, on calib-wide's rows) and synth-750m's layer
     (:data:`TG_WIDTH_W1536`, rows of 1536 and 4096) deep enough to stream. synth-750m's Q3_K_M and Q4_0 decoded
@@ -291,7 +293,7 @@ def tg_width(rounds: int) -> None:
     a token that reads twice the bytes does — each a contrast measured back to back in a round. On a Zen 3 neither
     did (fifteenth round): the rungs' speed moved more between the VM's phases than it differs here."""
     paths, n_w = {}, {}
-    for ty in TG_WIDTH_TYPES:
+    for ty in types:
         rung = wide_spec(ty)
         for name, spec in (("w1024", rung), ("w1024x2", dataclasses.replace(rung, n_layer=2 * rung.n_layer)),
                            ("w1536", wide_spec(ty, TG_WIDTH_W1536))):
@@ -304,13 +306,17 @@ def tg_width(rounds: int) -> None:
     # per type and thread count: each model's ps per weight (median of the rounds) against the calibration rung's,
     # and the stored calibration's prediction for each (w1024 is calibration's own rung: in-sample)
     host = get_device("host")
-    for ty in TG_WIDTH_TYPES:
+    for ty in types:
         for th in (1, 2):
             med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
             err = {}
             for name, ps in med.items():
-                pred = speed.predict(read_spec(paths[(ty, name)]), [host], RunConfig(n_threads=th, n_gpu_layers=0),
-                                     depth=8).tg_tps
+                try:
+                    pred = speed.predict(read_spec(paths[(ty, name)]), [host], RunConfig(n_threads=th, n_gpu_layers=0),
+                                         depth=8).tg_tps
+                except V100labError as e:  # a host calibrated without this type: the measured figures stand alone
+                    err[name] = str(e)
+                    continue
                 err[name] = round(pred * 1e-12 * ps * n_w[(ty, name)] - 1, 3)
             _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
                   vs_w1024={k: round(v / med["w1024"], 3) for k, v in med.items()}, predicted_error=err)
@@ -399,12 +405,15 @@ def main(argv=None) -> int:
     ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
                                       "pp-rows", "pp-twin", "tg-width", "kv-reuse", "tg-twin", "tg-size"))
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--types", default="", help="rows, tg-size: comma-separated weight types (default Q4_0,Q4_1; Q8_0,Q4_0)")
+    ap.add_argument("--types", default="", help="rows, tg-width, tg-size: comma-separated weight types "
+                                               "(default Q4_0,Q4_1; Q4_0,Q3_K,Q4_K; Q8_0,Q4_0)")
     args = ap.parse_args(argv)
     if args.probe == "rows" and args.types:
         return rows(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     if args.probe == "tg-size" and args.types:
         return tg_size(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
+    if args.probe == "tg-width" and args.types:
+        return tg_width(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
      "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin, "tg-size": tg_size}[args.probe](args.rounds)
