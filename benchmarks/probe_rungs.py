@@ -27,7 +27,7 @@ import dataclasses
 import json
 import statistics
 
-from v100lab import buildflags, calibration, speed, zoo
+from v100lab import buildflags, calibration, rates, speed, zoo
 from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
@@ -305,12 +305,15 @@ def tg_width(rounds: int, types=TG_WIDTH_TYPES) -> None:
     per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
     # per type and thread count: each model's ps per weight (median of the rounds) against the calibration rung's,
     # and the stored calibration's prediction for each (w1024 is calibration's own rung: in-sample)
-    host = get_device("host")
+    host, calibrated = get_device("host"), rates.stored_calibration()
     for ty in types:
         for th in (1, 2):
             med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
             err = {}
             for name, ps in med.items():
+                if calibrated is None:  # an uncalibrated host's roofline is no prediction to judge
+                    err[name] = "no calibration stored on this host"
+                    continue
                 try:
                     pred = speed.predict(read_spec(paths[(ty, name)]), [host], RunConfig(n_threads=th, n_gpu_layers=0),
                                          depth=8).tg_tps
