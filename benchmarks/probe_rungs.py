@@ -13,6 +13,7 @@
     .venv/bin/python benchmarks/probe_rungs.py kv-reuse   # decode attention vs depth: a KV head's cells in L2 or not
     .venv/bin/python benchmarks/probe_rungs.py tg-twin    # decode: the default model vs pure twins of its shape
     .venv/bin/python benchmarks/probe_rungs.py tg-size [--types Q8_0,Q4_0]  # decode per weight: a rung with 1x, 2x, 4x its layers
+    .venv/bin/python benchmarks/probe_rungs.py tg-750m [--types Q8_0,Q6_K]  # decode per weight: synth-750m's mix vs pure twins
 
 Each prints one JSON line per measurement (``calibration.measure``: warmup, then the median of 5 repetitions of
 tg16; pp-width: 3 repetitions of pp512). The models are interleaved in each round, and a model's two depths
@@ -262,7 +263,6 @@ def tg_twin(rounds: int) -> None:
                       error=round(pred / tps - 1, 4), cv=round(m["tg"].cv, 3))
 
 
-#: synth-750m's layer (n_embd 1536, n_ff 4096, 16 query / 4 KV heads): the validation rows decode-weights miss most
 def _tg_per_weight_rounds(paths: dict, n_w: dict, rounds: int) -> dict:
     """Decode (tg16, depth 0, median of 5) of every model in each round, at 2 then 1 thread, back to back; returns
     {(type, threads, model): [ps per weight, one per round]} for ``paths`` {(type, model): path}."""
@@ -278,6 +278,7 @@ def _tg_per_weight_rounds(paths: dict, n_w: dict, rounds: int) -> dict:
     return per_weight
 
 
+#: synth-750m's layer (n_embd 1536, n_ff 4096, 16 query / 4 KV heads): the validation rows decode-weights miss most
 TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
 TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
 
@@ -323,6 +324,36 @@ def tg_width(rounds: int, types=TG_WIDTH_TYPES) -> None:
                 err[name] = round(pred * 1e-12 * ps * n_w[(ty, name)] - 1, 3)
             _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
                   vs_w1024={k: round(v / med["w1024"], 3) for k, v in med.items()}, predicted_error=err)
+
+
+TG_750M_TYPES = ("Q8_0", "Q6_K")
+
+
+def tg_750m(rounds: int, types=TG_750M_TYPES) -> None:
+    """Decode (tg16, depth 0) per weight of synth-750m as the validation decodes it (``synth-750m:TYPE``, llama.cpp's
+    mix of that type) against a pure ``TYPE`` model of the same spec (``pure24``: every matrix, output included, in
+    ``TYPE``) and synth-750m's layer as a rung (``w1536``: :data:`TG_WIDTH_W1536`, 8 layers, as tg-width has it).
+    On the AVX-512 build synth-750m's depth-0 rows in Q8_0 and Q6_K were predicted 16-19 % too fast while its
+    layer as a rung costs less a weight than calibration's (benchmarks/RESULTS.md, issue 18, twenty-second round):
+    whether the file (its mix, its output and embedding) or its depth makes the difference, back to back in a round."""
+    spec = zoo.SYNTH_PRESETS["synth-750m"]
+    paths, n_w = {}, {}
+    for ty in types:
+        for name, path in (("mix", zoo.resolve(f"synth-750m:{ty}")),
+                           ("pure24", calibration.pure_quantized_synthetic(spec, ty)),
+                           ("w1536", calibration.pure_quantized_synthetic(wide_spec(ty, TG_WIDTH_W1536), ty))):
+            paths[(ty, name)] = path
+            w = calibration._single_device_work(read_spec(path), RunConfig(), 8)
+            n_w[(ty, name)] = w.n_weights
+            _emit(model_750m=f"{ty}:{name}", weights=w.n_weights, rows=w.n_rows,
+                  bytes=sum(tw.n_bytes for tw in w.weights.values()),
+                  weights_by_type={t: tw.n_weights for t, tw in w.weights.items()})
+    per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
+    for ty in types:
+        for th in (1, 2):
+            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
+            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
+                  vs_w1536={k: round(v / med["w1536"], 3) for k, v in med.items()})
 
 
 TG_SIZE_TYPES = ("Q8_0", "Q4_0")
@@ -406,20 +437,23 @@ def kv_reuse(rounds: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("probe", choices=("rows", "kv-heads", "heads", "head-dim", "head-dim-96", "pp-width", "pp-attn",
-                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse", "tg-twin", "tg-size"))
+                                      "pp-rows", "pp-twin", "tg-width", "kv-reuse", "tg-twin", "tg-size", "tg-750m"))
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--types", default="", help="rows, tg-width, tg-size: comma-separated weight types "
-                                               "(default Q4_0,Q4_1; Q4_0,Q3_K,Q4_K; Q8_0,Q4_0)")
+    ap.add_argument("--types", default="", help="rows, tg-width, tg-size, tg-750m: comma-separated weight types "
+                                               "(default Q4_0,Q4_1; Q4_0,Q3_K,Q4_K; Q8_0,Q4_0; Q8_0,Q6_K)")
     args = ap.parse_args(argv)
     if args.probe == "rows" and args.types:
         return rows(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     if args.probe == "tg-size" and args.types:
         return tg_size(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
+    if args.probe == "tg-750m" and args.types:
+        return tg_750m(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     if args.probe == "tg-width" and args.types:
         return tg_width(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
-     "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin, "tg-size": tg_size}[args.probe](args.rounds)
+     "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin, "tg-size": tg_size,
+     "tg-750m": tg_750m}[args.probe](args.rounds)
     return 0
 
 
