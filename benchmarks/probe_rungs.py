@@ -283,6 +283,16 @@ TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
 TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
 
 
+def _emit_per_weight_summary(per_weight: dict, types, reference: str) -> None:
+    """Per type and thread count, each model's ps per weight (the median of the rounds of
+    :func:`_tg_per_weight_rounds`) and its ratio to the ``reference`` model's."""
+    for ty in types:
+        for th in (1, 2):
+            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
+            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
+                  **{f"vs_{reference}": {k: round(v / med[reference], 3) for k, v in med.items()}})
+
+
 def tg_width(rounds: int, types=TG_WIDTH_TYPES) -> None:
     """Decode (tg16, depth 0) per weight of pure rungs in Q4_0 (repacked on x86), Q3_K and Q4_K (``--types`` for
     others: Q8_0 and Q6_K, which no x86 build repacks, are the AVX-512 build's misses on synth-750m): calibration's own
@@ -348,12 +358,7 @@ def tg_750m(rounds: int, types=TG_750M_TYPES) -> None:
             _emit(model_750m=f"{ty}:{name}", weights=w.n_weights, rows=w.n_rows,
                   bytes=sum(tw.n_bytes for tw in w.weights.values()),
                   weights_by_type={t: tw.n_weights for t, tw in w.weights.items()})
-    per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
-    for ty in types:
-        for th in (1, 2):
-            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
-            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
-                  vs_w1536={k: round(v / med["w1536"], 3) for k, v in med.items()})
+    _emit_per_weight_summary(_tg_per_weight_rounds(paths, n_w, rounds), types, "w1536")
 
 
 TG_SIZE_TYPES = ("Q8_0", "Q4_0")
@@ -379,12 +384,7 @@ def tg_size(rounds: int, types=TG_SIZE_TYPES) -> None:
             n_w[(ty, f"x{k}")] = w.n_weights
             _emit(size_model=f"{ty}:x{k}", layers=spec.n_layer, weights=w.n_weights,
                   bytes=sum(tw.n_bytes for tw in w.weights.values()))
-    per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
-    for ty in types:
-        for th in (1, 2):
-            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
-            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
-                  vs_x1={k: round(v / med["x1"], 3) for k, v in med.items()})
+    _emit_per_weight_summary(_tg_per_weight_rounds(paths, n_w, rounds), types, "x1")
 
 
 KV_REUSE_DEPTHS = (0, 1024, 2048, 3072, 4096)
