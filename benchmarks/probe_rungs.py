@@ -32,7 +32,6 @@ from v100lab import buildflags, calibration, rates, speed, zoo
 from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
 from v100lab.config import RunConfig
 from v100lab.devices import get_device
-from v100lab.errors import V100labError
 from v100lab.header import read_spec
 from v100lab.work import layer_matrices
 
@@ -283,14 +282,16 @@ TG_WIDTH_W1536 = dataclasses.replace(CALIB_WIDE, n_embd=1536, n_ff=4096)
 TG_WIDTH_TYPES = ("Q4_0", "Q3_K", "Q4_K")
 
 
-def _emit_per_weight_summary(per_weight: dict, types, reference: str) -> None:
+def _emit_per_weight_summary(per_weight: dict, types, reference: str, extra=None) -> None:
     """Per type and thread count, each model's ps per weight (the median of the rounds of
-    :func:`_tg_per_weight_rounds`) and its ratio to the ``reference`` model's."""
+    :func:`_tg_per_weight_rounds`), its ratio to the ``reference`` model's, and ``extra(type, threads, medians)``'s
+    keys where given."""
     for ty in types:
         for th in (1, 2):
             med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
             _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
-                  **{f"vs_{reference}": {k: round(v / med[reference], 3) for k, v in med.items()}})
+                  **{f"vs_{reference}": {k: round(v / med[reference], 3) for k, v in med.items()}},
+                  **(extra(ty, th, med) if extra else {}))
 
 
 def tg_width(rounds: int, types=TG_WIDTH_TYPES) -> None:
@@ -313,27 +314,20 @@ def tg_width(rounds: int, types=TG_WIDTH_TYPES) -> None:
             n_w[(ty, name)] = w.n_weights
             _emit(width_model=f"{ty}:{name}", layers=spec.n_layer, weights=w.n_weights, rows=w.n_rows,
                   bytes=sum(tw.n_bytes for tw in w.weights.values()))
-    per_weight = _tg_per_weight_rounds(paths, n_w, rounds)
     # per type and thread count: each model's ps per weight (median of the rounds) against the calibration rung's,
     # and the stored calibration's prediction for each (w1024 is calibration's own rung: in-sample)
     host, calibrated = get_device("host"), rates.stored_calibration()
-    for ty in types:
-        for th in (1, 2):
-            med = {name: statistics.median(v) for (t, h, name), v in per_weight.items() if t == ty and h == th}
-            err = {}
-            for name, ps in med.items():
-                if calibrated is None:  # an uncalibrated host's roofline is no prediction to judge
-                    err[name] = "no calibration stored on this host"
-                    continue
-                try:
-                    pred = speed.predict(read_spec(paths[(ty, name)]), [host], RunConfig(n_threads=th, n_gpu_layers=0),
-                                         depth=8).tg_tps
-                except V100labError as e:  # a host calibrated without this type: the measured figures stand alone
-                    err[name] = str(e)
-                    continue
-                err[name] = round(pred * 1e-12 * ps * n_w[(ty, name)] - 1, 3)
-            _emit(summary=ty, threads=th, ps_per_weight={k: round(v, 3) for k, v in med.items()},
-                  vs_w1024={k: round(v / med["w1024"], 3) for k, v in med.items()}, predicted_error=err)
+
+    def predicted_error(ty: str, th: int, med: dict) -> dict:
+        if calibrated is None:  # an uncalibrated host's roofline is no prediction to judge
+            return {"predicted_error": {name: "no calibration stored on this host" for name in med}}
+        cfg = RunConfig(n_threads=th, n_gpu_layers=0)
+        return {"predicted_error": {
+            name: round(speed.predict(read_spec(paths[(ty, name)]), [host], cfg, depth=8).tg_tps
+                        * 1e-12 * ps * n_w[(ty, name)] - 1, 3)
+            for name, ps in med.items()}}
+
+    _emit_per_weight_summary(_tg_per_weight_rounds(paths, n_w, rounds), types, "w1024", predicted_error)
 
 
 TG_750M_TYPES = ("Q8_0", "Q6_K")
@@ -442,14 +436,11 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default="", help="rows, tg-width, tg-size, tg-750m: comma-separated weight types "
                                                "(default Q4_0,Q4_1; Q4_0,Q3_K,Q4_K; Q8_0,Q4_0; Q8_0,Q6_K)")
     args = ap.parse_args(argv)
-    if args.probe == "rows" and args.types:
-        return rows(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
-    if args.probe == "tg-size" and args.types:
-        return tg_size(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
-    if args.probe == "tg-750m" and args.types:
-        return tg_750m(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
-    if args.probe == "tg-width" and args.types:
-        return tg_width(args.rounds, tuple(t.strip() for t in args.types.split(",") if t.strip())) or 0
+    typed = {"rows": rows, "tg-width": tg_width, "tg-size": tg_size, "tg-750m": tg_750m}  # the probes --types sets
+    types = tuple(t.strip() for t in args.types.split(",") if t.strip())
+    if args.probe in typed and types:
+        typed[args.probe](args.rounds, types)
+        return 0
     {"rows": rows, "kv-heads": kv_heads, "heads": heads, "head-dim": head_dim, "head-dim-96": head_dim_96,
      "pp-width": pp_width, "pp-attn": pp_attn, "pp-rows": pp_rows, "pp-twin": pp_twin,
      "tg-width": tg_width, "kv-reuse": kv_reuse, "tg-twin": tg_twin, "tg-size": tg_size,
