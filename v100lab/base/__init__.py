@@ -1,0 +1,1 @@
+"""Base: the exception family, bounded reads and atomic writes, UTC stamps, llama.cpp's build flags."""

@@ -1,0 +1,1 @@
+"""The `v100lab` command: the dispatcher and one module per subcommand."""

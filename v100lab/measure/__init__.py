@@ -1,0 +1,1 @@
+"""Measurement: llama.cpp through its backends, the harness, calibration, quality, load generation."""

@@ -1,0 +1,1 @@
+"""Predictions: memory (the VRAM triangle), work per token, device rates, speed, serving under load."""

@@ -1,0 +1,1 @@
+"""The workbook: scenarios, display, plots, one lever module per notebook, the notebook runner and fleet."""
