@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from v100lab import batch_runner
+from v100lab.workbook import runner as batch_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 

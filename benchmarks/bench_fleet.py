@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from v100lab import batch_runner
-from v100lab.fleet import LOCAL_CPUS, LOCAL_RESOURCES, RayEngine
+from v100lab.workbook import runner as batch_runner
+from v100lab.workbook.fleet import LOCAL_CPUS, LOCAL_RESOURCES, RayEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 

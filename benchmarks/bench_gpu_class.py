@@ -1,7 +1,7 @@
 """The CUDA class judged leave-one-card-out on published llama-bench rows (issue 18, item 4).
 
 Each card's rows in ``v100lab/data/cuda_llama7b.csv`` are predicted by a CUDA-class fit on every other card's rows
-(:func:`v100lab.speed.cuda_rows`); the table says median and worst |error| per test and flash-attention setting,
+(:func:`v100lab.predict.speed.cuda_rows`); the table says median and worst |error| per test and flash-attention setting,
 with the in-sample fit beside it for scale. Arithmetic only: nothing is loaded or timed, so no figure here depends
 on this machine.
 
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from v100lab import rates, speed
+from v100lab.predict import rates, speed
 
 
 def _pct(x: float) -> str:

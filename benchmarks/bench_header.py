@@ -1,4 +1,4 @@
-"""Header parse time and bytes read: v100lab.header vs gguf.GGUFReader; request count over HTTP.
+"""Header parse time and bytes read: v100lab.gguf.header vs gguf.GGUFReader; request count over HTTP.
 
 Run under the shared measurement lock:
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_header.py [--repeats 15]
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import gguf
 
-from v100lab import zoo
-from v100lab.header import read_header
+from v100lab.models import zoo
+from v100lab.gguf.header import read_header
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
@@ -68,7 +68,7 @@ def _serve(path: Path):
 
 
 def bench(alias: str, repeats: int, ref_repeats: int) -> dict:
-    path = zoo.resolve(alias)
+    path = zoo.model_path(alias)
     hdr = read_header(path)
     ours, ours_cv = _timed(lambda: read_header(path), repeats)
     ref, ref_cv = _timed(lambda: gguf.GGUFReader(str(path)), ref_repeats)

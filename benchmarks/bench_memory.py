@@ -2,7 +2,7 @@
 
 Part 1 loads every configuration below in llama.cpp (llama-cpp-python's CPU build, low-level API so
 n_seq_max / kv_unified / flash-attn auto are real), reads the buffer sizes llama.cpp prints (model, KV,
-compute, output) through its log callback, and compares them with ``v100lab.memory.plan`` for the host.
+compute, output) through its log callback, and compares them with ``v100lab.predict.memory.plan`` for the host.
 Targets: weights and KV within 0.1 %, compute within 5 %, total within 2 % (allowing the log's
 two-decimal MiB rounding).
 
@@ -10,11 +10,11 @@ Part 2 (item 7): the qwen35 27B and Gemma-3-27B skeletons on a Tesla V100 16 GB 
 2048/4096/8192 with f16 and q8_0 KV, how many layer slots spill to the CPU, and the largest context.
 
 Part 3: the other architectures, for real — synthetic qwen35 (hybrid: gated delta net +
-full attention), qwen35moe, qwen3moe (experts), gemma3 (SWA) and deepseek2 (MLA) models of the zoo (v100lab.synth), tiny and
+full attention), qwen35moe, qwen3moe (experts), gemma3 (SWA) and deepseek2 (MLA) models of the zoo (v100lab.models.synth), tiny and
 ~0.5 B, F16 and quantized by llama.cpp; the recurrent state (RS buffer) is checked on its own. Then "stress"
 models (not in the zoo) sized so that each compute phase the default vocabulary's logits would hide dominates:
 the gated-delta-net layer, dense and MoE FFNs. Last, every built rung of the ~0.5 B ladders against its skeleton,
-tensor by tensor (llama-quantize's mixture, v100lab.quantmix).
+tensor by tensor (llama-quantize's mixture, v100lab.facts.quantmix).
 
 Run:  flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_memory.py [--only-archs]
 (memory figures do not depend on timing; the lock only keeps the load off other helpers' measurements).
@@ -27,9 +27,9 @@ import platform
 import sys
 import time
 
-from v100lab import synth, zoo
-from v100lab.config import RunConfig
-from v100lab.errors import RunFailed
+from v100lab.models import synth, zoo
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import RunFailed
 
 TARGETS = {"weights": 0.001, "kv_cache": 0.001, "recurrent": 0.001, "compute": 0.05, "total": 0.02}
 
@@ -79,7 +79,7 @@ CONFIGS: list[tuple[str, dict]] = [
     ("synth-small", dict(n_ctx=32768, flash_attn="off", n_ubatch=512)),
     ("synth-small", dict(n_ctx=4096, n_parallel=4, cache_type_k="q8_0", cache_type_v="q8_0")),
 ]
-# the other architectures (zoo aliases of v100lab.synth), tiny and ~0.5 B, F16 and llama.cpp quants
+# the other architectures (zoo aliases of v100lab.models.synth), tiny and ~0.5 B, F16 and llama.cpp quants
 ARCH_CONFIGS: list[tuple[str, dict]] = [
     ("synth-qwen35-tiny", dict(n_ctx=4096)),
     ("synth-qwen35-tiny", dict(n_ctx=32768, flash_attn="off", n_ubatch=1024)),
@@ -148,7 +148,7 @@ MLA_REFUSED: list[tuple[str, dict]] = [
 ]
 
 # Stress models: sized so that a compute phase other than the logits (which the default tokenizer's 49152-token
-# vocabulary makes dominant in every zoo model) is the peak. Not zoo aliases; written on demand by v100lab.synth.
+# vocabulary makes dominant in every zoo model) is the peak. Not zoo aliases; written on demand by v100lab.models.synth.
 STRESS: dict[str, synth.ArchSynth] = {
     # gated delta net: 128 value heads of 128 (d_inner 16384), 16 key heads: conv channels 20480
     "stress-gdn": synth.ArchSynth("qwen35", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
@@ -220,7 +220,7 @@ def model_path(name: str):
     """A zoo alias, or one of the stress models above (written into the cache on first use)."""
     if name in STRESS:
         return synth.arch_synthetic_path(STRESS[name])
-    return zoo.resolve(name)
+    return zoo.model_path(name)
 
 
 # llama.cpp must refuse these, and the plan must warn (quantized V without flash attention)
@@ -235,9 +235,9 @@ def _label(kw: dict) -> str:
 
 
 def run_validation(configs=CONFIGS, refused=REFUSED):
-    from v100lab.header import read_spec
-    from v100lab.memcheck import check_against_llama
-    from v100lab.memory import plan
+    from v100lab.gguf.header import read_spec
+    from v100lab.measure.memory_check import check_against_llama
+    from v100lab.predict.memory import plan
 
     rows, refusals = [], []
     for alias, kw in configs:
@@ -295,9 +295,9 @@ def validation_markdown(rows, refusals, recurrent: bool = False) -> str:
 
 def seed_claims_markdown(device_id: str = "v100-16gb") -> str:
     """Item 7: the qwen35 27B and Gemma-3-27B skeletons on a V100 16 GB."""
-    from v100lab.devices import get_device
-    from v100lab.memory import max_ctx, max_gpu_layers, plan
-    from v100lab.skeleton import skeleton_spec
+    from v100lab.facts.devices import get_device
+    from v100lab.predict.memory import max_ctx, max_gpu_layers, plan
+    from v100lab.gguf.skeleton import skeleton_spec
 
     dev = get_device(device_id)
     quants = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
@@ -330,8 +330,8 @@ def seed_claims_markdown(device_id: str = "v100-16gb") -> str:
 
 def ladder_markdown(aliases=LADDER_500M) -> str:
     """Every built rung of the ~0.5 B ladders (llama.cpp's quantizer) against its skeleton, tensor by tensor."""
-    from v100lab.header import read_spec
-    from v100lab.skeleton import skeleton_spec
+    from v100lab.gguf.header import read_spec
+    from v100lab.gguf.skeleton import skeleton_spec
 
     out = ["| model | rung | tensors | same name, shape, type, bytes | file weights MiB | skeleton MiB |",
            "|---|---|---|---|---|---|"]
@@ -339,7 +339,7 @@ def ladder_markdown(aliases=LADDER_500M) -> str:
         arch = synth.arch_spec_of(synth.ARCH_PRESETS[alias])
         for q in zoo.LADDER:
             try:
-                path = zoo.resolve(f"{alias}:{q}", build=False)
+                path = zoo.model_path(f"{alias}:{q}", build=False)
             except Exception:
                 continue
             real, skel = read_spec(path), skeleton_spec(arch, q)

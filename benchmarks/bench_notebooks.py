@@ -30,7 +30,7 @@ BUSY_LOAD = 1.5
 
 def where() -> str:
     """The CPU and the llama.cpp build the figures were taken with (what every measured row records)."""
-    from v100lab.harness import environment
+    from v100lab.measure.harness import environment
 
     env = environment()
     return (f"{env.get('cpu_model')} ({env.get('cpu_count')} logical cores); llama.cpp {env.get('llama_cpp_build')} "
@@ -39,31 +39,32 @@ def where() -> str:
 
 def setup(params: Path) -> float:
     """Build (untimed) every model the scenario's notebooks use; returns the seconds it took."""
-    from v100lab import levers, zoo
-    from v100lab.scenario import load_scenario
+    from v100lab.workbook import levers
+    from v100lab.models import zoo
+    from v100lab.workbook.scenario import load_scenario
 
     t0 = time.perf_counter()
     sc = load_scenario(params)
     if sc.measure:
-        zoo.resolve(sc.measured_model) if not sc.measured_model.startswith(levers.SKELETON_PREFIX) else None
+        zoo.model_path(sc.measured_model) if not sc.measured_model.startswith(levers.SKELETON_PREFIX) else None
         zoo.ladder(sc.ladder_model, tuple(q.upper() for q in sc.quants))
         for q in ("F16",) + tuple(q.upper() for q in sc.quants):
-            zoo.resolve(f"{levers.QUALITY_LADDER}:{q}")
+            zoo.model_path(f"{levers.QUALITY_LADDER}:{q}")
         st = levers.study(sc)
         if st.measuring:
-            from v100lab.seed import load_seed_claims
+            from v100lab.advise.seed import load_seed_claims
 
             for stage in load_seed_claims()["stages"]:
                 model, _ = levers.stage_model(st, stage["quant"])
-                zoo.resolve(model)
+                zoo.model_path(model)
     return time.perf_counter() - t0
 
 
 def run(params: Path, notebooks: list[Path], keep: Path | None = None) -> list[tuple[str, float, str]]:
     import papermill as pm
 
-    from v100lab.scenario import read_parameters
-    from v100lab.batch_runner import KERNEL_NAME, _quiet_about_keys_not_shown
+    from v100lab.workbook.scenario import read_parameters
+    from v100lab.workbook.runner import KERNEL_NAME, _quiet_about_keys_not_shown
 
     parameters = read_parameters(params)
     out = []
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--notebooks", default=str(ROOT / "notebooks" / "[0-9][0-9]_*.ipynb"))
     ap.add_argument("--keep", metavar="DIR", help="keep the executed notebooks in DIR (default: a temporary folder)")
     args = ap.parse_args(argv)
-    from v100lab.batch_runner import find_notebooks
+    from v100lab.workbook.runner import find_notebooks
 
     params = Path(args.params)
     notebooks = find_notebooks(args.notebooks)

@@ -33,8 +33,10 @@ from pathlib import Path
 
 import llama_cpp
 
-from v100lab import buildflags, calibration, zoo
-from v100lab.backends.inprocess import build_info
+from v100lab.base import buildflags
+from v100lab.measure import calibration
+from v100lab.models import zoo
+from v100lab.measure.backends.inprocess import build_info
 
 MAX_DIMS, MAX_SRC, MAX_OP_PARAMS, MAX_NAME = 4, 10, 64, 64
 
@@ -242,7 +244,7 @@ def resolve_model(name: str) -> Path:
         if (label, tname) not in paths:
             raise SystemExit(f"bench_ops: no calibration model {name}")
         return paths[(label, tname)]
-    return zoo.resolve(name)
+    return zoo.model_path(name)
 
 
 def main(argv=None) -> int:

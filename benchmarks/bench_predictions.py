@@ -24,10 +24,12 @@ import sys
 from collections import Counter
 from types import MappingProxyType
 
-from v100lab import memory, skeleton, speed, zoo
-from v100lab.config import RunConfig
-from v100lab.devices import Device, get_device
-from v100lab.header import read_spec
+from v100lab.predict import memory, speed
+from v100lab.gguf import skeleton
+from v100lab.models import zoo
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device, get_device
+from v100lab.gguf.header import read_spec
 
 TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1", "Q5_0", "Q3_K", "Q2_K", "BF16", "F32")
 SKELETONS = (("qwen35-27b", "Q4_K_M"), ("qwen35-27b", "Q4_0"), ("gemma3-27b", "Q4_K_M"), ("qwen3-32b", "Q3_K_M"))

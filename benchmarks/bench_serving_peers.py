@@ -18,7 +18,7 @@ How each tool is made to match (see also RESULTS.md, "Side by side with llama-be
 * offline — llama-benchy would download its corpus (a Project Gutenberg book) and a Hugging Face
   tokenizer. Instead: its ``--book-url`` cache file is written beforehand (llama-benchy reads
   ``~/.cache/llama-benchy/<md5(url)>.txt`` when it exists; ``HOME`` is a temporary folder) with the
-  project's own corpus (CPython's ``pydoc_data.topics``, as v100lab.quality), and ``--tokenizer`` is a
+  project's own corpus (CPython's ``pydoc_data.topics``, as v100lab.measure.quality), and ``--tokenizer`` is a
   ``tokenizer.json`` written here from the GGUF's own vocabulary and merges (checked against llama-server's
   ``/tokenize`` before the run); ``HF_HUB_OFFLINE=1``.
 * figures — every figure in the table is computed with ONE formula from each tool's per-request records
@@ -61,10 +61,11 @@ from typing import Any
 import gguf
 import httpx
 
-from v100lab import loadgen, quality, zoo
-from v100lab.backends.server import ServerBackend, find_llama_server
-from v100lab.buildflags import host_cpu
-from v100lab.config import RunConfig
+from v100lab.measure import loadgen, quality
+from v100lab.models import zoo
+from v100lab.measure.backends.server import ServerBackend, find_llama_server
+from v100lab.base.buildflags import host_cpu
+from v100lab.facts.config import RunConfig
 
 BENCHY_ENV = "V100LAB_LLAMA_BENCHY"
 BOOK_URL = "v100lab:pydoc_data.topics"    # a key only: llama-benchy reads its cache file and never fetches it
@@ -377,7 +378,7 @@ def main() -> int:
     args = ap.parse_args()
 
     levels = [lv.concurrency for lv in loadgen.parse_concurrency(args.concurrency)]
-    model = zoo.resolve(args.model)
+    model = zoo.model_path(args.model)
     benchy = find_benchy(args.benchy)
     print(f"CPU: {host_cpu().model}; {os.cpu_count()} logical CPUs; {platform.platform()}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

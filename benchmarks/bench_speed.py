@@ -28,11 +28,15 @@ import sys
 import time
 from typing import Callable
 
-from v100lab import calibration, devices, drift_check, rates, seed, speed, zoo
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.errors import V100labError
-from v100lab.header import read_spec
+from v100lab.measure import calibration, drift_check
+from v100lab.facts import devices
+from v100lab.predict import rates, speed
+from v100lab.advise import seed
+from v100lab.models import zoo
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import V100labError
+from v100lab.gguf.header import read_spec
 
 N_GEN = 32
 N_PROMPT = 512
@@ -73,11 +77,11 @@ CI_VALIDATION = (
 
 
 class DriftReferences:
-    """Drift checks (:func:`v100lab.drift_check.check`: calibration's own rungs, the files calibration measured) before
+    """Drift checks (:func:`v100lab.measure.drift_check.check`: calibration's own rungs, the files calibration measured) before
     each validation pass and after the last, at each thread count the validation uses that calibration has. Rows are
     judged as measured; the corrected errors beside them predict each row with the stored calibration brought up to
-    the phase the references saw (:func:`v100lab.drift_check.combine` of every reference, applied as ``v100lab
-    calibrate --check`` applies a check: :func:`v100lab.drift.scaled_fit`) — with the
+    the phase the references saw (:func:`v100lab.measure.drift_check.combine` of every reference, applied as ``v100lab
+    calibrate --check`` applies a check: :func:`v100lab.predict.drift_scaling.scaled_fit`) — with the
     :data:`calibration.DEPTH_TYPE` rung only, or with every type's (``types``). On a Zen 3 VM the Q4_0 rung ran 5-31 %
     slower 35-100 minutes after calibration and at its speed again minutes later (benchmarks/RESULTS.md, issue 18,
     fifteenth round); in a fast phase the rows in K-quants and F16 at 2 threads ran 12-49 % above their prediction
@@ -166,7 +170,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     for alias, *_ in configs:
         if alias not in paths:
             try:
-                paths[alias] = zoo.resolve(alias)
+                paths[alias] = zoo.model_path(alias)
             except V100labError as exc:
                 sys.exit(f"bench_speed: {exc}")
             if any(paths[alias].name.startswith(s) for s in stems):
@@ -206,7 +210,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
     corrected = ref.profiles() if ref else {}
     raw = calibration_only_profile()
     for i, (alias, threads, depth, with_pp) in enumerate(configs):
-        spec = read_spec(zoo.resolve(alias))
+        spec = read_spec(zoo.model_path(alias))
         m = measured[i]
 
         def predicted(test: str, profile=None) -> float:
@@ -267,7 +271,7 @@ class LlamaBenchPasses:
     (issue 18, seventh round)."""
 
     def __init__(self, passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5):
-        from v100lab.llamabench import find_llama_bench
+        from v100lab.measure.llamabench import find_llama_bench
 
         self.passes, self.threads, self.n_gens, self.repetitions = passes, threads, n_gens, repetitions
         self.binary = find_llama_bench()
@@ -279,12 +283,12 @@ class LlamaBenchPasses:
                   file=sys.stderr)
 
     def run_pass(self) -> None:
-        from v100lab.backends import BenchTest
-        from v100lab.llamabench import run_llama_bench
+        from v100lab.measure.backends import BenchTest
+        from v100lab.measure.llamabench import run_llama_bench
 
         if self.binary is None or self.done >= self.passes:
             return
-        path = zoo.resolve("default")
+        path = zoo.model_path("default")
         self.started_at.append(time.strftime("%H:%M:%S", time.gmtime()))
         for th in self.threads:
             cfg = RunConfig(n_threads=th, n_gpu_layers=0, flash_attn="auto")
@@ -300,7 +304,7 @@ class LlamaBenchPasses:
     def result(self, corrected: dict | None = None) -> dict:
         """Run the passes not yet run (20 s apart), then judge the prediction on their median — the calibration's
         own, and with each of ``corrected`` (name → host profile: :meth:`DriftReferences.profiles`) beside it."""
-        from v100lab.backends.types import tool_version
+        from v100lab.measure.backends.types import tool_version
 
         if self.binary is None:
             return {"rows": [], "skipped": "llama-bench not found"}
@@ -308,7 +312,7 @@ class LlamaBenchPasses:
             if self.done:
                 time.sleep(20)
             self.run_pass()
-        spec = read_spec(zoo.resolve("default"))
+        spec = read_spec(zoo.model_path("default"))
         rows = []
         for (th, n), g in sorted(self.got.items()):
             # the calibration's own rates (no drift check a user applied)

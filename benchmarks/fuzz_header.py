@@ -17,10 +17,10 @@ import struct
 import sys
 import time
 
-from v100lab import zoo
-from v100lab.errors import GGUFError
-from v100lab.header import read_header, spec_from_header
-from v100lab.skeleton import skeleton_header
+from v100lab.models import zoo
+from v100lab.base.errors import GGUFError
+from v100lab.gguf.header import read_header, spec_from_header
+from v100lab.gguf.skeleton import skeleton_header
 
 HOSTILE = [0, 1, 2**31, 2**32 - 1, 2**62, 2**63, 2**64 - 1, 2**30 + 1]
 
@@ -32,7 +32,7 @@ def corpus() -> list[bytes]:
                               "n_head": 4, "n_head_kv": [1, 1, 1, 1, 1, 1, 1], "n_ctx_train": 256,
                               "n_vocab": 32, "sliding_window": 16}, "Q8_0")]
     try:
-        with open(zoo.resolve("default"), "rb") as f:
+        with open(zoo.model_path("default"), "rb") as f:
             seeds.append(f.read(64 * 1024))   # metadata + the start of the tokenizer arrays
     except Exception:  # noqa: BLE001 - the default model is optional for this script
         pass

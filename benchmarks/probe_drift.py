@@ -23,11 +23,12 @@ import statistics
 import sys
 import time
 
-from v100lab import calibration, zoo
-from v100lab.backends.isolated import IsolatedBackend
-from v100lab.backends.types import BenchTest
-from v100lab.config import RunConfig
-from v100lab.devices import cpu_name
+from v100lab.measure import calibration
+from v100lab.models import zoo
+from v100lab.measure.backends.isolated import IsolatedBackend
+from v100lab.measure.backends.types import BenchTest
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import cpu_name
 
 REFERENCE = ("calib-wide", "Q4_0")
 
@@ -38,8 +39,8 @@ def _targets() -> dict[str, tuple]:
         "calib-wide:Q4_K": (paths[("calib-wide", "Q4_K")], 0),
         "calib-wide:F16": (paths[("calib-wide", "F16")], 0),
         "calib-deep:F16@d1024": (paths[("calib-deep", "F16")], 1024),
-        "synth-750m:Q4_K_M": (zoo.resolve("synth-750m:Q4_K_M"), 0),
-        "default": (zoo.resolve("default"), 0),
+        "synth-750m:Q4_K_M": (zoo.model_path("synth-750m:Q4_K_M"), 0),
+        "default": (zoo.model_path("default"), 0),
     }
 
 

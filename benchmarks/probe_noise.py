@@ -25,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-from v100lab import calibration
-from v100lab.backends import BenchTest
-from v100lab.backends.isolated import IsolatedBackend
-from v100lab.config import RunConfig
+from v100lab.measure import calibration
+from v100lab.measure.backends import BenchTest
+from v100lab.measure.backends.isolated import IsolatedBackend
+from v100lab.facts.config import RunConfig
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

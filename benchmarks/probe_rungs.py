@@ -28,12 +28,15 @@ import dataclasses
 import json
 import statistics
 
-from v100lab import buildflags, calibration, rates, speed, zoo
-from v100lab.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.header import read_spec
-from v100lab.work import layer_matrices
+from v100lab.base import buildflags
+from v100lab.measure import calibration
+from v100lab.predict import rates, speed
+from v100lab.models import zoo
+from v100lab.measure.calibration import CALIB_WIDE, CALIB_WIDE512, measure, wide_spec
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.gguf.header import read_spec
+from v100lab.predict.work import layer_matrices
 
 
 def _emit(**row) -> None:
@@ -84,7 +87,7 @@ def heads(rounds: int) -> None:
     """8, 9 and 16 query heads of 64 (calib-wide512, the default model, calib-wide's Q4_0 rung), depth 0 and 2048."""
     _depth_pairs({"w1024-16h-28L": calibration.pure_quantized_synthetic(wide_spec("Q4_0"), "Q4_0"),
                   "w512-8h-118L": calibration.pure_quantized_synthetic(wide_spec("Q4_0", CALIB_WIDE512), "Q4_0"),
-                  "default-9h-30L": zoo.resolve("default")}, 2048, rounds)
+                  "default-9h-30L": zoo.model_path("default")}, 2048, rounds)
 
 
 def head_dim(rounds: int) -> None:
@@ -219,7 +222,7 @@ def pp_twin(rounds: int) -> None:
     (benchmarks/RESULTS.md, issue 18, twelfth round) belongs to its shape, its layer count, or the real file."""
     twin = zoo.SynthSpec(n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, n_ctx_train=4096, seed=5)
     deep = dataclasses.replace(CALIB_WIDE, n_layer=30)
-    paths = {"default": zoo.resolve("default"), "twin": calibration.pure_quantized_synthetic(twin, "Q4_1"),
+    paths = {"default": zoo.model_path("default"), "twin": calibration.pure_quantized_synthetic(twin, "Q4_1"),
              "wide8": calibration.pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), "Q4_1"),
              "wide30": calibration.pure_quantized_synthetic(deep, "Q4_1")}
     n_w = {}
@@ -242,7 +245,7 @@ def tg_twin(rounds: int) -> None:
     beside the stored calibration's prediction: whether what the model misses on the default model (at 2 threads on
     a Zen 5, issue 18, seventeenth round) belongs to the real file, to its shape, or to the bytes a token reads."""
     twin = zoo.SynthSpec(n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, n_ctx_train=4096, seed=5)
-    paths = {"default": zoo.resolve("default"), "twin30": calibration.pure_quantized_synthetic(twin, "Q4_1"),
+    paths = {"default": zoo.model_path("default"), "twin30": calibration.pure_quantized_synthetic(twin, "Q4_1"),
              "twin60": calibration.pure_quantized_synthetic(dataclasses.replace(twin, n_layer=60), "Q4_1"),
              "wide": calibration.pure_quantized_synthetic(wide_spec("Q4_1"), "Q4_1")}
     host = get_device("host")
@@ -343,7 +346,7 @@ def tg_750m(rounds: int, types=TG_750M_TYPES) -> None:
     spec = zoo.SYNTH_PRESETS["synth-750m"]
     paths, n_w = {}, {}
     for ty in types:
-        for name, path in (("mix", zoo.resolve(f"synth-750m:{ty}")),
+        for name, path in (("mix", zoo.model_path(f"synth-750m:{ty}")),
                            ("pure24", calibration.pure_quantized_synthetic(spec, ty)),
                            ("w1536", calibration.pure_quantized_synthetic(wide_spec(ty, TG_WIDTH_W1536), ty))):
             paths[(ty, name)] = path

@@ -17,8 +17,8 @@ import json
 import statistics
 import sys
 
-from v100lab import calibration
-from v100lab.modelcache import default_model_path
+from v100lab.measure import calibration
+from v100lab.models.modelcache import default_model_path
 
 DEPTHS = (0, 160, 300, 1024, 2048)
 

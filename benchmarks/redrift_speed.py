@@ -5,7 +5,7 @@
 VALIDATION.json: ``benchmarks/bench_speed.py --part host[,llamabench] --json``'s output (its rows and its drift
 references); PROFILE.json: the host profile the validation was judged against (a copy of ``host-profile.json`` made
 right after its calibration). Each row is predicted again — raw, with the references applied through the Q4_0 rung
-only, and by type (``v100lab.drift_check.with_check``, as ``v100lab calibrate --check`` applies a check) — and the
+only, and by type (``v100lab.measure.drift_check.with_check``, as ``v100lab calibrate --check`` applies a check) — and the
 medians and worsts printed, with the default model against llama-bench when the validation has that part. The raw
 figures reproduce the validation's own when nothing in the speed model changed since: a check of the recomputation.
 Run it with the build the validation measured (its F16 SIMD step sets head_dim tails).
@@ -18,8 +18,10 @@ import statistics
 import sys
 
 import bench_speed
-from v100lab import drift_check, rates, zoo
-from v100lab.header import read_spec
+from v100lab.measure import drift_check
+from v100lab.predict import rates
+from v100lab.models import zoo
+from v100lab.gguf.header import read_spec
 
 
 def main(argv=None) -> int:
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
                                for k, p in bench_speed.corrected_profiles(raw, rec).items()}}
     errs = {name: {"tg": [], "pp": []} for name in profiles}
     for r in val["host"]["rows"]:
-        spec = read_spec(zoo.resolve(r["model"]))
+        spec = read_spec(zoo.model_path(r["model"]))
         test = r["test"][:2]
         for name, p in profiles.items():
             pred = bench_speed.predict_row(spec, test, r["depth"], r["threads"], p)
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
         print(f"| {name} | " + " | ".join(cells) + " |")
     rows = (val.get("llamabench") or {}).get("rows") or []
     if rows:
-        spec = read_spec(zoo.resolve("default"))
+        spec = read_spec(zoo.model_path("default"))
         print("\n| default model vs llama-bench | " + " | ".join(profiles) + " |\n|---|" + "--:|" * len(profiles))
         for r in rows:
             n = int(r["test"][2:])

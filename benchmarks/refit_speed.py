@@ -5,9 +5,9 @@
                                                [--prompt-loads N]
 
 ``CAL.json``: `v100lab calibrate --json` output (or its ``speed_calibration`` object). Each point's figure is
-re-fitted with :func:`v100lab.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
+re-fitted with :func:`v100lab.measure.calibration.fit_cpu`; with ``--median-of-passes`` it is first replaced by the
 median of the point's passes (``tg_pass_tps``/``pp_pass_tps``, the rule of :func:`calibration.combine_passes`)
-— for calibrations stored before the median was the rule. It prints the calibration's pass drift (:func:`v100lab.rates.pass_drift`) first. ``VALIDATION.json``: `bench_speed.py --json` output (its llama-bench rows judged too, as bench_speed.py predicts them);
+— for calibrations stored before the median was the rule. It prints the calibration's pass drift (:func:`v100lab.predict.rates.pass_drift`) first. ``VALIDATION.json``: `bench_speed.py --json` output (its llama-bench rows judged too, as bench_speed.py predicts them);
 its host rows are predicted from the refitted profile (with ``--median-of-passes`` a row measured in two passes
 is taken as their mean s/token, rebuilt from its fastest pass and its ``spread``). Issue 18, second round, in
 benchmarks/RESULTS.md, used it to apply the median to the measurements of a run made with the fastest pass.
@@ -29,10 +29,13 @@ import statistics
 import sys
 
 import bench_speed  # benchmarks/: the script's own folder (as redrift_speed.py does)
-from v100lab import buildflags, calibration, rates, speed, work, zoo
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.header import read_spec
+from v100lab.base import buildflags
+from v100lab.measure import calibration
+from v100lab.predict import rates, speed, work
+from v100lab.models import zoo
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.gguf.header import read_spec
 
 
 def _median_tps(values) -> float:
@@ -138,7 +141,7 @@ def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
         if median_of_passes and r.get("spread"):
             slow = meas / (1.0 + float(r["spread"]))
             meas = 2.0 / (1.0 / meas + 1.0 / slow)
-        spec = read_spec(zoo.resolve(r["model"]))
+        spec = read_spec(zoo.model_path(r["model"]))
         d, th = int(r["depth"]), int(r["threads"])
         n_ctx = max(1024, ((d + 512 + 256) // 256 + 1) * 256)
         cfg = RunConfig(n_ctx=n_ctx, n_threads=th, n_gpu_layers=0)
@@ -157,7 +160,7 @@ def judge(cal: dict, validation: dict, median_of_passes: bool) -> None:
         print("\n| model | threads | llama-bench test | median of the passes t/s | predicted | error |")
         print("|---|--:|---|--:|--:|--:|")
         for r in lb:
-            pred = bench_speed.predict_llamabench(read_spec(zoo.resolve(r["model"])), int(r["threads"]),
+            pred = bench_speed.predict_llamabench(read_spec(zoo.model_path(r["model"])), int(r["threads"]),
                                                   int(r["test"][2:]), profile=profile)
             meas = float(r["median_mean_tps"])
             print(f"| {r['model']} | {r['threads']} | {r['test']} | {meas:.2f} | {pred:.2f} | "

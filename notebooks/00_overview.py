@@ -26,7 +26,7 @@
 # Edit the parameters below (or run with `papermill -f params/<scenario>.yaml`); the next cell validates them.
 
 # %% tags=["parameters"]
-# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# Parameters (tag: parameters). Generated from v100lab.workbook.scenario; do not edit by hand.
 # papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
 
 # -- the scenario: what is studied, for which device
@@ -37,7 +37,7 @@ measure: bool = True                    # run real llama.cpp measurements here (
 server_url: "Optional[str]" = None      # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 claims: str = "seed"                    # reference rows to plot: seed (the blog post's claimed figures) or none
 
-# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+# -- llama.cpp flags (v100lab.facts.config.RunConfig; llama.cpp's defaults)
 n_threads: int = 0                      # -t: CPU threads (0: llama.cpp's choice, all cores)
 
 # -- measurement budget
@@ -46,8 +46,8 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab import levers, plots, render
-from v100lab.scenario import from_notebook
+from v100lab.workbook import levers, plots, render
+from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
 render.text_table(levers.scenario_facts(sc))

@@ -22,7 +22,7 @@
 # reference on a text that ships with Python (`pydoc_data.topics`, the Language Reference topics).
 
 # %% tags=["parameters"]
-# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# Parameters (tag: parameters). Generated from v100lab.workbook.scenario; do not edit by hand.
 # papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
 
 # -- the scenario: what is studied, for which device
@@ -32,7 +32,7 @@ device: str = "host"                      # device the predictions are for: cata
 measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
 server_url: "Optional[str]" = None        # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 
-# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+# -- llama.cpp flags (v100lab.facts.config.RunConfig; llama.cpp's defaults)
 n_threads: int = 0                        # -t: CPU threads (0: llama.cpp's choice, all cores)
 
 # -- levers swept by the notebooks
@@ -48,8 +48,8 @@ perplexity_chunks: int = 4                # chunks scored per quant (cost: chunk
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab import levers, plots, render
-from v100lab.scenario import from_notebook
+from v100lab.workbook import levers, plots, render
+from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
 render.text_table(levers.scenario_facts(sc))

@@ -21,7 +21,7 @@
 # cores do no more work — and llama.cpp's threads spin while they wait, so they steal time from each other.
 
 # %% tags=["parameters"]
-# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# Parameters (tag: parameters). Generated from v100lab.workbook.scenario; do not edit by hand.
 # papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
 
 # -- the scenario: what is studied, for which device
@@ -31,7 +31,7 @@ device: str = "host"                    # device the predictions are for: catalo
 measure: bool = True                    # run real llama.cpp measurements here (False: predictions only)
 server_url: "Optional[str]" = None      # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 
-# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+# -- llama.cpp flags (v100lab.facts.config.RunConfig; llama.cpp's defaults)
 n_ctx: int = 4096                       # -c: context size in tokens (0: the model's training context)
 
 # -- levers swept by the notebooks
@@ -44,8 +44,8 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab import levers, plots, render
-from v100lab.scenario import from_notebook
+from v100lab.workbook import levers, plots, render
+from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
 render.text_table(levers.scenario_facts(sc))

@@ -20,11 +20,11 @@
 # the weights once for all of them, and each slot's own KV cache — so the total tok/s can rise with the slots
 # while each stream gets slower, and the context `-c` is split between the slots. Here llama-server is started on
 # 127.0.0.1 once per `-np` with the scenario's flags and driven the way serving benchmarks drive a server
-# (`v100lab.loadgen`, vLLM's definitions): a closed loop of one user, then of as many users as slots. Beside
-# every measurement, the serving model's prediction (`v100lab.serving`).
+# (`v100lab.measure.loadgen`, vLLM's definitions): a closed loop of one user, then of as many users as slots. Beside
+# every measurement, the serving model's prediction (`v100lab.predict.serving`).
 
 # %% tags=["parameters"]
-# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.
+# Parameters (tag: parameters). Generated from v100lab.workbook.scenario; do not edit by hand.
 # papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here.
 
 # -- the scenario: what is studied, for which device
@@ -34,7 +34,7 @@ device: str = "host"                    # device the predictions are for: catalo
 measure: bool = True                    # run real llama.cpp measurements here (False: predictions only)
 server_url: "Optional[str]" = None      # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 
-# -- llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)
+# -- llama.cpp flags (v100lab.facts.config.RunConfig; llama.cpp's defaults)
 n_ctx: int = 4096                       # -c: context size in tokens (0: the model's training context)
 n_threads: int = 0                      # -t: CPU threads (0: llama.cpp's choice, all cores)
 
@@ -47,8 +47,8 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab import levers, plots, render
-from v100lab.scenario import from_notebook
+from v100lab.workbook import levers, plots, render
+from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
 render.text_table(levers.scenario_facts(sc))

@@ -39,7 +39,7 @@ print(llama_cpp.__version__, lib, os.path.relpath(lib, os.path.join(sys.argv[1],
 EOF
 ) || { say "llama-cpp-python is not importable in $venv"; exit 1; }
 # the build flags setup.sh recorded for that library (the tools run its kernels; the flags key the cache)
-args="$("$vpy" -c 'import sys; from v100lab.buildflags import read_record; print(read_record(sys.argv[1]).get("cmake_args", ""))' "$venv")"
+args="$("$vpy" -c 'import sys; from v100lab.base.buildflags import read_record; print(read_record(sys.argv[1]).get("cmake_args", ""))' "$venv")"
 rpath="\$ORIGIN/$rel"
 
 # the source: llama-cpp-python's sdist (pip caches the download; the file itself is kept here too)

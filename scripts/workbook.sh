@@ -8,13 +8,13 @@ scripts/setup.sh
 # llama-server of llama-cpp-python's own llama.cpp commit (setup builds it; here it is only checked: a build
 # that failed is not retried). Without it the notebooks say so and show predictions, labelled.
 scripts/build-tools.sh .venv || echo "workbook: no same-commit llama-server; server measurements are skipped" >&2
-if ! .venv/bin/python -c 'import sys; from v100lab.rates import stored_calibration; sys.exit(not stored_calibration())'; then
+if ! .venv/bin/python -c 'import sys; from v100lab.predict.rates import stored_calibration; sys.exit(not stored_calibration())'; then
   echo "workbook: calibrating this machine once (v100lab calibrate, three passes: ~20-70 min on 2 cores)" >&2
   # --force: on a noisy machine the profile is stored anyway, its quality recorded and shown beside every
   # host prediction, rather than the workbook not running at all (calibrate's three passes already retry)
   .venv/bin/v100lab calibrate --force
 elif [ "${V100LAB_DRIFT_CHECK:-quick}" != 0 ] && .venv/bin/python -c \
-    'import sys; from v100lab.drift_check import needs_check; from v100lab.rates import stored_calibration; sys.exit(not needs_check(stored_calibration()))'; then
+    'import sys; from v100lab.measure.drift_check import needs_check; from v100lab.predict.rates import stored_calibration; sys.exit(not needs_check(stored_calibration()))'; then
   # a shared VM's speed moves over hours: an hour-old profile is brought up to now by a drift check on calibration's
   # own Q4_0 rung and prompt point (~1 min; V100LAB_DRIFT_CHECK=all checks every weight type's rung, a few minutes;
   # 0 skips it). A failed check leaves the profile as it was.
@@ -24,7 +24,7 @@ elif [ "${V100LAB_DRIFT_CHECK:-quick}" != 0 ] && .venv/bin/python -c \
 fi
 # batched decode (for notebook 10's -np predictions), once, when the same-commit llama-batched-bench is there
 if [ -x .venv/bin/llama-batched-bench ] && \
-   ! .venv/bin/python -c 'import sys; from v100lab.serving import stored_batching; sys.exit(not stored_batching())'; then
+   ! .venv/bin/python -c 'import sys; from v100lab.predict.serving import stored_batching; sys.exit(not stored_batching())'; then
   echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1.5 min)" >&2
   .venv/bin/v100lab calibrate --batching || echo "workbook: batched-decode calibration failed; -np predictions use the roofline" >&2
 fi

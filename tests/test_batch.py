@@ -15,8 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab import batch_runner, cli, render
-from v100lab.errors import ConfigError
+from v100lab.workbook import runner as batch_runner, render
+from v100lab.cli.main import main as cli
+from v100lab.base.errors import ConfigError
 
 NB = Path(__file__).parent / "data" / "notebooks"
 
@@ -254,7 +255,7 @@ def test_plain_papermill_with_a_params_file(tmp_path):
     proc = subprocess.run([str(papermill), str(NB / "ok.ipynb"), str(out), "-f", str(ci), "--no-progress-bar"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    from v100lab.scenario import load_scenario
+    from v100lab.workbook.scenario import load_scenario
 
     scn = load_scenario(ci)
     h = batch_runner.read_headline(nbformat.read(out, as_version=4))

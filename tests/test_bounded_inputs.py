@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from v100lab.cli import main
-from v100lab.config import RunConfig, from_flag_args, parse_tensor_split
-from v100lab.errors import ConfigError, DeviceError, V100labError
-from v100lab.safeio import check_creatable, read_bounded, redact_url, term_text
+from v100lab.cli.main import main
+from v100lab.facts.config import RunConfig, from_flag_args, parse_tensor_split
+from v100lab.base.errors import ConfigError, DeviceError, V100labError
+from v100lab.base.safeio import check_creatable, read_bounded, redact_url, term_text
 
 ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"
 
@@ -162,7 +162,7 @@ def test_broken_device_files(tmp_path, capsys, content):
 
 
 def test_huge_device_file_is_refused_by_size(tmp_path):
-    from v100lab.devices import load_device_file
+    from v100lab.facts.devices import load_device_file
 
     with pytest.raises(DeviceError, match="larger than"):
         load_device_file(_device(tmp_path, "# " + "x" * (2 << 20) + "\n" + GOOD_DEVICE))
@@ -196,8 +196,8 @@ def test_inspect_numeric_flags(capsys, default_model, flag, value):
 
 
 def test_model_metadata_is_escaped_in_inspect(tmp_path, capsys):
-    from v100lab.skeleton import write_skeleton
-    from v100lab.header import read_header
+    from v100lab.gguf.skeleton import write_skeleton
+    from v100lab.gguf.header import read_header
 
     path = write_skeleton("llama2-7b", "Q4_0", tmp_path / "m.gguf")
     data = path.read_bytes()
@@ -325,7 +325,7 @@ def test_models_make_refuses_before_building(fresh_cache, capsys, target):
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
 def test_empty_parameter_file_is_an_error(tmp_path, text):
-    from v100lab.scenario import Scenario, load_scenario
+    from v100lab.workbook.scenario import Scenario, load_scenario
 
     p = tmp_path / "p.yaml"
     p.write_text(text)
@@ -341,7 +341,7 @@ def test_empty_parameter_file_is_an_error(tmp_path, text):
                                          ("n_gen: " + "9" * 5000 + "\n", "YAML"),
                                          ("flash_attn: '1'\n", None)])
 def test_parameter_file_numbers(tmp_path, text, match):
-    from v100lab.scenario import load_scenario
+    from v100lab.workbook.scenario import load_scenario
 
     p = tmp_path / "p.yaml"
     p.write_text("scenario: x\n" + text)
@@ -355,7 +355,7 @@ def test_parameter_file_numbers(tmp_path, text, match):
 def test_from_flag_args_reads_tensor_split():
     import argparse
 
-    from v100lab.config import add_flag_arguments
+    from v100lab.facts.config import add_flag_arguments
 
     p = argparse.ArgumentParser()
     add_flag_arguments(p)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from v100lab import buildflags
+from v100lab.base import buildflags
 
 DATA = Path(__file__).parent / "data" / "cpuinfo"
 # the flags line of the AMX host that crashed (from the issue that reported it)
@@ -88,7 +88,7 @@ def test_cpu_facts():
 
 
 def test_command_line_prints_the_flags_and_records_a_build(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "v100lab.buildflags", "--cpuinfo",
+    out = subprocess.run([sys.executable, "-m", "v100lab.base.buildflags", "--cpuinfo",
                           str(DATA / "sapphire-rapids-amx.txt"), "--machine", "x86_64"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == buildflags.safe_cmake_args(text("sapphire-rapids-amx.txt"))
@@ -102,7 +102,7 @@ def test_command_line_prints_the_flags_and_records_a_build(tmp_path):
 @pytest.mark.slow
 def test_selftest_passes_on_this_build_and_reports_it():
     """The build this suite runs on passes its own self-test (setup.sh made it), and says what it is."""
-    from v100lab import selftest
+    from v100lab.measure import selftest
 
     report = selftest.run_selftest(threads=(1,), n_prompt=64, n_gen=4)
     assert report.passed, report.format()
@@ -115,12 +115,13 @@ def test_selftest_passes_on_this_build_and_reports_it():
 
 @pytest.mark.slow
 def test_selftest_fails_with_the_signal_and_the_rebuild_command(monkeypatch):
-    from v100lab import selftest, worker
+    from v100lab.measure import selftest
+    from v100lab.models import worker
 
     monkeypatch.setenv(worker.FAULT_ENV, "segv@1")       # a build that crashes on its first decode
     report = selftest.run_selftest(threads=(1,), n_prompt=64, n_gen=4)
     assert not report.passed
-    assert "SIGSEGV" in report.message and "v100lab.buildflags" in report.message
+    assert "SIGSEGV" in report.message and "v100lab.base.buildflags" in report.message
     assert report.steps[0].status == "crashed"
 
 

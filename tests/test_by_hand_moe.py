@@ -5,12 +5,12 @@ presets."""
 
 import pytest
 
-from v100lab import synth
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.levers import expert_tensors, not_multiplied
-from v100lab.skeleton import skeleton_spec
-from v100lab.work import Placed, decode_work
+from v100lab.models import synth
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.workbook.levers import expert_tensors, not_multiplied
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.predict.work import Placed, decode_work
 
 
 def _by_hand(spec):

@@ -15,11 +15,15 @@ import sys
 import numpy as np
 import pytest
 
-from v100lab import calibration, devices, llama_context, rates, speed, work, zoo
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.llama_context import type_sizef
-from v100lab.skeleton import skeleton_spec
+from v100lab.measure import calibration
+from v100lab.facts import devices
+from v100lab.gguf import llama_context
+from v100lab.predict import rates, speed, work
+from v100lab.models import zoo
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.llama_context import type_sizef
+from v100lab.gguf.skeleton import skeleton_spec
 
 
 # ---- the fit ------------------------------------------------------------------------------------
@@ -119,7 +123,7 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
     (head_dim 96) the tail on a build that has one; calib-wide512's rows of half calib-wide's length the cost of
     a matrix row — the fit must recover all of them, and keep the own rates out of what predictions use.
     The SIMD step is set, not read from the build this test runs on (CI's CPU is not this machine's)."""
-    from v100lab import work
+    from v100lab.predict import work
 
     monkeypatch.setattr(work, "F16_SIMD_STEP", f16_step)
     pts = _planned_points()
@@ -273,7 +277,7 @@ def test_split_kv_path_cost_is_separated_from_attention_per_op():
     (ops.cpp, use_split_kv_path: a barrier and a reduction per layer). The depth series (depth 8 below, 1032 and
     2056 above the threshold) must give that per-layer cost and the per-multiply-add cost apart; at 1 thread the
     path has nothing to synchronise, and the fit leaves it at 0."""
-    from v100lab.llama_context import fa_split_kv
+    from v100lab.gguf.llama_context import fa_split_kv
     spec = skeleton_spec("llama2-7b", "Q4_0")
     on = RunConfig(flash_attn="on", n_ctx=4096)
     assert not fa_split_kv(spec, 0, on, 256) and fa_split_kv(spec, 0, on, 257)     # n_kv 256 -> 512 cells
@@ -311,8 +315,8 @@ def test_every_wide_rung_streams_from_dram():
     """Each calib-wide rung reads at least WIDE_MIN_READ_BYTES a token, counted by the speed model's own work
     (not by calibration's sizing formula), so the low-bit rungs cannot run from a shared 300 MiB L3 (issue 18);
     F16 keeps CALIB_WIDE's 8 layers, the low-bit types get more, and no rung has the validation ladder's shape."""
-    from v100lab import zoo
-    from v100lab.modelcache import tokenizer_vocab_size
+    from v100lab.models import zoo
+    from v100lab.models.modelcache import tokenizer_vocab_size
 
     assert calibration.WIDE_VOCAB == tokenizer_vocab_size()
     wide = [p for p in _planned_points() if p["label"] == "calib-wide" and p["depth"] == calibration.CALIB_N_GEN // 2]
@@ -475,7 +479,7 @@ def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16
     build (f16 step 64) a third of its ops are in the tail; on AVX2 (step 32) none, and it is one more attention
     point. Its weights have a rate of their own (pinned by its depth-0 point, kept out of predictions), and no other
     point has tail ops."""
-    from v100lab import work
+    from v100lab.predict import work
 
     monkeypatch.setattr(work, "F16_SIMD_STEP", f16_step)
     cfg = RunConfig()
@@ -506,7 +510,7 @@ def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(mo
     multiply-adds and KV bytes as calib-wide's DEPTH_TYPE rung on half the query head × cells, and is measured
     right after it: the fit recovers a per-cell cost beside the per-multiply-add one on either build, and
     without the per-cell column it cannot describe such points."""
-    from v100lab import work
+    from v100lab.predict import work
 
     monkeypatch.setattr(work, "F16_SIMD_STEP", f16_step)
     cfg = RunConfig()
@@ -602,7 +606,7 @@ def test_the_decode_fit_keeps_a_degree_of_freedom(threads, monkeypatch):
     """The decode fit has fewer parameters than points at every thread count (2 threads adds the split-KV cost), so
     its residuals can show a model that does not describe the machine: with calib-wide96 at one depth only, the
     2-thread fit had exactly one point per parameter and residuals of 0 by construction (issue 18, seventh round)."""
-    from v100lab import work
+    from v100lab.predict import work
 
     planned = _planned_points()
     for step in (64, 32):
@@ -617,8 +621,8 @@ def test_the_decode_fit_keeps_a_degree_of_freedom(threads, monkeypatch):
 def test_a_pure_synthetic_rung_keeps_no_f16_source(fresh_cache):
     """The deep wide rungs are quantized from an F16 source written beside them and deleted (0.5-1.3 GB each):
     the cache holds the pure model and its recipe, nothing else, and a second call reuses it."""
-    from v100lab import zoo
-    from v100lab.header import read_spec
+    from v100lab.models import zoo
+    from v100lab.gguf.header import read_spec
 
     tiny = zoo.SYNTH_PRESETS["synth-tiny"]
     path = calibration.pure_quantized_synthetic(tiny, "Q4_0")
@@ -634,7 +638,7 @@ def test_a_pure_synthetic_rung_keeps_no_f16_source(fresh_cache):
 
 @pytest.mark.slow
 def test_pure_rung_has_one_type(tiny_f16):
-    from v100lab.header import read_spec
+    from v100lab.gguf.header import read_spec
 
     path = calibration.pure_quantized_path(tiny_f16, "Q4_0")
     spec = read_spec(path)
@@ -670,7 +674,7 @@ def test_a_repetition_in_a_burst_does_not_set_the_figure():
 
 
 def test_quality_counts_points_whose_passes_disagree():
-    from v100lab.rates import calibration_quality
+    from v100lab.predict.rates import calibration_quality
 
     cal = {"threads": {}, "points": [
         {"config": "a", "threads": 1, "tg_cv": 0.01, "tg_tps": 97, "tg_pass_tps": [100, 97, 60]},      # settled
@@ -689,8 +693,8 @@ def test_measure_returns_timings(tiny_f16):
 @pytest.mark.slow
 def test_stored_profile_is_used_by_device_host(fresh_cache, small_calibration, default_model):
     """calibrate() (fewer points, same code) stores the profile; --device host predictions then use it."""
-    from v100lab import devices
-    from v100lab.header import read_spec
+    from v100lab.facts import devices
+    from v100lab.gguf.header import read_spec
 
     small_calibration([("F16", 0, True), ("Q4_0", 0, True), ("F16", 256, False)])
     spec = read_spec(default_model)

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from v100lab.cli import main
+from v100lab.cli.main import main
 
 RUN_LIMIT_S = 20           # one CLI run: beyond this it is a hang
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -167,8 +167,8 @@ def test_plan_flags_and_devices(data, tmp_path_factory):
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(text=st.one_of(numbers_as_text, st.lists(numbers_as_text, max_size=20).map(",".join)))
 def test_tensor_split_parser(text):
-    from v100lab.config import MAX_DEVICES, parse_tensor_split
-    from v100lab.errors import ConfigError
+    from v100lab.facts.config import MAX_DEVICES, parse_tensor_split
+    from v100lab.base.errors import ConfigError
 
     try:
         split = parse_tensor_split(text)
@@ -182,8 +182,8 @@ def test_tensor_split_parser(text):
 @given(spelling=st.one_of(st.sampled_from(["on", "enabled", "true", "1", "off", "disabled", "false", "0", "auto",
                                            "-1"]), st.text(max_size=6)))
 def test_flash_attn_spellings(spelling):
-    from v100lab.config import RunConfig
-    from v100lab.errors import ConfigError
+    from v100lab.facts.config import RunConfig
+    from v100lab.base.errors import ConfigError
 
     try:
         cfg = RunConfig(flash_attn=spelling)
@@ -200,8 +200,8 @@ def test_flash_attn_spellings(spelling):
 def _gguf(name: str, marker: bool) -> tuple[bytes, int]:
     """A header-only GGUF of llama2-7b Q4_0 with ``name`` as general.name (and without the skeleton marker
     unless ``marker``), and the size its tensor data would have."""
-    from v100lab.header import read_header
-    from v100lab.skeleton import arch_metadata, header_bytes, load_arch, skeleton_tensors
+    from v100lab.gguf.header import read_header
+    from v100lab.gguf.skeleton import arch_metadata, header_bytes, load_arch, skeleton_tensors
 
     a = {**load_arch("llama2-7b"), "name": name}
     md = [m for m in arch_metadata(a, "Q4_0") if marker or m[0] != "general.description"]
@@ -287,8 +287,8 @@ def test_doctor_logs(tmp_path_factory, lines, free, device, as_dict):
 @given(base=st.sampled_from(["default", "synth-tiny", "synth-1b", "gemma3-270m", "nope", ""]),
        quant=st.one_of(st.sampled_from(["NOPE", "", "q4_0x", "Q4_K_X"]), control_text))
 def test_models_make_never_builds_on_a_bad_name(fresh_cache_dir, base, quant):
-    from v100lab import zoo
-    from v100lab.errors import V100labError
+    from v100lab.models import zoo
+    from v100lab.base.errors import V100labError
 
     if base in ("default", "synth-tiny", "synth-1b") and quant:
         try:
@@ -318,8 +318,8 @@ def fresh_cache_dir(tmp_path_factory, monkeypatch):
                     st.one_of(numbers_as_text, st.lists(numbers_as_text, max_size=3).map(lambda v: "[" + ",".join(v) + "]")),
                     max_size=4).map(lambda d: "".join(f"{k}: {v}\n" for k, v in d.items()))))
 def test_parameter_files(tmp_path_factory, text):
-    from v100lab.errors import ConfigError
-    from v100lab.scenario import load_scenario
+    from v100lab.base.errors import ConfigError
+    from v100lab.workbook.scenario import load_scenario
 
     p = tmp_path_factory.mktemp("p") / "p.yaml"
     p.write_text(text, errors="surrogatepass")
@@ -335,8 +335,8 @@ def test_parameter_files(tmp_path_factory, text):
 @FAST
 @given(content=device_file())
 def test_device_files(tmp_path_factory, content):
-    from v100lab.devices import load_device_file
-    from v100lab.errors import DeviceError
+    from v100lab.facts.devices import load_device_file
+    from v100lab.base.errors import DeviceError
 
     p = tmp_path_factory.mktemp("d") / "gpu.yaml"
     p.write_bytes(content)
@@ -358,7 +358,7 @@ def test_device_files(tmp_path_factory, content):
     newline_at_end=st.booleans())
 def test_results_store_survives(tmp_path_factory, lines, newline_at_end):
     """Complete rows are never lost: each well-formed row is read back, before and after an append."""
-    from v100lab.store import ResultsStore, row_problem
+    from v100lab.facts.store import ResultsStore, row_problem
 
     p = tmp_path_factory.mktemp("s") / "r.jsonl"
     body = "\n".join(lines) + ("\n" if newline_at_end else "")

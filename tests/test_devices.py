@@ -11,8 +11,9 @@ from importlib import resources
 import psutil
 import pytest
 
-from v100lab import calibration, devices
-from v100lab.errors import DeviceError
+from v100lab.measure import calibration
+from v100lab.facts import devices
+from v100lab.base.errors import DeviceError
 
 REQUIRED_IDS = ("v100-16gb", "v100-32gb", "v100-sxm2-16gb", "v100-sxm2-32gb", "p40", "p100-16gb", "t4", "a10",
                 "a100-40gb", "a100-80gb", "l4", "l40s", "h100-sxm", "h100-pcie", "h200", "rtx-3090", "rtx-4090",

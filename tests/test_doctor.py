@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from v100lab.cli import main
-from v100lab.doctor import GpuFact, LogError, diagnose, diagnose_file, guess_device, normalize_line
+from v100lab.cli.main import main
+from v100lab.advise.doctor import GpuFact, LogError, diagnose, diagnose_file, guess_device, normalize_line
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -49,7 +49,7 @@ def test_no_offload_numbers_and_device_from_log():
 
 
 def test_above_ceiling_is_bandwidth_over_file_size():
-    from v100lab.speed import ceiling_tps
+    from v100lab.predict.speed import ceiling_tps
 
     d = diagnose_file(LOGS / "gpu-v100-seed-stage6-server.log")
     f = d.finding("above-ceiling")
@@ -142,9 +142,9 @@ def test_cpu_only_build_with_a_gpu_device():
 
 def test_live_capture_from_llama_cpp(default_model):
     """A log captured now, from llama.cpp in this process: a clean load, and a refused quantized V cache."""
-    from v100lab.config import RunConfig
-    from v100lab.errors import RunFailed
-    from v100lab.loadlog import capture_llama_log, load_and_capture
+    from v100lab.facts.config import RunConfig
+    from v100lab.base.errors import RunFailed
+    from v100lab.facts.loadlog import capture_llama_log, load_and_capture
 
     _, text = load_and_capture(default_model, RunConfig(n_ctx=512))
     assert not [f for f in diagnose(text, source="live").findings if f.severity == "error"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from v100lab.cli import main
-from v100lab.doctor import diagnose, diagnose_file
+from v100lab.cli.main import main
+from v100lab.advise.doctor import diagnose, diagnose_file
 
 LOGS = Path(__file__).parent / "data" / "logs"
 DEFAULT_NP4 = LOGS / "fmt-llama-server-c8192-np4-default.log"

@@ -1,7 +1,7 @@
 """The drift check (issue 18, seventeenth round): calibration's own rungs decoded again, the machine's move from its
 calibration measured, and the calibrated rates brought up to it — each weight type by its own rung.
 
-The arithmetic (:mod:`v100lab.drift`) is tested on stored records; the measurement (:mod:`v100lab.drift_check`, and
+The arithmetic (:mod:`v100lab.predict.drift_scaling`) is tested on stored records; the measurement (:mod:`v100lab.measure.drift_check`, and
 ``v100lab calibrate --check``) on a real, tiny calibration (``small_calibration``) with real llama.cpp."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import statistics
 
 import pytest
 
-from v100lab import calibration, devices, drift, drift_check, rates, speed
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.skeleton import skeleton_spec
+from v100lab.measure import calibration, drift_check
+from v100lab.facts import devices
+from v100lab.predict import drift_scaling as drift, rates, speed
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.gguf.skeleton import skeleton_spec
 
 NOW = dt.datetime(2026, 12, 4, 21, 0, tzinfo=dt.timezone.utc)
 
@@ -174,7 +176,7 @@ def test_a_real_check_measures_calibrations_rungs_and_is_applied(fresh_cache, sm
     figure calibration stored, its ratio their median's; stored applied, the profile's line and the rates say so;
     `calibrate --check --no-apply` records it without applying, and a check against a calibration that changed is
     refused."""
-    from v100lab import cli
+    from v100lab.cli.main import main as cli
 
     small_calibration([("F16", 0, False), ("Q4_0", 0, False), ("Q4_0", 128, False)])
     monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)
@@ -219,7 +221,7 @@ def test_the_base_rung_is_calibrations_depth_rung():
 
 
 def test_calibrate_check_errors_are_one_line(fresh_cache, capsys):
-    from v100lab import cli
+    from v100lab.cli.main import main as cli
 
     assert cli.main(["calibrate", "--check"]) == 2
     assert "no calibration stored" in capsys.readouterr().err

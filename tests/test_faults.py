@@ -15,17 +15,17 @@ import time
 
 import pytest
 
-from v100lab import harness
-from v100lab.backends.server import ServerBackend, find_llama_server
-from v100lab.config import RunConfig
-from v100lab.store import ResultsStore
+from v100lab.measure import harness
+from v100lab.measure.backends.server import ServerBackend, find_llama_server
+from v100lab.facts.config import RunConfig
+from v100lab.facts.store import ResultsStore
 
 CFG = RunConfig(n_ctx=256, n_threads=1)
 
 SWEEP_SCRIPT = """
 import sys
-from v100lab import harness
-from v100lab.config import RunConfig
+from v100lab.measure import harness
+from v100lab.facts.config import RunConfig
 harness.sweep("default", RunConfig(n_ctx=256, n_threads=1), "n_ubatch", [int(v) for v in sys.argv[2].split(",")],
             tests="tg8", repetitions=2, results=sys.argv[1], progress=False, monitor=False)
 """
@@ -133,7 +133,7 @@ def test_url_that_is_not_a_llama_server(default_model, tmp_path):
         httpd.shutdown()
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert "is not a llama server" in rows[0]["reason"]
-    from v100lab.backends.server import free_port
+    from v100lab.measure.backends.server import free_port
 
     nobody = f"http://127.0.0.1:{free_port()}"
     rows = harness.run_tests(default_model, CFG, "tg8", (0,), 1, backend=f"server:{nobody}", monitor=False)
@@ -141,7 +141,7 @@ def test_url_that_is_not_a_llama_server(default_model, tmp_path):
 
 
 def test_cli_bench_against_a_non_llama_url_exits_1(default_model, capsys):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Plain)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

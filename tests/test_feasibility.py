@@ -12,13 +12,14 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from v100lab import llama_context, memory, speed
-from v100lab.advisor import NothingFits, tune
-from v100lab.cli import main
-from v100lab.config import RunConfig, add_flag_arguments, from_flag_args
-from v100lab.devices import Device, get_device
-from v100lab.errors import ConfigError
-from v100lab.skeleton import skeleton_spec
+from v100lab.gguf import llama_context
+from v100lab.predict import memory, speed
+from v100lab.advise.tune import NothingFits, tune
+from v100lab.cli.main import main
+from v100lab.facts.config import RunConfig, add_flag_arguments, from_flag_args
+from v100lab.facts.devices import Device, get_device
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.skeleton import skeleton_spec
 
 GIB = 2**30
 ARCHS = ("qwen35-27b", "qwen3-32b", "gemma3-27b", "llama2-7b")

@@ -13,9 +13,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab import batch_runner, cli
-from v100lab.errors import ConfigError
-from v100lab.fleet import (
+from v100lab.workbook import runner as batch_runner
+from v100lab.cli.main import main as cli
+from v100lab.base.errors import ConfigError
+from v100lab.workbook.fleet import (
     Demand,
     RayEngine,
     _Starts,
@@ -24,7 +25,7 @@ from v100lab.fleet import (
     run_task,
     unmet,
 )
-from v100lab.scenario import load_scenario
+from v100lab.workbook.scenario import load_scenario
 
 try:
     import ray  # optional: the [ray] extra

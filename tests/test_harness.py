@@ -13,10 +13,10 @@ import statistics
 
 import pytest
 
-from v100lab import harness
-from v100lab.backends import BenchTest
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
+from v100lab.measure import harness
+from v100lab.measure.backends import BenchTest
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
 
 CFG = RunConfig(n_ctx=256, n_threads=1)
 
@@ -96,7 +96,7 @@ def test_rows_have_llama_bench_fields(rows, default_model):
 
 
 def test_header_hash_is_sha_of_header_bytes(rows, default_model):
-    from v100lab.header import read_header
+    from v100lab.gguf.header import read_header
 
     n = read_header(default_model).header_bytes
     with open(default_model, "rb") as f:
@@ -115,7 +115,7 @@ def test_rows_keep_load_facts_raw_log_and_monitor(rows):
 
 
 def _load(model, **changes):
-    from v100lab.backends.inprocess import InProcessBackend
+    from v100lab.measure.backends.inprocess import InProcessBackend
 
     s = InProcessBackend().open(model, CFG.with_(**changes))
     try:
@@ -155,7 +155,7 @@ def test_a_filled_context_is_kept_for_the_next_load_of_the_same_model_and_contex
     the state in a file; a later load of the same model and context — at another thread count — restores it
     instead of decoding the fill, and measures at that depth; another context is another file; a file that does
     not restore (not a state) is filled again and replaced."""
-    from v100lab.backends.inprocess import InProcessBackend, depth_state_name
+    from v100lab.measure.backends.inprocess import InProcessBackend, depth_state_name
 
     test = BenchTest(n_gen=4, n_depth=96)
     with InProcessBackend().open(default_model, CFG, tmp_path) as s:
@@ -193,7 +193,7 @@ def test_sweep_and_observations(default_model, tmp_path):
                        progress=False, monitor=False)
     assert [(r["lever"], r["value"], r["n_depth"]) for r in rows] == [("n_depth", "0", 0), ("n_depth", "16", 16)]
     obs = harness.rows_to_observations(rows, "smollm2")
-    from v100lab.results import tidy_frame
+    from v100lab.facts.results import tidy_frame
 
     df = tidy_frame(obs)
     assert list(df["metric"]) == ["tg_tps", "tg_tps"] and set(df["source"]) == {"measured"}
@@ -223,7 +223,7 @@ def test_failed_config_row_has_llama_cpp_reason(default_model):
 # ---- CLI ----------------------------------------------------------------------------------------
 
 def test_cli_json_one_document(capsys, tmp_path):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     res = tmp_path / "r.jsonl"
     rc = main(["bench", "default", "-c", "256", "-t", "1", "--tests", "tg8", "-r", "2", "--json",
@@ -247,7 +247,7 @@ def test_cli_json_one_document(capsys, tmp_path):
     (["bench", "default", "-c", "256", "-t", "1", "--tests", "tg8", "-r", "1", "-ctv", "q8_0", "-fa", "off"], 1),
 ])
 def test_cli_errors(argv, status, capsys):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     assert main(argv) == status
     if status == 1:

@@ -17,9 +17,9 @@ import gguf
 import numpy as np
 import pytest
 
-from v100lab.errors import GGUFError, ModelNotFoundError
-from v100lab.header import read_header, read_spec
-from v100lab.resolve import resolve
+from v100lab.base.errors import GGUFError, ModelNotFoundError
+from v100lab.gguf.header import read_header, read_spec
+from v100lab.models.resolve import resolve
 
 
 # ------------------------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ from v100lab.resolve import resolve
 
 @pytest.fixture(scope="module")
 def tiny_q4km(tiny_f16):
-    from v100lab import zoo
+    from v100lab.models import zoo
 
     return zoo.quantized_path(tiny_f16, "Q4_K_M")
 
@@ -91,7 +91,7 @@ def test_reads_only_the_header(model_path):
 def _llama_facts(path: Path) -> dict:
     import llama_cpp
 
-    from v100lab.loadlog import capture_llama_log
+    from v100lab.facts.loadlog import capture_llama_log
 
     with capture_llama_log() as cap:
         mp = llama_cpp.llama_model_default_params()
@@ -364,7 +364,7 @@ INSPECT_KEYS = {"architecture", "name", "file_type", "n_layer", "n_embd", "n_ff"
 
 
 def test_inspect_json(capsys, gemma_model):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     assert main(["inspect", str(gemma_model), "--json"]) == 0
     out = capsys.readouterr().out
@@ -377,7 +377,7 @@ def test_inspect_json(capsys, gemma_model):
 
 
 def test_inspect_text_and_errors(capsys, tmp_path, default_model):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     assert main(["inspect", "default"]) == 0
     assert "llama" in capsys.readouterr().out
@@ -393,7 +393,7 @@ def test_inspect_text_and_errors(capsys, tmp_path, default_model):
 
 @pytest.mark.server
 def test_inspect_url(serve, capsys):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     url, requests = serve("ok")
     assert main(["inspect", url, "--json"]) == 0

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from v100lab.errors import GGUFError
-from v100lab.header import read_header, read_spec, spec_from_header
+from v100lab.base.errors import GGUFError
+from v100lab.gguf.header import read_header, read_spec, spec_from_header
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 Q4_0, F16 = 2, 1

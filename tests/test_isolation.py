@@ -1,7 +1,7 @@
 """Crash isolation: llama.cpp crashing or hanging costs one row, never the caller (pytest, a kernel, the CLI).
 
 The faults are real signals in a real worker process running real llama.cpp: ``V100LAB_FAULT`` (read by the
-worker, see v100lab.worker) crashes it with SIGSEGV or SIGABRT, or hangs it, at the N-th llama_decode.
+worker, see v100lab.models.worker) crashes it with SIGSEGV or SIGABRT, or hangs it, at the N-th llama_decode.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import time
 
 import pytest
 
-from v100lab import calibration, harness, worker
-from v100lab.backends.isolated import IsolatedBackend
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.store import ResultsStore
+from v100lab.measure import calibration, harness
+from v100lab.models import worker
+from v100lab.measure.backends.isolated import IsolatedBackend
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.facts.store import ResultsStore
 
 CFG = RunConfig(n_ctx=256, n_threads=1)
 
@@ -127,7 +128,7 @@ def test_calibrate_survives_one_crashed_point(fresh_cache, monkeypatch, small_ca
     monkeypatch.setenv(worker.FAULT_ENV, "segv@1:synth-llama")
     with pytest.raises(RunFailed, match="not enough to fit"):
         calibration.calibrate(threads=[1], repetitions=1, store=True, settle_rounds=0)
-    from v100lab import devices
+    from v100lab.facts import devices
 
     assert calibration.PROFILE_KEY not in (devices.read_host_profile() or {})
 
@@ -153,8 +154,8 @@ def test_notebook_whose_measurement_crashes_shows_the_failed_row(tmp_path):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
-        "from v100lab import harness\n"
-        "from v100lab.config import RunConfig\n"
+        "from v100lab.measure import harness\n"
+        "from v100lab.facts.config import RunConfig\n"
         "rows = harness.run_tests('default', RunConfig(n_ctx=256, n_threads=1), 'pp32', (0,), 1, monitor=False)\n"
         "print('STATUS', rows[0]['status'], rows[0]['reason'])")]
     src, out = tmp_path / "crash.ipynb", tmp_path / "out.ipynb"

@@ -150,16 +150,16 @@ def test_an_upward_import_in_the_package_breaks_the_real_contract(graph):
     """The real contract on the real graph plus one upward import: the GGUF reader importing the zoo."""
     (layers,) = [c for c in contracts() if c.contract_options.get("id") == "layers"]
     g = copy.deepcopy(graph)
-    g.add_import(importer="v100lab.header", imported="v100lab.zoo", line_number=1, line_contents="import zoo")
+    g.add_import(importer="v100lab.gguf.header", imported="v100lab.models.zoo", line_number=1, line_contents="import zoo")
     broken = broken_imports(layers, g)
-    assert any(line.startswith("v100lab.header imports v100lab.zoo") for line in broken), broken
+    assert any(line.startswith("v100lab.gguf.header imports v100lab.models.zoo") for line in broken), broken
 
 
 def test_an_added_back_edge_is_an_import_cycle(graph):
     g = copy.deepcopy(graph)
-    g.add_import(importer="v100lab.header", imported="v100lab.zoo", line_number=1, line_contents="import zoo")
-    assert any({"v100lab.header", "v100lab.zoo"} <= set(c) for c in import_cycles(g, 2))
-    assert any({"v100lab.header", "v100lab.zoo"} <= set(c) for c in import_cycles(g))
+    g.add_import(importer="v100lab.gguf.header", imported="v100lab.models.zoo", line_number=1, line_contents="import zoo")
+    assert any({"v100lab.gguf.header", "v100lab.models.zoo"} <= set(c) for c in import_cycles(g, 2))
+    assert any({"v100lab.gguf.header", "v100lab.models.zoo"} <= set(c) for c in import_cycles(g))
 
 
 def _write_package(root: Path, files: dict[str, str]) -> None:
@@ -257,7 +257,7 @@ def test_function_level_import_check_can_fail(tmp_path):
 
         def f():
             import re
-            from v100lab import errors
+            from v100lab.base import errors
             import numpy
             import pandas  # heavy: only this table needs it
             return json, re, errors, numpy, pandas

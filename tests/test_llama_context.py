@@ -1,4 +1,4 @@
-"""llama.cpp's context arithmetic (v100lab.llama_context), checked against llama.cpp itself.
+"""llama.cpp's context arithmetic (v100lab.gguf.llama_context), checked against llama.cpp itself.
 
 The KV caches llama.cpp creates are read from its own load log (real llama.cpp through llama-cpp-python's low-level
 API, in a worker process), so a formula that drifts from the vendored source fails here.
@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from v100lab import llama_context, memory, speed
-from v100lab.config import RunConfig
-from v100lab.devices import Device
-from v100lab.header import read_spec
-from v100lab.loadlog import load_and_capture
-from v100lab.worker import Worker
+from v100lab.gguf import llama_context
+from v100lab.predict import memory, speed
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device
+from v100lab.gguf.header import read_spec
+from v100lab.facts.loadlog import load_and_capture
+from v100lab.models.worker import Worker
 
 PRINT_MIB = 0.0051      # llama.cpp prints MiB with two decimals
 
@@ -106,7 +107,7 @@ def test_row_size_is_integer_and_refuses_partial_blocks():
 def test_context_sizes_pad_before_splitting():
     """n_ctx is padded to 256 before it is split between sequences (src/llama-context.cpp): 513 tokens for
     two sequences are 768 cells, 384 each, padded to 512 per stream (not 513 // 2 = 256)."""
-    from v100lab.skeleton import skeleton_spec
+    from v100lab.gguf.skeleton import skeleton_spec
 
     spec = skeleton_spec("llama2-7b", "Q4_0")
     cs = llama_context.context_sizes(spec, RunConfig(n_ctx=513, n_parallel=2))
@@ -121,7 +122,7 @@ def test_flash_attn_resolution():
 
 
 def test_kv_bytes_per_token_skips_layers_without_a_cache():
-    from v100lab.skeleton import skeleton_spec
+    from v100lab.gguf.skeleton import skeleton_spec
 
     spec = skeleton_spec("qwen35-27b", "Q4_0")     # hybrid: recurrent layers keep no KV
     per_token = llama_context.kv_bytes_per_token(spec)

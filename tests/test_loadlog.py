@@ -12,9 +12,9 @@ import ctypes
 
 import pytest
 
-from v100lab import loadlog
-from v100lab.config import RunConfig
-from v100lab.errors import RunFailed
+from v100lab.facts import loadlog
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import RunFailed
 
 
 # ---- real loads ----------------------------------------------------------------------------
@@ -54,9 +54,9 @@ def test_gemma_swa_caches_are_tagged(gemma_model):
 
 
 def test_synthetic_q4_0_has_a_repack_buffer(tiny_f16):
-    from v100lab import zoo
+    from v100lab.models import zoo
 
-    path = zoo.resolve("synth-tiny:Q4_0")
+    path = zoo.model_path("synth-tiny:Q4_0")
     facts, _ = loadlog.load_and_capture(path, RunConfig(n_ctx=512))
     names = {b.buffer for b in facts.buffers if b.kind == "model"}
     assert {"CPU_Mapped", "CPU_REPACK"} <= names
@@ -67,10 +67,11 @@ def test_synthetic_q4_0_has_a_repack_buffer(tiny_f16):
 def test_the_predicted_repack_buffer_is_llamas(tiny_f16, quant):
     """memory.is_repacked names the tensors this build re-lays out (buildflags.repack_types_in_use: Q2_K only on an
     AVX-512 build), so the predicted host weights are llama.cpp's CPU_Mapped + CPU_REPACK buffers, on either build."""
-    from v100lab import memory, zoo
-    from v100lab.header import read_spec
+    from v100lab.predict import memory
+    from v100lab.models import zoo
+    from v100lab.gguf.header import read_spec
 
-    path = zoo.resolve(f"synth-tiny:{quant}")
+    path = zoo.model_path(f"synth-tiny:{quant}")
     spec = read_spec(path)
     facts, _ = loadlog.load_and_capture(path, RunConfig(n_ctx=512))
     repack_mib = sum(b.mib for b in facts.buffers if b.kind == "model" and b.buffer == "CPU_REPACK")
@@ -205,7 +206,7 @@ def test_empty_and_garbage_logs_give_empty_facts():
 def test_nested_captures_each_get_their_lines_and_unwind_cleanly(default_model):
     import llama_cpp
 
-    from v100lab.loadlog import capture_llama_log
+    from v100lab.facts.loadlog import capture_llama_log
 
     with capture_llama_log() as outer:
         with capture_llama_log() as inner:

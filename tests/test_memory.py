@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
-from v100lab import llama_context, memcheck, memory
-from v100lab.config import RunConfig
-from v100lab.devices import Device, get_device
-from v100lab.header import read_spec
-from v100lab.skeleton import skeleton_spec
-from v100lab.spec import ModelSpec, TensorInfo
+from v100lab.gguf import llama_context
+from v100lab.measure import memory_check as memcheck
+from v100lab.predict import memory
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device, get_device
+from v100lab.gguf.header import read_spec
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.facts.spec import ModelSpec, TensorInfo
 
 V100 = "v100-16gb"
 
@@ -179,7 +181,7 @@ def test_max_gpu_layers_is_the_boundary():
 
 
 def test_triangle_rows_are_predicted_observations():
-    from v100lab.results import tidy_frame
+    from v100lab.facts.results import tidy_frame
 
     specs = {"F16": toy_spec(), "F16-tied": toy_spec(tied=True)}
     rows = memory.triangle(specs, small_card(0.05), contexts=(1024, 8192), cache_types=("f16", "q8_0"))
@@ -220,11 +222,11 @@ VALIDATION = [
 
 @pytest.mark.parametrize("alias, kw", VALIDATION, ids=[f"{a}-{i}" for i, (a, _) in enumerate(VALIDATION)])
 def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
-    from v100lab import zoo
-    from v100lab.errors import ModelNotFoundError
+    from v100lab.models import zoo
+    from v100lab.base.errors import ModelNotFoundError
 
     try:
-        path = zoo.resolve(alias)
+        path = zoo.model_path(alias)
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
     checks, facts, _ = memcheck.check_against_llama(path, RunConfig(**kw))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from v100lab.errors import GGUFError
-from v100lab.header import read_header, read_spec
+from v100lab.base.errors import GGUFError
+from v100lab.gguf.header import read_header, read_spec
 
 CUT = 50_000_000   # the issue's "default model cut to 50 MB"
 
@@ -62,7 +62,7 @@ def test_header_only_file_is_a_description(default_model):
 @pytest.mark.parametrize("argv", [["inspect"], ["inspect", "--json"], ["plan", "-d", "v100-16gb"],
                                   ["plan", "-d", "v100-16gb", "--json"]])
 def test_inspect_and_plan_refuse_it(capsys, truncated, argv):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     cmd = argv[:1] + [str(truncated)] + argv[1:]
     assert main(cmd) == 2
@@ -72,7 +72,7 @@ def test_inspect_and_plan_refuse_it(capsys, truncated, argv):
 
 
 def test_inspect_says_whether_the_data_is_there(capsys, default_model):
-    from v100lab.cli import main
+    from v100lab.cli.main import main
     import json
 
     assert main(["inspect", str(default_model), "--json"]) == 0
@@ -132,7 +132,7 @@ def test_truncated_url_is_refused(default_model):
 @pytest.mark.server
 def test_url_credentials_are_sent_and_never_echoed(default_model, capsys):
     """user:password@ in a URL becomes a Basic Authorization header; no message repeats the password."""
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     data = default_model.read_bytes()
     srv = _server(data, auth="Basic " + base64.b64encode(b"me:s3cret").decode())

@@ -10,12 +10,14 @@ import re
 
 import pytest
 
-from v100lab import harness, memcheck, memory, synth, zoo
-from v100lab.config import (LLM_FFN_EXPS_REGEX, RunConfig, add_flag_arguments, from_flag_args, moe_offload_argv,
+from v100lab.measure import harness, memory_check as memcheck
+from v100lab.predict import memory
+from v100lab.models import synth, zoo
+from v100lab.facts.config import (LLM_FFN_EXPS_REGEX, RunConfig, add_flag_arguments, from_flag_args, moe_offload_argv,
                             tensor_overrides)
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError
-from v100lab.skeleton import skeleton_spec
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.skeleton import skeleton_spec
 
 V100 = "v100-16gb"
 
@@ -85,7 +87,7 @@ def test_from_mapping_and_as_dict():
 
 
 def test_scenario_keys():
-    from v100lab.scenario import load_scenario
+    from v100lab.workbook.scenario import load_scenario
 
     rc = load_scenario({"n_cpu_moe": 2, "cpu_moe": True, "override_tensor": ["exps=CPU"]}).run_config()
     assert (rc.n_cpu_moe, rc.cpu_moe, rc.override_tensor) == (2, True, ("exps=CPU",))
@@ -169,10 +171,10 @@ def test_dense_model_has_nothing_to_move(default_model):
 def test_llama_cpp_applies_the_overrides(default_model):
     """The in-process loader passes the overrides to llama.cpp (llama_model_params.tensor_buft_overrides): its log
     names each expert tensor of layer 0 as overridden, and the plan still matches its buffers."""
-    from v100lab.loadlog import load_and_capture
-    from v100lab.worker import call_isolated
+    from v100lab.facts.loadlog import load_and_capture
+    from v100lab.models.worker import call_isolated
 
-    path = zoo.resolve("synth-qwen3moe-tiny:Q4_0")
+    path = zoo.model_path("synth-qwen3moe-tiny:Q4_0")
     cfg = RunConfig(n_ctx=1024, n_cpu_moe=1)
     _, text = call_isolated(load_and_capture, path, cfg)
     overridden = sorted(re.findall(r"tensor (\S+) .*buffer type overridden to CPU", text))
@@ -186,7 +188,7 @@ def test_llama_cpp_applies_the_overrides(default_model):
 def test_decode_work_follows_the_overrides(moe_spec):
     """-ngl 99 --cpu-moe: the GPU reads every layer's weights but the experts, the host the experts' active
     fraction (expert_used_count / expert_count of each expert tensor) per token."""
-    from v100lab import speed
+    from v100lab.predict import speed
 
     dev = get_device(V100)
     cfg = RunConfig(n_gpu_layers=99, cpu_moe=True)
@@ -210,7 +212,7 @@ def test_decode_work_follows_the_overrides(moe_spec):
 
 
 def test_n_cpu_moe_moves_only_those_layers_work(moe_spec):
-    from v100lab import speed
+    from v100lab.predict import speed
 
     dev = get_device(V100)
     cfg = RunConfig(n_cpu_moe=2)
@@ -232,7 +234,7 @@ def moe_skeleton(tmp_path_factory):
 
 
 def _small_gpu(gib: float):
-    from v100lab.devices import Device
+    from v100lab.facts.devices import Device
 
     return Device(id="small-gpu", name=f"a {gib} GiB GPU", kind="gpu", memory_gib=gib, bandwidth_gbs=300,
                   fp16_tflops=30, host_link_gbs=16, runtime_overhead_mib=512)
@@ -241,7 +243,7 @@ def _small_gpu(gib: float):
 def test_tune_moves_experts_before_layers(default_model, moe_skeleton, moe_spec):
     """A GPU that cannot hold every layer with its experts: tune keeps every layer on it and moves the experts of
     the fewest layers to the host (llama.cpp's --fit order), and its reasons say so."""
-    from v100lab.advisor import tune
+    from v100lab.advise.tune import tune
 
     gpu = _small_gpu(1.05)
     r = tune(moe_skeleton, gpu, min_ctx=4096)
@@ -259,7 +261,7 @@ def test_tune_moves_experts_before_layers(default_model, moe_skeleton, moe_spec)
 
 
 def test_tune_leaves_a_moe_alone_when_it_fits(default_model, moe_skeleton):
-    from v100lab.advisor import tune
+    from v100lab.advise.tune import tune
 
     r = tune(moe_skeleton, V100, min_ctx=4096)
     assert r.config.n_cpu_moe == 0 and not r.config.cpu_moe \
@@ -276,7 +278,7 @@ def test_llama_cpp_python_server_refuses_overrides(default_model):
 def test_llama_bench_fields_round_trip():
     """llama-bench's n_cpu_moe and tensor_buft_overrides fields (tools/llama-bench/llama-bench.cpp: "none" or
     PATTERN=BUFT joined by ';'; it has no --cpu-moe, so that is written as its pattern)."""
-    from v100lab.llamabench import export_llama_bench_json, import_llama_bench
+    from v100lab.measure.llamabench import export_llama_bench_json, import_llama_bench
 
     cfg = RunConfig(n_cpu_moe=2, cpu_moe=True, override_tensor=("attn_q=CPU",))
     row = {"status": "ok", "n_prompt": 0, "n_gen": 8, "n_depth": 0, "n_gpu_layers": 999, "flash_attn": "auto",

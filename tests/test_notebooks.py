@@ -18,11 +18,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab import levers
-from v100lab.config import RunConfig
-from v100lab.levers.course import LESSONS, keys_of
-from v100lab.scenario import keys, parameters_cell_source, read_parameters
-from v100lab.batch_runner import KERNEL_NAME, find_notebooks, parameters_cell, read_headline, sync_parameters_cell
+from v100lab.workbook import levers
+from v100lab.facts.config import RunConfig
+from v100lab.workbook.levers.course import LESSONS, keys_of
+from v100lab.workbook.scenario import keys, parameters_cell_source, read_parameters
+from v100lab.workbook.runner import KERNEL_NAME, find_notebooks, parameters_cell, read_headline, sync_parameters_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
@@ -134,7 +134,7 @@ def test_parameters_cell_holds_the_keys_the_notebook_reads(path):
     assert nb.cells.index(cell) == 1, f"{path.name}: the parameters cell must follow the title"
     assert cell.source == parameters_cell_source(keys_of(path)), (
         f"{path.name}: parameters cell differs from the schema's keys for it; "
-        "run `python -m v100lab.batch_runner` (rewrites every parameters cell, both files of each pair)")
+        "run `python -m v100lab.workbook.runner` (rewrites every parameters cell, both files of each pair)")
     assert len(keys_of(path)) < len(keys()), f"{path.name} shows every key"
     validate = nb.cells[2]
     assert validate.cell_type == "code" and "from_notebook(globals())" in validate.source
@@ -146,7 +146,7 @@ def _modules_called(nb) -> set:
     """The levers modules whose functions the notebook's cells call (levers.NAME → NAME's module)."""
     names = set(re.findall(r"levers\.(\w+)\(", "\n".join(c.source for c in nb.cells if c.cell_type == "code")))
     mods = {inspect.getmodule(getattr(levers, n)) for n in names}
-    return {m for m in mods if m is not None and m.__name__.startswith("v100lab.levers")}
+    return {m for m in mods if m is not None and m.__name__.startswith("v100lab.workbook.levers")}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -210,7 +210,7 @@ ARITHMETIC = (ast.BinOp, ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorE
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_no_formulas_or_loops_outside_by_hand_cells(path):
     """Code cells after the validation cell call package functions: no loops, definitions, imports or
-    arithmetic — those live in v100lab.levers and v100lab.plots — except in cells tagged ``by-hand``, which
+    arithmetic — those live in v100lab.workbook.levers and v100lab.workbook.plots — except in cells tagged ``by-hand``, which
     may do plain arithmetic (never loops or definitions)."""
     nb = _read(path)
     for i, cell in _code_after_parameters(nb)[1:]:
@@ -349,13 +349,13 @@ def test_every_plot_is_followed_by_what_to_look_at(path):
 
 
 def test_a_difference_inside_the_noise_is_no_difference():
-    from v100lab.levers.captions import difference
+    from v100lab.workbook.levers.captions import difference
 
     assert difference(100.0, 5.0, 3, 104.0, 5.0, 3).startswith("no difference beyond the noise (± 10.0")
     assert difference(100.0, 1.0, 3, 120.0, 1.0, 3) == "+20 %"
     assert "single runs" in difference(100.0, 0.0, 1, 120.0, 0.0, 1)
-    from v100lab.levers.summaries import _effect
-    from v100lab.results import Observation, tidy_frame
+    from v100lab.workbook.levers.summaries import _effect
+    from v100lab.facts.results import Observation, tidy_frame
 
     def row(v, x, sd):
         return Observation("m", "Q4_0", "host", "n_ubatch", v, "pp_tps", x, "tok/s", "measured",
@@ -369,9 +369,9 @@ def test_a_difference_inside_the_noise_is_no_difference():
 def test_sweep_draws_error_bars_ticks_at_the_values_and_the_conditions():
     from matplotlib.container import ErrorbarContainer
 
-    from v100lab import plots
-    from v100lab.levers.steps import lever_frame
-    from v100lab.results import Observation
+    from v100lab.workbook import plots
+    from v100lab.workbook.levers.steps import lever_frame
+    from v100lab.facts.results import Observation
 
     rows = []
     for v, x in (("1", 30.0), ("2", 52.0), ("4", 80.0)):
@@ -391,7 +391,7 @@ def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
     """A scenario that predicts for this machine's CPU also predicts for a catalog GPU (compare_gpu, the V100 by
     default) with the seed's model: 01's triangle has red cells there, 05's -ngl sweep and spill are for it (the
     spill step appears), 02's catalog carries the per-token overhead limit that a small model sits on."""
-    from v100lab.scenario import load_scenario
+    from v100lab.workbook.scenario import load_scenario
 
     sc = load_scenario({**read_parameters(ROOT / "params" / "default.yaml"), "measure": False,
                         "quants": ["Q8_0", "Q4_0"], "ctx_sizes": [2048, 32768], "cache_types": ["f16"]})
@@ -429,12 +429,12 @@ def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
 def test_the_tuned_command_names_its_model_by_a_path_a_reader_can_use():
     import sys
 
-    from v100lab.levers.final import display_path
+    from v100lab.workbook.levers.final import display_path
 
     inside = str(Path(sys.prefix) / "lib" / "site-packages" / "x" / "model.gguf")
     assert display_path(inside) == "model.gguf"
     assert display_path("models/m.gguf") == "models/m.gguf"
-    from v100lab import render
+    from v100lab.workbook import render
 
     lines = render.command_lines(["llama-server", "-m", "m.gguf", "--batch-size", "2048", "-ts", "1,-2", "--mlock"])
     assert lines == ["llama-server", "-m m.gguf", "--batch-size 2048", "-ts 1,-2", "--mlock"], "a flag never splits"

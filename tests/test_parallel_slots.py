@@ -1,4 +1,4 @@
-"""Notebook 10's package side (v100lab.levers.parallel): llama-server under load per -np, beside the serving
+"""Notebook 10's package side (v100lab.workbook.levers.parallel): llama-server under load per -np, beside the serving
 model, the seed's one-slot claim and the context per slot.
 
 * predictions only — measure false, a header-only skeleton, no llama-server binary: every frame says why and
@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from v100lab import levers, llama_context
-from v100lab.levers import parallel
-from v100lab.levers.steps import seed_target_model
-from v100lab.levers.text import claim_verdict
-from v100lab.scenario import from_notebook, read_parameters
-from v100lab.seed import parallel_claim
+from v100lab.workbook import levers
+from v100lab.gguf import llama_context
+from v100lab.workbook.levers import parallel
+from v100lab.workbook.levers.steps import seed_target_model
+from v100lab.workbook.levers.text import claim_verdict
+from v100lab.workbook.scenario import from_notebook, read_parameters
+from v100lab.advise.seed import parallel_claim
 
 CI_PARAMS = Path(__file__).resolve().parents[1] / "params" / "ci.yaml"
 

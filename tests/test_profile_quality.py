@@ -15,8 +15,10 @@ import sys
 
 import pytest
 
-from v100lab import calibration, devices, rates
-from v100lab.errors import RunFailed
+from v100lab.measure import calibration
+from v100lab.facts import devices
+from v100lab.predict import rates
+from v100lab.base.errors import RunFailed
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -93,9 +95,9 @@ def test_another_build_or_cpu_is_a_warning_naming_which(fresh_cache):
 
 
 def test_host_predictions_carry_the_description(fresh_cache):
-    from v100lab import speed
-    from v100lab.config import RunConfig
-    from v100lab.skeleton import skeleton_spec
+    from v100lab.predict import speed
+    from v100lab.facts.config import RunConfig
+    from v100lab.gguf.skeleton import skeleton_spec
 
     current = rates.current_build_facts()
     _store(_calibration(current, cpu={**current["cpu"], "model": "Some Other CPU"}))
@@ -120,7 +122,7 @@ def test_plan_shows_age_quality_and_warnings(fresh_cache):
 
 
 def test_notebook_run_environment_shows_the_profile(fresh_cache):
-    from v100lab.levers.baseline import run_environment
+    from v100lab.workbook.levers.baseline import run_environment
 
     current = rates.current_build_facts()
     _store(_calibration(current, cpu={**current["cpu"], "cpu_count": 999}))
@@ -132,7 +134,7 @@ def test_notebook_run_environment_shows_the_profile(fresh_cache):
 
 
 def test_tune_notes_carry_the_description(fresh_cache):
-    from v100lab.advisor import tune
+    from v100lab.advise.tune import tune
 
     current = rates.current_build_facts()
     _store(_calibration(current))
@@ -247,7 +249,7 @@ def test_calibrate_refuses_a_noisy_machine_then_force_stores_it(fresh_cache, sma
 def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
     """`calibrate --show` prints, per thread count, attention's cost beside the decode rates — the per multiply-add
     cost from the streaming rung's depths, the head_dim tail and the split-KV cost where the fit found them."""
-    from v100lab import cli
+    from v100lab.cli.main import main as cli
 
     current = rates.current_build_facts()
     cal = _calibration(current)
@@ -266,7 +268,7 @@ def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
 def test_calibrate_show_says_how_many_parameters_the_residuals_are_over(fresh_cache, capsys):
     """The fit's residuals mean something only with points to spare: `--show` prints the parameter count beside the
     point count, and says so when none are left (each residual then 0 by construction)."""
-    from v100lab import cli
+    from v100lab.cli.main import main as cli
 
     cal = _calibration(rates.current_build_facts())
     n = len(cal["threads"]["1"]["tg_fit_rel_err"])
@@ -300,7 +302,7 @@ def test_misses_are_judged_against_their_own_loads(fresh_cache, capsys):
     """A point missed by more than 10 % is named with its loads' standard error: beyond NOISE_Z of them it is the
     model's miss, within them the machine's noise can account for it, with under three loads nobody can tell. The
     profile's line and `calibrate --show` say which."""
-    from v100lab import cli
+    from v100lab.cli.main import main as cli
 
     cal = _calibration(rates.current_build_facts())
     steady, shaky = [100.0, 101.0, 99.0, 100.5, 99.5], [70.0, 130.0, 85.0, 115.0, 100.0]

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from v100lab import quality, zoo
-from v100lab.errors import V100labError
+from v100lab.measure import quality
+from v100lab.models import zoo
+from v100lab.base.errors import V100labError
 
 
 def test_corpus_ships_with_python():
@@ -44,5 +45,5 @@ def test_bad_arguments_are_named():
 
 def test_default_ladder_aliases_resolve_without_building():
     with pytest.raises(V100labError):
-        zoo.resolve("default:Q9_Z")
+        zoo.model_path("default:Q9_Z")
     assert zoo.quant_of("default:q4_0") == "Q4_0"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from v100lab import rates, speed
-from v100lab.config import RunConfig
-from v100lab.devices import Device, catalog, device_from_mapping, get_device
+from v100lab.predict import rates, speed
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device, catalog, device_from_mapping, get_device
 
 # ---- CPUs: a stored calibration -------------------------------------------------------------------
 

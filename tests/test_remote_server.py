@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from v100lab import levers
-from v100lab.backends.server import free_port, served_model
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.levers.steps import capture_load, study
-from v100lab.scenario import load_scenario
+from v100lab.workbook import levers
+from v100lab.measure.backends.server import free_port, served_model
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.workbook.levers.steps import capture_load, study
+from v100lab.workbook.scenario import load_scenario
 
 
 @pytest.mark.parametrize("url", ["http://gpu-box:8080", "https://10.0.0.5:443", "http://[::1]:8080/",
@@ -123,8 +123,8 @@ def test_steps_that_load_llama_cpp_predict_and_say_why(remote):
 @pytest.mark.server
 def test_llama_server_binary_reports_its_model_and_is_measured(default_model):
     """The same through llama.cpp's own llama-server (its /props names the model it serves)."""
-    from v100lab.backends.server import ServerBackend, find_llama_server
-    from v100lab.config import RunConfig
+    from v100lab.measure.backends.server import ServerBackend, find_llama_server
+    from v100lab.facts.config import RunConfig
 
     binary = find_llama_server()
     if binary is None:

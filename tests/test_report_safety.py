@@ -3,7 +3,7 @@
 A tiny llama GGUF (written with the ``gguf`` package) carries ``<script>``, ``<img onerror=...>``,
 ``</script>`` and attribute-breaking payloads in its name, author, description, chat template and
 token list; the parameter file carries more in its scenario name and device. A real batch runs a
-test notebook that renders all of it through ``v100lab.render`` (title, Markdown, tables, code
+test notebook that renders all of it through ``v100lab.workbook.render`` (title, Markdown, tables, code
 block, matplotlib labels, print, the headline, an exception message), then headless Chromium
 (Debian's ``chromium``) opens the report, the reader's report and the index and we check that no
 payload ran. Every payload, had it run, leaves a mark the page cannot contain otherwise: it sets the
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from v100lab import batch_runner, render
+from v100lab.workbook import runner as batch_runner, render
 
 NB = Path(__file__).parent / "data" / "notebooks"
 
@@ -160,7 +160,7 @@ def hostile_batch(tmp_path_factory):
 
 
 def test_payload_model_is_a_readable_gguf(hostile_batch):
-    from v100lab.header import read_header
+    from v100lab.gguf.header import read_header
 
     md = read_header(hostile_batch["model"]).metadata
     assert md["general.name"] == NAME and md["tokenizer.chat_template"].startswith(P_CLOSE)
@@ -200,8 +200,8 @@ def test_render_helpers_escape_every_payload():
 
 
 def test_index_escapes_the_headline_configuration_and_partial_reason():
-    from v100lab.batch_runner import RunResult, index_html
-    from v100lab.render import headline_record
+    from v100lab.workbook.runner import RunResult, index_html
+    from v100lab.workbook.render import headline_record
 
     for p in PAYLOADS:
         h = headline_record(None, 1.0, model=p, configuration=p, partial=p)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from v100lab import zoo
-from v100lab.errors import ConfigError, ModelNotFoundError
-from v100lab.header import read_spec
-from v100lab.resolve import ResolvedModel, resolve
-from v100lab.skeleton import skeleton_spec
+from v100lab.models import zoo
+from v100lab.base.errors import ConfigError, ModelNotFoundError
+from v100lab.gguf.header import read_spec
+from v100lab.models.resolve import ResolvedModel, resolve
+from v100lab.gguf.skeleton import skeleton_spec
 
 
 def test_alias_and_its_path_give_the_same_model(default_model):
@@ -44,7 +44,7 @@ def test_building_is_explicit(fresh_cache):
     assert path.is_file() and path.parent == fresh_cache
     assert spec.file_type == "Q8_0"
     assert resolve("synth-tiny:Q8_0") == (path, spec)          # built now: found without building
-    assert zoo.resolve("synth-tiny:Q8_0", build=False) == path
+    assert zoo.model_path("synth-tiny:Q8_0", build=False) == path
 
 
 def test_unknown_names_are_not_found(tmp_path):

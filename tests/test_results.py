@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from v100lab.results import (SCHEMA, TIDY_COLUMNS, Observation, TidyError, check_frame, compare, concat,
+from v100lab.facts.results import (SCHEMA, TIDY_COLUMNS, Observation, TidyError, check_frame, compare, concat,
                              flag_above_ceiling, observation, tidy_frame)
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, V100labError
-from v100lab.scenario import (Scenario, defaults, from_notebook, keys, load_scenario, notebook_parameters,
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.workbook.scenario import (Scenario, defaults, from_notebook, keys, load_scenario, notebook_parameters,
                               parameters_cell_source, run_config_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +219,7 @@ def test_from_notebook_inside_a_real_ipython_shell():
     shell = InteractiveShell.instance()
     try:
         shell.run_cell(parameters_cell_source() + "\nn_gen = 3\nimport os\n", store_history=True)
-        result = shell.run_cell("from v100lab.scenario import from_notebook\nscn = from_notebook(globals())")
+        result = shell.run_cell("from v100lab.workbook.scenario import from_notebook\nscn = from_notebook(globals())")
         result.raise_error()
         assert shell.user_ns["scn"].n_gen == 3
         rerun = shell.run_cell("scn = from_notebook(globals())")  # re-running the cell by hand works
@@ -236,16 +236,16 @@ def test_from_notebook_inside_a_real_ipython_shell():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[Path(p).name for p in NOTEBOOKS])
 def test_notebook_parameters_cell_matches_the_schema(path):
     """Notebooks and schema never drift: each parameters cell is the schema's for the keys its notebook
-    reads (every key for a test notebook); fix with ``python -m v100lab.batch_runner``."""
+    reads (every key for a test notebook); fix with ``python -m v100lab.workbook.runner``."""
     import nbformat
 
-    from v100lab.batch_runner import notebook_keys, parameters_cell
+    from v100lab.workbook.runner import notebook_keys, parameters_cell
 
     nb = nbformat.read(path, as_version=4)
     cell = parameters_cell(nb)
     assert cell is not None, f"{path} has no cell tagged 'parameters'"
     assert cell.source == parameters_cell_source(notebook_keys(path)), \
-        f"{path}: parameters cell differs from the schema; run python -m v100lab.batch_runner"
+        f"{path}: parameters cell differs from the schema; run python -m v100lab.workbook.runner"
 
 
 def test_parameters_cell_for_some_keys():
@@ -261,7 +261,7 @@ def test_parameters_cell_for_some_keys():
 def test_sync_parameters_cell(tmp_path):
     import nbformat
 
-    from v100lab.batch_runner import parameters_cell, sync_parameters_cell
+    from v100lab.workbook.runner import parameters_cell, sync_parameters_cell
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# title")]
@@ -285,7 +285,7 @@ def test_config_error_is_a_package_error():
 def test_from_notebook_refuses_a_parameter_shadowed_by_an_import():
     """`from v100lab import scenario` after the parameters cell replaces the `scenario` parameter with the
     module; the scenario's name would silently fall back to its default."""
-    import v100lab.scenario as module
+    import v100lab.workbook.scenario as module
 
     with pytest.raises(ConfigError, match="'scenario' was replaced by a module"):
         from_notebook({"scenario": module, "n_ctx": 1024})

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from v100lab.results import tidy_frame
-from v100lab.seed import seed_staircase
+from v100lab.facts.results import tidy_frame
+from v100lab.advise.seed import seed_staircase
 
 
 def test_seed_staircase_rows_are_consistent():

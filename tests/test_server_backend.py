@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from v100lab import harness
-from v100lab.backends import BenchTest
-from v100lab.llamabench import (export_llama_bench_json, find_llama_bench, import_llama_bench,
+from v100lab.measure import harness
+from v100lab.measure.backends import BenchTest
+from v100lab.measure.llamabench import (export_llama_bench_json, find_llama_bench, import_llama_bench,
                                          parse_llama_bench, run_llama_bench)
-from v100lab.backends.server import ServerBackend, find_llama_server
-from v100lab.config import RunConfig
+from v100lab.measure.backends.server import ServerBackend, find_llama_server
+from v100lab.facts.config import RunConfig
 
 CFG = RunConfig(n_ctx=256, n_threads=1)
 pytestmark = pytest.mark.server

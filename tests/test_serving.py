@@ -1,4 +1,4 @@
-"""Batched decode and serving predictions (v100lab.serving): structure and the model's own logic; no speed
+"""Batched decode and serving predictions (v100lab.predict.serving): structure and the model's own logic; no speed
 asserted as a fact about any machine."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from v100lab import serving, speed
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.skeleton import skeleton_spec
+from v100lab.predict import serving, speed
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.skeleton import skeleton_spec
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_bad_serving_input(llama7b):
 # ---- batched decode measured on a CPU (calibrate_batching) ------------------------------------------
 
 def _cpu():
-    from v100lab.devices import Device
+    from v100lab.facts.devices import Device
 
     return Device(id="testcpu", name="test CPU", kind="cpu", memory_gib=64, bandwidth_gbs=20)
 
@@ -141,7 +141,7 @@ def test_cpu_batch_uses_the_measured_curve(llama7b):
 
 def test_calibrate_batching_reads_llama_batched_bench(tmp_path, monkeypatch):
     """The calibration run and its parsing, with a stand-in for llama-batched-bench (the real one is slow)."""
-    from v100lab import calibration
+    from v100lab.measure import calibration
 
     fake = tmp_path / "llama-batched-bench"
     fake.write_text("#!/bin/sh\nfor pl in 1 2 4; do\n"
@@ -159,7 +159,7 @@ def test_calibrate_batching_reads_llama_batched_bench(tmp_path, monkeypatch):
     bad = tmp_path / "crash"
     bad.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
     bad.chmod(0o755)
-    from v100lab.errors import RunFailed
+    from v100lab.base.errors import RunFailed
 
     with pytest.raises(RunFailed, match="no weight type"):
         calibration.calibrate_batching(threads=[2], batches=(1, 2), n_gen=4, repetitions=1, binary=bad, store=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from v100lab.backends.server import find_llama_server
+from v100lab.measure.backends.server import find_llama_server
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving_peers.py"
 

@@ -11,11 +11,11 @@ import io
 import gguf
 import pytest
 
-from v100lab import zoo
-from v100lab.errors import ConfigError
-from v100lab.header import read_header, read_spec
-from v100lab.quantmix import ModelFacts, n_dims, tensor_types
-from v100lab.skeleton import arch_names, load_arch, skeleton_spec, validate_arch, write_skeleton
+from v100lab.models import zoo
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.header import read_header, read_spec
+from v100lab.facts.quantmix import ModelFacts, n_dims, tensor_types
+from v100lab.gguf.skeleton import arch_names, load_arch, skeleton_spec, validate_arch, write_skeleton
 
 LADDER = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q3_K_M", "Q6_K", "Q2_K", "Q8_0")
 

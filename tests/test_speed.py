@@ -10,14 +10,15 @@ import json
 
 import pytest
 
-from v100lab import llama_context, speed
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.errors import V100labError
-from v100lab.header import read_spec
-from v100lab.results import tidy_frame
-from v100lab.skeleton import skeleton_spec
-from v100lab.work import Placed
+from v100lab.gguf import llama_context
+from v100lab.predict import speed
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import V100labError
+from v100lab.gguf.header import read_spec
+from v100lab.facts.results import tidy_frame
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.predict.work import Placed
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def _chunks_by_simulation(n_rows: int, threads: int, repacked: bool) -> list[int
 @pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("repacked", [False, True])
 def test_mul_mat_chunks_follow_ggml_cpu(n_rows, threads, repacked):
-    from v100lab import work
+    from v100lab.predict import work
 
     chunks = work.mul_mat_chunks(n_rows, threads, repacked)
     assert list(chunks) == _chunks_by_simulation(n_rows, threads, repacked)
@@ -174,7 +175,7 @@ def test_mul_mat_chunks_follow_ggml_cpu(n_rows, threads, repacked):
 
 
 def test_a_576_row_product_is_five_chunks_against_four_at_two_threads():
-    from v100lab import work
+    from v100lab.predict import work
 
     # SmolLM2's q, o and ffn_down: 9 chunks of 64 rows, 5 for one thread and 4 for the other
     assert work.mul_mat_chunks(576, 2) == (64,) * 9
@@ -188,7 +189,7 @@ def test_a_576_row_product_is_five_chunks_against_four_at_two_threads():
 
 
 def test_the_busiest_thread_sets_a_cpu_products_time(default_model):
-    from v100lab.rates import cpu_rates_from_calibration
+    from v100lab.predict.rates import cpu_rates_from_calibration
 
     spec = read_spec(default_model)
     host = get_device("host")
@@ -217,7 +218,7 @@ def test_the_busiest_thread_sets_a_cpu_products_time(default_model):
 
 def test_untied_embedding_is_a_row_lookup(tiny_f16):
     spec = read_spec(tiny_f16)
-    from v100lab.devices import device_from_mapping
+    from v100lab.facts.devices import device_from_mapping
 
     dev = get_device("v100-32gb")
     host = device_from_mapping({"id": "host", "name": "h", "kind": "cpu", "memory_gib": 8, "bandwidth_gbs": 20}, "t")
@@ -279,7 +280,7 @@ def test_gpu_decode_is_memory_bound_and_pp_compute_bound(llama7b):
 def test_partial_offload_is_slower_and_uses_the_host(llama7b):
     host = {"id": "test-host", "name": "test host", "kind": "cpu", "memory_gib": 64, "bandwidth_gbs": 50,
             "source_url": "test"}
-    from v100lab.devices import device_from_mapping
+    from v100lab.facts.devices import device_from_mapping
 
     cpu = device_from_mapping(host, "test")
     full = speed.predict(llama7b, ["v100-32gb", cpu], RunConfig(n_ctx=4096))
@@ -302,7 +303,7 @@ def test_two_gpus_add_up_per_layer(llama7b):
 
 
 def test_uncalibrated_cpu_says_so(llama7b):
-    from v100lab.devices import device_from_mapping
+    from v100lab.facts.devices import device_from_mapping
 
     cpu = device_from_mapping({"id": "x", "name": "x", "kind": "cpu", "memory_gib": 64, "bandwidth_gbs": 50,
                                "source_url": "test"}, "test")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from v100lab.store import ResultsStore, row_key
+from v100lab.facts.store import ResultsStore, row_key
 
 
 def _row(i, status="ok", **kw):

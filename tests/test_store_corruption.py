@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from v100lab.errors import V100labError
-from v100lab.store import ResultsStore, StoreError, check_writable, row_problem, row_key
+from v100lab.base.errors import V100labError
+from v100lab.facts.store import ResultsStore, StoreError, check_writable, row_problem, row_key
 
 
 def _row(i, status="ok", **kw):
@@ -56,7 +56,7 @@ def test_torn_tail_is_still_cut(tmp_path, caplog):
     s = _stored(p, [_row(0)])
     with open(p, "ab") as f:
         f.write(b'{"model_header_sha256": "abc", "n_dep')
-    with caplog.at_level(logging.WARNING, logger="v100lab.store"):
+    with caplog.at_level(logging.WARNING, logger="v100lab.facts.store"):
         assert [r["n_depth"] for r in s.rows()] == [0]
         s.append(_row(1))
     assert any("torn" in m for m in caplog.messages)
@@ -116,7 +116,7 @@ def test_bad_row_is_reported_with_its_line_and_skipped(tmp_path, caplog, kind):
     with open(p, "a") as f:
         f.write(_bad(kind) + "\n")
     s = _stored(p, [_row(1)])
-    with caplog.at_level(logging.WARNING, logger="v100lab.store"):
+    with caplog.at_level(logging.WARNING, logger="v100lab.facts.store"):
         rows = s.rows()
         done = s.done_keys()
         latest = s.latest()

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from v100lab import llama_context, memcheck, memory, synth, zoo
-from v100lab.config import RunConfig
-from v100lab.errors import ModelNotFoundError, RunFailed, V100labError
-from v100lab.header import read_spec
-from v100lab.skeleton import skeleton_spec, validate_arch
+from v100lab.gguf import llama_context
+from v100lab.measure import memory_check as memcheck
+from v100lab.predict import memory
+from v100lab.models import synth, zoo
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ModelNotFoundError, RunFailed, V100labError
+from v100lab.gguf.header import read_spec
+from v100lab.gguf.skeleton import skeleton_spec, validate_arch
 
 TINY = ("synth-qwen35-tiny", "synth-qwen35moe-tiny", "synth-qwen3moe-tiny", "synth-gemma3-tiny", "synth-deepseek2-tiny")
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
@@ -23,7 +26,7 @@ LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 @pytest.fixture(scope="module", params=TINY)
 def tiny(request):
     """(alias, F16 path) of one tiny preset, built once per cache."""
-    return request.param, zoo.resolve(request.param)
+    return request.param, zoo.model_path(request.param)
 
 
 # ---- the presets and their files -------------------------------------------------------------
@@ -48,7 +51,7 @@ def test_measurement_presets_are_about_half_a_billion(name, default_model):
 
 def test_unbuilt_alias_is_named(fresh_cache):
     with pytest.raises(ModelNotFoundError, match="synth-qwen35-500m:Q4_K_M.*not built yet"):
-        zoo.resolve("synth-qwen35-500m:Q4_K_M", build=False)
+        zoo.model_path("synth-qwen35-500m:Q4_K_M", build=False)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -84,7 +87,7 @@ def test_header_reads_each_architecture(tiny):
         assert [spec.is_moe_layer(il) for il in range(s.n_layer)] == [il >= s.n_dense_lead for il in range(s.n_layer)]
     else:
         assert spec.head_dim_k == s.head_dim and not spec.is_mla
-    assert spec.n_vocab == read_spec(zoo.resolve("default")).n_vocab
+    assert spec.n_vocab == read_spec(zoo.model_path("default")).n_vocab
     if s.hybrid:
         # llama.cpp qwen35.cpp load_arch_hparams: is_recr(i) = (i + 1) % full_attention_interval != 0
         assert spec.recurrent_layers == tuple(i for i in range(s.n_layer) if (i + 1) % 4)
@@ -111,7 +114,7 @@ def test_each_architecture_loads_and_generates(tiny):
 
 @pytest.mark.slow
 def test_quantized_rung_generates():
-    out = synth.generate(zoo.resolve("synth-qwen35-tiny:Q4_K_M"), n_tokens=4)
+    out = synth.generate(zoo.model_path("synth-qwen35-tiny:Q4_K_M"), n_tokens=4)
     assert out["n_generated"] == 4 and out["finite"]
 
 
@@ -192,11 +195,11 @@ VALIDATION = [
 
 @pytest.mark.parametrize("alias, kw", VALIDATION, ids=[f"{a}-{i}" for i, (a, _) in enumerate(VALIDATION)])
 def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
-    checks, facts, p = memcheck.check_against_llama(zoo.resolve(alias), RunConfig(**kw))
+    checks, facts, p = memcheck.check_against_llama(zoo.model_path(alias), RunConfig(**kw))
     for kind, bound in TARGETS.items():
         c = checks[kind]
         assert c.within(bound), f"{kind}: predicted {c.predicted_bytes}, llama.cpp {c.measured_bytes} ({c.error:+.2%})"
-    spec = read_spec(zoo.resolve(alias))
+    spec = read_spec(zoo.model_path(alias))
     if spec.recurrent_layers:
         assert facts.recurrent and checks["recurrent"].measured_bytes > 0
         # KV only on the full-attention layers
@@ -234,7 +237,7 @@ def test_recurrent_phase_counts_state_copies_that_do_not_fit(default_model):
 def test_mtp_layer_is_neither_loaded_nor_cached(default_model):
     """A qwen35 file with its MTP layer (block_count 65, nextn_predict_layers 1): this llama.cpp build skips the
     MTP tensors (load_mtp false) and keeps no KV for them in the main context."""
-    from v100lab.skeleton import load_arch
+    from v100lab.gguf.skeleton import load_arch
 
     base = load_arch("qwen35-27b")
     mtp = {**base, "n_layer": 65, "nextn_layers": 1}
@@ -259,7 +262,7 @@ MLA_KV = [dict(n_ctx=4096), dict(n_ctx=8192, flash_attn="off"), dict(n_ctx=4096,
 def test_mla_kv_bytes_per_token_equal_llama_cpp_buffer(kw, default_model):
     """llama.cpp caches the compressed latent and the rotated key part (kv_lora_rank + n_rot) per layer per token
     as K, and no V (src/llama-kv-cache.cpp, has_v = !is_mla): its KV buffer is that per token × cells × streams."""
-    path = zoo.resolve("synth-deepseek2-tiny")
+    path = zoo.model_path("synth-deepseek2-tiny")
     s = synth.ARCH_PRESETS["synth-deepseek2-tiny"]
     cfg = RunConfig(**kw)
     spec = read_spec(path)
@@ -275,7 +278,7 @@ def test_mla_kv_bytes_per_token_equal_llama_cpp_buffer(kw, default_model):
 def test_mla_refuses_different_k_and_v_types(default_model):
     """llama_init_from_model: 'model does not support different K and V cache types' for is_mla(); the plan
     says so beforehand."""
-    path = zoo.resolve("synth-deepseek2-tiny")
+    path = zoo.model_path("synth-deepseek2-tiny")
     cfg = RunConfig(n_ctx=2048, cache_type_k="q8_0", cache_type_v="f16")
     p = memory.plan(read_spec(path), [], cfg, with_max_ctx=False)
     assert any("refuses" in w and "MLA" in w for w in p.warnings)
@@ -323,7 +326,7 @@ def test_deepseek_v2_lite_skeleton():
     (dict(kv_lora_rank=0), "positive integer 'kv_lora_rank'"),
 ])
 def test_mla_spec_errors_are_one_line(kw, match):
-    from v100lab.skeleton import load_arch
+    from v100lab.gguf.skeleton import load_arch
 
     with pytest.raises(V100labError, match=match):
         validate_arch({**load_arch("deepseek-v2-lite"), **kw})
@@ -331,9 +334,9 @@ def test_mla_spec_errors_are_one_line(kw, match):
 
 def test_mla_arch_spec_round_trips_through_the_header(default_model):
     """skeleton.arch_spec_of a real deepseek2 file describes it again at another quant, tensor by tensor."""
-    from v100lab.skeleton import arch_spec_of
+    from v100lab.gguf.skeleton import arch_spec_of
 
-    f16 = zoo.resolve("synth-deepseek2-tiny")
+    f16 = zoo.model_path("synth-deepseek2-tiny")
     arch = arch_spec_of(read_spec(f16))
     assert arch["expert_gating"] == "sigmoid" and arch["expert_probs_bias"] and arch["q_lora_rank"] == 96
     real = read_spec(zoo.quantized_path(f16, "Q4_K_M"))

@@ -6,13 +6,15 @@ import json
 
 import pytest
 
-from v100lab import advisor, memory
-from v100lab.advisor import TIE, margin_bytes, seed_verdict, tune
-from v100lab.cli import main
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError, V100labError
-from v100lab.skeleton import skeleton_spec
+from v100lab.advise import tune as advisor
+from v100lab.predict import memory
+from v100lab.advise.seed import seed_verdict
+from v100lab.advise.tune import TIE, margin_bytes, tune
+from v100lab.cli.main import main
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.gguf.skeleton import skeleton_spec
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """tune --users: slots, context per slot and cache types for a workload — feasibility first, then the SLO, then
-throughput (v100lab.workload_advice). Predictions only: skeletons and a real GGUF header, nothing run."""
+throughput (v100lab.advise.tune_users). Predictions only: skeletons and a real GGUF header, nothing run."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import math
 
 import pytest
 
-from v100lab import llama_context, memory
-from v100lab.advisor import TIE, NothingFits
-from v100lab.cli import main
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError
-from v100lab.resolve import resolve
-from v100lab.skeleton import skeleton_spec
-from v100lab.workload_advice import Workload, advise, slot_counts, ubatches
+from v100lab.gguf import llama_context
+from v100lab.predict import memory
+from v100lab.advise.tune import TIE, NothingFits
+from v100lab.cli.main import main
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError
+from v100lab.models.resolve import resolve
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.advise.tune_users import Workload, advise, slot_counts, ubatches
 
 SEED_MODEL = "skeleton:qwen35-27b:Q4_K_M"       # params/seed-v100-qwen27b.yaml's model
 

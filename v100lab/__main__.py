@@ -1,3 +1,3 @@
-from v100lab.cli import main
+from v100lab.cli.main import main
 
 raise SystemExit(main())

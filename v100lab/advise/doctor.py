@@ -27,13 +27,13 @@ above-ceiling          a decode tok/s above bandwidth / model size for the devic
 far-below-ceiling      decode on a GPU under a quarter of that ceiling (the seed's 4 tok/s)
 =====================  ========================================================================================
 
-What the log says about loading is read by :func:`v100lab.loadlog.parse_load_log` (one parser for those
+What the log says about loading is read by :func:`v100lab.facts.loadlog.parse_load_log` (one parser for those
 lines); this module adds what the load log does not cover: speeds (llama-server's and llama_perf's
 "eval time" lines, llama-bench's markdown table or its json/jsonl/csv output through
-:mod:`v100lab.llamabench`), the GPUs ggml-cuda reports, memory the tools say is free, allocation
+:mod:`v100lab.measure.llamabench`), the GPUs ggml-cuda reports, memory the tools say is free, allocation
 failures and build warnings. llama-server's line prefixes (``0.00.123.456 I srv  ...``) are stripped first.
 
-A log is read with bounded memory (:func:`v100lab.safeio.read_bounded`: at most ``MAX_LOG_BYTES`` actually
+A log is read with bounded memory (:func:`v100lab.base.safeio.read_bounded`: at most ``MAX_LOG_BYTES`` actually
 read, whatever ``st_size`` says; a FIFO or device never hangs it). Evidence lines are cut to
 ``MAX_EVIDENCE_CHARS`` and every string of the text report is printed with control characters escaped.
 
@@ -57,13 +57,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from v100lab import loadlog
-from v100lab.llamabench import parse_llama_bench
-from v100lab.devices import catalog, get_device
-from v100lab.errors import V100labError
-from v100lab.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
-from v100lab.speed import ceiling_tps
-from v100lab.safeio import json_safe, read_bounded, shorten, term_text
+from v100lab.facts import loadlog
+from v100lab.measure.llamabench import parse_llama_bench
+from v100lab.facts.devices import catalog, get_device
+from v100lab.base.errors import V100labError
+from v100lab.facts.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
+from v100lab.predict.speed import ceiling_tps
+from v100lab.base.safeio import json_safe, read_bounded, shorten, term_text
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class Diagnosis:
     def format_text(self) -> str:
         """The human report: one block per finding (severity, title, evidence with line number, fix).
 
-        Every string is printed through :func:`~v100lab.safeio.term_text`: a log line or a GPU name
+        Every string is printed through :func:`~v100lab.base.safeio.term_text`: a log line or a GPU name
         holding terminal escape sequences is shown escaped, never executed by the terminal."""
         t = term_text
         head = f"{t(self.source)}: {self.kind} log"
@@ -386,7 +386,7 @@ def _bench_markdown(lines: Sequence[tuple[int, str]]) -> list[SpeedFact]:
 
 
 def _bench_records(text: str) -> list[SpeedFact]:
-    """llama-bench ``-o json|jsonl|csv`` output, read by :func:`v100lab.llamabench.parse_llama_bench`."""
+    """llama-bench ``-o json|jsonl|csv`` output, read by :func:`v100lab.measure.llamabench.parse_llama_bench`."""
     try:
         recs = parse_llama_bench(text)
     except (V100labError, ValueError, TypeError, RecursionError, csv.Error):

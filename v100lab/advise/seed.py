@@ -3,20 +3,24 @@ the verdict on each stage (claimed vs predicted vs the physical ceiling).
 
 ``data/seed_claims.yaml`` holds what the seed claims (its device, its assumed model and server CPU, each
 stage's quant and flags and claimed tok/s) and independent published rows. This module sits on top of the
-predictions: it predicts every stage with :mod:`v100lab.speed` and marks claims above the physical ceiling
+predictions: it predicts every stage with :mod:`v100lab.predict.speed` and marks claims above the physical ceiling
 (the bytes a token must read at peak bandwidth) as impossible.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import argparse
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from v100lab import memory
-from v100lab.config import RunConfig
-from v100lab.devices import device_from_mapping, get_device
-from v100lab.rates import arch_spec, data_text
-from v100lab.results import Observation
-from v100lab.speed import predict
+from v100lab.advise.tune import Candidate, ModelChoice, TuneResult, evaluate, signed_tps_delta, tune
+from v100lab.gguf import skeleton
+from v100lab.predict import memory
+from v100lab.facts.config import RunConfig, add_flag_arguments, from_flag_args
+from v100lab.facts.devices import device_from_mapping, get_device
+from v100lab.predict.rates import arch_spec, data_text
+from v100lab.facts.results import TPS, Observation, tidy_frame
+from v100lab.predict.speed import predict
 
 SEED_CLAIMS = "seed_claims.yaml"
 # said beside every predicted stage on a CUDA card: the class is fitted on published rows, the V100's among them
@@ -112,3 +116,115 @@ def parallel_claim_rows(model: str, quant: str, device: str, slots: int | None =
                         metric=c["metric"], result=c["below"], unit="×", source="claimed",
                         group="concurrency 1",
                         note=f"claimed: below {c['below']:g} (the seed gives no figure): '{c['advice']}'{where}")]
+
+
+# ------------------------------------------------------------------------------------------------
+# the seed's final command, checked
+# ------------------------------------------------------------------------------------------------
+
+# The seed post's final command, verbatim; the post says flash attention was left off.
+SEED_ARGV = ("llama-server", "-m", "qwen-27b-instruct-q4_0.gguf", "--host", "0.0.0.0", "--port", "8080",
+             "--ctx-size", "2048", "--batch-size", "512", "--ubatch-size", "512", "--gpu-layers", "999",
+             "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--parallel", "1", "--mlock")
+SEED_QUANT = "Q4_0"
+SEED_CLAIMED_TPS = (63.0, 65.0)   # the tok/s the post claims for that command (its stage 6)
+
+
+def seed_config() -> RunConfig:
+    """The seed's final command as a RunConfig (llama.cpp's own flag parser spellings; -fa left off)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_flag_arguments(p)
+    args, _ = p.parse_known_args(list(SEED_ARGV[1:]))
+    return from_flag_args(args).with_(flash_attn="off")
+
+
+@dataclass(frozen=True)
+class SeedVerdict:
+    """The seed's final command next to the tuned one: flag by flag, with predictions."""
+
+    device: str
+    arch: str
+    seed_argv: tuple[str, ...]
+    seed_config: RunConfig
+    seed_candidate: Candidate           # the seed's configuration, predicted (fits: with our margin)
+    seed_runs: bool                     # False: llama.cpp refuses it (quantized V without flash attention)
+    seed_problem: str
+    tuned: TuneResult
+    rows: tuple[tuple[str, str, str, str], ...]   # (flag, seed, tuned, verdict)
+    claimed_tps: tuple[float, float] = SEED_CLAIMED_TPS
+
+    def frame(self):
+        import pandas as pd   # heavy: only the tables need it
+
+        return pd.DataFrame(list(self.rows), columns=["flag", "seed", "tuned", "verdict"])
+
+    def observations(self) -> list:
+        """Claimed, seed-predicted and tuned-predicted decode tok/s (+ the ceiling), lever "command"."""
+        c = self.seed_candidate
+        base = dict(model=self.arch, device=self.device, lever="command", metric="tg_tps", unit=TPS)
+        rows = [Observation(**base, quant=SEED_QUANT, value="seed", result=v, source="claimed",
+                            above_ceiling=v > c.weights_ceiling_tg_tps, note="the seed's section 8, stage 6")
+                for v in self.claimed_tps]
+        rows.append(Observation(**base, quant=SEED_QUANT, value="seed", result=c.tg_tps, source="predicted",
+                                above_ceiling=False, note=self.seed_problem or "runs"))
+        t = self.tuned.best
+        rows.append(Observation(**base, quant=t.quant, value="tuned", result=t.tg_tps, source="predicted",
+                                above_ceiling=False, note=t.label))
+        rows.append(Observation(model=self.arch, quant=SEED_QUANT, device=self.device, lever="command", value="seed",
+                                metric="weights_ceiling_tg_tps", result=c.weights_ceiling_tg_tps, unit=TPS, source="predicted",
+                                note="bandwidth / weight bytes"))
+        return rows
+
+    def format_text(self) -> str:
+        c, t = self.seed_candidate, self.tuned.best
+        lines = [f"seed:  {' '.join(self.seed_argv)}",
+                 f"       predicted {c.tg_tps:.1f} tok/s (claimed {self.claimed_tps[0]:g}–{self.claimed_tps[1]:g}, "
+                 f"ceiling {c.weights_ceiling_tg_tps:.1f})" + (f"; {self.seed_problem}" if self.seed_problem else ""),
+                 f"tuned: {self.tuned.command}",
+                 f"       predicted {t.tg_tps:.1f} tok/s", ""]
+        w = max(len(r[0]) for r in self.rows)
+        ws = max(len(r[1]) for r in self.rows)
+        wt = max(len(r[2]) for r in self.rows)
+        for flag, s, tv, verdict in self.rows:
+            lines.append(f"  {flag:<{w}}  {s:>{ws}} → {tv:<{wt}}  {verdict}")
+        return "\n".join(lines)
+
+
+def seed_verdict(device: str = "v100-16gb", arch: str = "qwen35-27b", min_ctx: int = 2048,
+                 quants: Sequence[str] | None = None) -> SeedVerdict:
+    """Tune the seed's scenario (``arch`` on ``device`` with ``min_ctx``) and compare with the seed's command.
+
+    One call for notebook 08: ``v = seed_verdict(); print(v.format_text()); v.frame()``."""
+    dev = get_device(device)
+    tuned = tune(arch, dev, min_ctx=min_ctx, quants=quants)
+    scfg = seed_config()
+    m = ModelChoice(arch, SEED_QUANT, skeleton.skeleton_spec(arch, SEED_QUANT), None, SEED_ARGV[2])
+    depth = tuned.best.depth
+    seed_c = evaluate(m, [dev], scfg, depth)
+    runs = not (scfg.kv_quantized_v and scfg.flash_attn == "off")
+    problem = "" if runs else ("llama.cpp refuses it: a q8_0 V cache needs flash attention (\"quantized V cache "
+                               "requires flash_attn to be enabled\"); newer builds' default -fa auto turns it on")
+    t = tuned.config
+    rows = []
+
+    def verdict(flag, sv, tv, why):
+        rows.append((flag, str(sv), str(tv), why if str(sv) != str(tv) else "kept: " + why))
+
+    verdict("-m (quant)", SEED_QUANT, tuned.quant, "fastest ≥4-bit quant that fits with the margin")
+    verdict("--gpu-layers", scfg.n_gpu_layers, t.n_gpu_layers, "every layer on the GPU")
+    verdict("--ctx-size", scfg.n_ctx, t.n_ctx, "the context asked for")
+    verdict("--batch-size", scfg.n_batch, t.n_batch, "changes neither memory nor decode speed")
+    verdict("--ubatch-size", scfg.n_ubatch, t.n_ubatch,
+            f"prompt {tuned.best.pp_tps:.0f} vs {seed_c.pp_tps:.0f} tok/s predicted; decode unchanged")
+    seed_kv = scfg.cache_type_v
+    verdict("--cache-type-k/v", seed_kv, t.cache_type_v,
+            f"KV {seed_c.kv_bytes / 2**20:.0f} vs {tuned.best.kv_bytes / 2**20:.0f} MiB; decode "
+            f"{signed_tps_delta(tuned.best.tg_tps, seed_c.tg_tps)}; f16 fits, so no need to quantize" if t.cache_type_v == "f16"
+            else "needed to fit")
+    verdict("--flash-attn", scfg.flash_attn + " (left off)", t.flash_attn,
+            "q8_0 V with flash attention off is refused by llama.cpp" if not runs else "as predicted")
+    verdict("--parallel", scfg.n_parallel, t.n_parallel, "one user, one slot")
+    verdict("--mlock", "yes", "yes" if t.use_mlock else "no",
+            "every layer is on the GPU: only token_embd stays in host memory, so locking it buys no decode speed")
+    return SeedVerdict(device=dev.id, arch=arch, seed_argv=SEED_ARGV, seed_config=scfg, seed_candidate=seed_c,
+                       seed_runs=runs, seed_problem=problem, tuned=tuned, rows=tuple(rows))

@@ -1,9 +1,9 @@
 """``tune``: the fastest llama.cpp configuration that fits, as a llama-server command with a reason per flag.
 
 Anchors: llama.cpp's ``--fit`` fits memory only, by loading; fituna measures and never predicts; llmfit prints a
-command from a catalogue. ``tune`` predicts (memory :mod:`v100lab.memory`, speed :mod:`v100lab.speed`) over a
+command from a catalogue. ``tune`` predicts (memory :mod:`v100lab.predict.memory`, speed :mod:`v100lab.predict.speed`) over a
 grid of run configurations — and quants, when MODEL names a family — keeps those that fit with a margin,
-ranks them by predicted decode speed, optionally measures the best few for real (:mod:`v100lab.harness`) and
+ranks them by predicted decode speed, optionally measures the best few for real (:mod:`v100lab.measure.harness`) and
 chooses by measurement, then explains every flag of the resulting command with what it buys in predicted
 tok/s or bytes.
 
@@ -20,7 +20,7 @@ The search (one source of truth: the constants below)
   with which every layer fits, then ``--cpu-moe``), as llama.cpp's ``--fit`` does (common/fit.cpp,
   common_params_fit_impl: all MoE tensors in system memory, then full layers front to back); only then the most
   layers that fit.
-* **fit** — :func:`v100lab.memory.feasibility`, the rule ``plan`` prints too: every device's plan (weights + KV +
+* **fit** — :func:`v100lab.predict.memory.feasibility`, the rule ``plan`` prints too: every device's plan (weights + KV +
   recurrent state + compute + output + runtime overhead) — each GPU's and the host RAM's, for what stays on the
   CPU — must leave :func:`margin_bytes` free (3 % of its memory, at least 256 MiB), and llama.cpp's limits must
   hold (at most 256 sequences, cells for each, a context within its int32). Limits that no configuration can
@@ -40,13 +40,16 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import harness, llama_context, memory, rates, skeleton, speed, zoo
-from v100lab.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError, V100labError
-from v100lab.resolve import resolve
-from v100lab.memory import margin_bytes
-from v100lab.results import TPS, Observation, tidy_frame
+from v100lab.measure import harness
+from v100lab.gguf import llama_context, skeleton
+from v100lab.predict import memory, rates, speed
+from v100lab.models import zoo
+from v100lab.facts.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.models.resolve import resolve
+from v100lab.predict.memory import margin_bytes
+from v100lab.facts.results import TPS, Observation, tidy_frame
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +181,7 @@ class TuneResult:
         return rows
 
     def frame(self):
-        """The candidates as a tidy DataFrame (:func:`v100lab.results.tidy_frame`)."""
+        """The candidates as a tidy DataFrame (:func:`v100lab.facts.results.tidy_frame`)."""
         return tidy_frame(self.observations())
 
     def candidates_frame(self):
@@ -255,7 +258,7 @@ class NoFit:
 
 
 class NothingFits(V100labError):
-    """No configuration :func:`tune` searched fits (:func:`v100lab.memory.feasibility`): nothing is recommended.
+    """No configuration :func:`tune` searched fits (:func:`v100lab.predict.memory.feasibility`): nothing is recommended.
     ``result`` (a :class:`NoFit`) says what would have to change. Exit status 1."""
 
     exit_status = 1
@@ -270,7 +273,7 @@ class NothingFits(V100labError):
 # ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Model:
+class ModelChoice:
     label: str
     quant: str
     spec: Any                       # ModelSpec
@@ -278,7 +281,7 @@ class _Model:
     file_arg: str                   # what the command's -m gets
 
 
-def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
+def _models(model: str, quants: Sequence[str] | None) -> list[ModelChoice]:
     """The model(s) MODEL names: a skeleton family (arch name), a synthetic alias's ladder, or one file."""
     text = os.fspath(model)
     parsed = skeleton.parse_skeleton_name(text)
@@ -287,10 +290,10 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
         if quants:
             raise ConfigError(f"--quants: '{text}' names one quant ({q}); give the architecture name ({arch}) to "
                               "search several")
-        return [_Model(arch, q, skeleton.skeleton_spec(arch, q), None, f"{arch}-{q}.gguf")]
+        return [ModelChoice(arch, q, skeleton.skeleton_spec(arch, q), None, f"{arch}-{q}.gguf")]
     if text in skeleton.arch_names():
         qs = [q.upper() for q in (quants or DEFAULT_QUANTS)]
-        return [_Model(text, q, skeleton.skeleton_spec(text, q), None, f"{text}-{q}.gguf") for q in qs]
+        return [ModelChoice(text, q, skeleton.skeleton_spec(text, q), None, f"{text}-{q}.gguf") for q in qs]
     base, sep, _ = text.partition(":")
     ladder_alias = not sep and zoo.is_alias(text) and (base.startswith("synth-") or quants)
     if ladder_alias:
@@ -298,13 +301,13 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
         for q in (quants or DEFAULT_QUANTS):
             alias = f"{text}:{q.upper()}"
             path, spec = resolve(alias, build=True)
-            out.append(_Model(text, q.upper(), spec, str(path), str(path)))
+            out.append(ModelChoice(text, q.upper(), spec, str(path), str(path)))
         return out
     if quants:
         raise ConfigError(f"--quants needs an architecture name ({', '.join(skeleton.arch_names())}) or a "
                           f"synthetic alias; '{text}' is one file")
     path, spec = resolve(text, build=True)
-    return [_Model(text, spec.file_type, spec, str(path or text) if not str(text).startswith("http") else None,
+    return [ModelChoice(text, spec.file_type, spec, str(path or text) if not str(text).startswith("http") else None,
                    str(path or text))]
 
 
@@ -312,7 +315,7 @@ def _models(model: str, quants: Sequence[str] | None) -> list[_Model]:
 # evaluation
 # ------------------------------------------------------------------------------------------------
 
-def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate:
+def evaluate(m: ModelChoice, devices: list, cfg: RunConfig, depth: int) -> Candidate:
     mplan = memory.plan(m.spec, devices, cfg, with_max_ctx=False)
     feas = memory.feasibility(m.spec, devices, cfg, mplan)
     # the tightest device: the least memory left above its margin (GPUs and the host alike)
@@ -328,7 +331,7 @@ def _evaluate(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate
                      tight_device=tight, physical_ceiling_tg_tps=pred.physical_ceiling_tg_tps)
 
 
-def _expert_offload(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Candidate | None:
+def _expert_offload(m: ModelChoice, devices: list, cfg: RunConfig, depth: int) -> Candidate | None:
     """Every layer on the GPU with the experts of the fewest layers in host memory (``--n-cpu-moe N``, the least N
     whose plan leaves the GPUs their margin; ``--cpu-moe`` when that is every layer): the candidate, or None when
     not even every expert on the CPU lets every layer fit. Moving experts frees GPU memory monotonically, so the
@@ -337,7 +340,7 @@ def _expert_offload(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Can
 
     def at(n: int) -> Candidate:
         c = cfg.with_(cpu_moe=True) if n >= n_layer else cfg.with_(n_cpu_moe=n)
-        return _evaluate(m, devices, c, depth)
+        return evaluate(m, devices, c, depth)
 
     last = at(n_layer)
     if _gpu_deficit(last) > 0:
@@ -354,10 +357,10 @@ def _expert_offload(m: _Model, devices: list, cfg: RunConfig, depth: int) -> Can
     return replace(best, note=f"expert offload: {flag} keeps those experts in host memory, every layer on the GPU")
 
 
-def _fitted(m: _Model, devices: list, cfg: RunConfig, depth: int, gpu: bool, partial: bool = True) -> Candidate:
+def _fitted(m: ModelChoice, devices: list, cfg: RunConfig, depth: int, gpu: bool, partial: bool = True) -> Candidate:
     """``cfg`` with every layer on the GPU, or — when the GPU cannot hold every layer — a MoE's experts in host
     memory first, then the most layers that fit (``partial=False``: no such fallback, the full offload as it is)."""
-    c = _evaluate(m, devices, cfg, depth)
+    c = evaluate(m, devices, cfg, depth)
     deficit = _gpu_deficit(c)
     if not (gpu and partial and deficit > 0):
         return c
@@ -365,7 +368,7 @@ def _fitted(m: _Model, devices: list, cfg: RunConfig, depth: int, gpu: bool, par
     if part is None or not part.fits:
         base = cfg.with_(cpu_moe=True) if m.spec.expert_count else cfg
         fitted, _ = memory.fit_gpu_layers(m.spec, devices, base, margin=True)
-        part = replace(_evaluate(m, devices, fitted, depth),
+        part = replace(evaluate(m, devices, fitted, depth),
                        note=f"partial offload: --gpu-layers {fitted.n_gpu_layers} is the most that fits"
                             + (" with every expert on the CPU" if base.cpu_moe else ""))
     part = replace(part, full_offload_deficit_bytes=deficit)
@@ -445,7 +448,7 @@ def _can_measure(device) -> tuple[bool, str]:
                    "cannot offload); measure on the machine that has the GPU, or tune for --device host")
 
 
-def _measure(c: Candidate, m: _Model, n_gen: int, repetitions: int) -> Candidate:
+def _measure(c: Candidate, m: ModelChoice, n_gen: int, repetitions: int) -> Candidate:
     # measured where it was predicted: decode after c.depth tokens (the middle of the required context)
     cfg = c.config
     need = c.depth + n_gen + 1
@@ -555,12 +558,12 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
 
-def _dt(a: float, b: float) -> str:
+def signed_tps_delta(a: float, b: float) -> str:
     d = a - b
     return f"{'+' if d >= 0 else '−'}{abs(d):.2f} tok/s"
 
 
-def _expert_reason(best: Candidate, m: _Model, devices, depth) -> Reason:
+def _expert_reason(best: Candidate, m: ModelChoice, devices, depth) -> Reason:
     """Why the experts are in host memory: against dropping whole layers instead (the same flags, no expert offload,
     the most layers that fit), as llama.cpp's --fit prefers moving experts first."""
     cfg = best.config
@@ -569,17 +572,17 @@ def _expert_reason(best: Candidate, m: _Model, devices, depth) -> Reason:
             else f"the experts of the first {cfg.n_cpu_moe} of {m.spec.n_layer} layers")
     plain = cfg.with_(cpu_moe=False, n_cpu_moe=0, n_gpu_layers=ALL_LAYERS)
     fitted, _ = memory.fit_gpu_layers(m.spec, devices, plain, margin=True)
-    alt = _evaluate(m, devices, fitted, depth)
+    alt = evaluate(m, devices, fitted, depth)
     why = (f"{what} in host memory (a MoE model reads {m.spec.expert_used_count} of {m.spec.expert_count} experts "
            f"per token), chosen before dropping whole layers as llama.cpp's --fit does")
     if alt.fits:
-        why += (f": {_dt(best.tg_tps, alt.tg_tps)} vs --gpu-layers {fitted.n_gpu_layers} without expert offload "
+        why += (f": {signed_tps_delta(best.tg_tps, alt.tg_tps)} vs --gpu-layers {fitted.n_gpu_layers} without expert offload "
                 f"({alt.tg_tps:.1f} tok/s)")
         return Reason(flag, why, best.tg_tps - alt.tg_tps)
     return Reason(flag, why + "; without it no layer split fits with the margin")
 
 
-def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bpw) -> list[Reason]:
+def _reasons(best: Candidate, m: ModelChoice, models, devices, dev, ranked, depth, bpw) -> list[Reason]:
     cfg = best.config
     out: list[Reason] = []
     gpu = dev.kind != "cpu"
@@ -603,7 +606,7 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
                        if alt.full_offload_deficit_bytes else ""))
             delta = best.tg_tps - alt.tg_tps
         elif alt.fits:
-            why += f"; the better {q} fits too but predicts {alt.tg_tps:.1f} ({_dt(best.tg_tps, alt.tg_tps)} here)"
+            why += f"; the better {q} fits too but predicts {alt.tg_tps:.1f} ({signed_tps_delta(best.tg_tps, alt.tg_tps)} here)"
             delta = best.tg_tps - alt.tg_tps
         else:
             why += f"; the better {q} does not fit with the margin (" + (
@@ -616,9 +619,9 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
     if gpu:
         slots = best.n_layer_total
         if best.offloaded_layers >= slots:
-            zero = _evaluate(m, devices, cfg.with_(n_gpu_layers=0), depth)
+            zero = evaluate(m, devices, cfg.with_(n_gpu_layers=0), depth)
             out.append(Reason(f"--gpu-layers {cfg.n_gpu_layers}",
-                              f"all {slots} layer slots on {dev.id} (999 = every layer): {_dt(best.tg_tps, zero.tg_tps)} "
+                              f"all {slots} layer slots on {dev.id} (999 = every layer): {signed_tps_delta(best.tg_tps, zero.tg_tps)} "
                               f"vs --gpu-layers 0, the old default ({zero.tg_tps:.1f} tok/s with every layer on the CPU)",
                               best.tg_tps - zero.tg_tps))
         else:
@@ -638,7 +641,7 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
                       "(with the margin on every device)", None, None))
 
     # --batch-size / --ubatch-size
-    base_ub = _evaluate(m, devices, cfg.with_(n_ubatch=512, n_batch=max(DEFAULT_BATCH, 512)), depth) \
+    base_ub = evaluate(m, devices, cfg.with_(n_ubatch=512, n_batch=max(DEFAULT_BATCH, 512)), depth) \
         if cfg.n_ubatch != 512 else best
     ub_why = (f"{cfg.n_ubatch} tokens per physical batch: compute buffer {_mib(best.compute_bytes)}, prompt "
               f"{best.pp_tps:.0f} tok/s predicted")
@@ -656,14 +659,14 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
     ct = cfg.cache_type_v
     alt_ct = "q8_0" if ct == "f16" else "f16"
     alt_cfg = cfg.with_(cache_type_k=alt_ct, cache_type_v=alt_ct, flash_attn="on" if alt_ct != "f16" else "auto")
-    alt = _evaluate(m, devices, alt_cfg, depth)
+    alt = evaluate(m, devices, alt_cfg, depth)
     if ct == "f16":
         kv_why = (f"f16 keeps the cache exact; q8_0 would save {_mib(best.kv_bytes - alt.kv_bytes)} and change decode by "
-                  f"{_dt(alt.tg_tps, best.tg_tps)} — not needed: {_mib(best.margin_bytes)} are left")
+                  f"{signed_tps_delta(alt.tg_tps, best.tg_tps)} — not needed: {_mib(best.margin_bytes)} are left")
         kv_delta_b = best.kv_bytes - alt.kv_bytes
         kv_delta_t = best.tg_tps - alt.tg_tps
     else:
-        need = "needed to fit with the margin" if not alt.fits else f"{_dt(best.tg_tps, alt.tg_tps)} vs f16"
+        need = "needed to fit with the margin" if not alt.fits else f"{signed_tps_delta(best.tg_tps, alt.tg_tps)} vs f16"
         kv_why = f"{ct} saves {_mib(alt.kv_bytes - best.kv_bytes)} of KV cache vs f16 ({need})"
         kv_delta_b = alt.kv_bytes - best.kv_bytes
         kv_delta_t = best.tg_tps - alt.tg_tps
@@ -679,12 +682,12 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
         out.append(Reason(f"--flash-attn {cfg.flash_attn}", fa_why))
     else:
         other_fa = "off" if cfg.flash_attn != "off" else "auto"
-        o = _evaluate(m, devices, cfg.with_(flash_attn=other_fa), depth)
+        o = evaluate(m, devices, cfg.with_(flash_attn=other_fa), depth)
         if cfg.flash_attn == "auto":
-            fa_why = (f"auto: llama.cpp turns it on where the device has the kernels; predicted {_dt(best.tg_tps, o.tg_tps)} "
+            fa_why = (f"auto: llama.cpp turns it on where the device has the kernels; predicted {signed_tps_delta(best.tg_tps, o.tg_tps)} "
                       f"and {_mib(o.compute_bytes - best.compute_bytes)} less compute buffer than off")
         else:
-            fa_why = (f"off: {_dt(best.tg_tps, o.tg_tps)} vs auto ({_mib(best.compute_bytes - o.compute_bytes)} more "
+            fa_why = (f"off: {signed_tps_delta(best.tg_tps, o.tg_tps)} vs auto ({_mib(best.compute_bytes - o.compute_bytes)} more "
                       "compute buffer); the seed saw no gain from it on a V100")
         out.append(Reason(f"--flash-attn {cfg.flash_attn}", fa_why, best.tg_tps - o.tg_tps,
                           o.compute_bytes - best.compute_bytes))
@@ -694,115 +697,3 @@ def _reasons(best: Candidate, m: _Model, models, devices, dev, ranked, depth, bp
                       f"{cfg.n_parallel} server slot(s): each gets {cfg.n_ctx // cfg.n_parallel} of the {cfg.n_ctx} "
                       "cells; one user needs one (more slots share the same bandwidth)"))
     return out
-
-
-# ------------------------------------------------------------------------------------------------
-# the seed's final command, checked
-# ------------------------------------------------------------------------------------------------
-
-# The seed post's final command, verbatim; the post says flash attention was left off.
-SEED_ARGV = ("llama-server", "-m", "qwen-27b-instruct-q4_0.gguf", "--host", "0.0.0.0", "--port", "8080",
-             "--ctx-size", "2048", "--batch-size", "512", "--ubatch-size", "512", "--gpu-layers", "999",
-             "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--parallel", "1", "--mlock")
-SEED_QUANT = "Q4_0"
-SEED_CLAIMED_TPS = (63.0, 65.0)   # the tok/s the post claims for that command (its stage 6)
-
-
-def seed_config() -> RunConfig:
-    """The seed's final command as a RunConfig (llama.cpp's own flag parser spellings; -fa left off)."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_flag_arguments(p)
-    args, _ = p.parse_known_args(list(SEED_ARGV[1:]))
-    return from_flag_args(args).with_(flash_attn="off")
-
-
-@dataclass(frozen=True)
-class SeedVerdict:
-    """The seed's final command next to the tuned one: flag by flag, with predictions."""
-
-    device: str
-    arch: str
-    seed_argv: tuple[str, ...]
-    seed_config: RunConfig
-    seed_candidate: Candidate           # the seed's configuration, predicted (fits: with our margin)
-    seed_runs: bool                     # False: llama.cpp refuses it (quantized V without flash attention)
-    seed_problem: str
-    tuned: TuneResult
-    rows: tuple[tuple[str, str, str, str], ...]   # (flag, seed, tuned, verdict)
-    claimed_tps: tuple[float, float] = SEED_CLAIMED_TPS
-
-    def frame(self):
-        import pandas as pd   # heavy: only the tables need it
-
-        return pd.DataFrame(list(self.rows), columns=["flag", "seed", "tuned", "verdict"])
-
-    def observations(self) -> list:
-        """Claimed, seed-predicted and tuned-predicted decode tok/s (+ the ceiling), lever "command"."""
-        c = self.seed_candidate
-        base = dict(model=self.arch, device=self.device, lever="command", metric="tg_tps", unit=TPS)
-        rows = [Observation(**base, quant=SEED_QUANT, value="seed", result=v, source="claimed",
-                            above_ceiling=v > c.weights_ceiling_tg_tps, note="the seed's section 8, stage 6")
-                for v in self.claimed_tps]
-        rows.append(Observation(**base, quant=SEED_QUANT, value="seed", result=c.tg_tps, source="predicted",
-                                above_ceiling=False, note=self.seed_problem or "runs"))
-        t = self.tuned.best
-        rows.append(Observation(**base, quant=t.quant, value="tuned", result=t.tg_tps, source="predicted",
-                                above_ceiling=False, note=t.label))
-        rows.append(Observation(model=self.arch, quant=SEED_QUANT, device=self.device, lever="command", value="seed",
-                                metric="weights_ceiling_tg_tps", result=c.weights_ceiling_tg_tps, unit=TPS, source="predicted",
-                                note="bandwidth / weight bytes"))
-        return rows
-
-    def format_text(self) -> str:
-        c, t = self.seed_candidate, self.tuned.best
-        lines = [f"seed:  {' '.join(self.seed_argv)}",
-                 f"       predicted {c.tg_tps:.1f} tok/s (claimed {self.claimed_tps[0]:g}–{self.claimed_tps[1]:g}, "
-                 f"ceiling {c.weights_ceiling_tg_tps:.1f})" + (f"; {self.seed_problem}" if self.seed_problem else ""),
-                 f"tuned: {self.tuned.command}",
-                 f"       predicted {t.tg_tps:.1f} tok/s", ""]
-        w = max(len(r[0]) for r in self.rows)
-        ws = max(len(r[1]) for r in self.rows)
-        wt = max(len(r[2]) for r in self.rows)
-        for flag, s, tv, verdict in self.rows:
-            lines.append(f"  {flag:<{w}}  {s:>{ws}} → {tv:<{wt}}  {verdict}")
-        return "\n".join(lines)
-
-
-def seed_verdict(device: str = "v100-16gb", arch: str = "qwen35-27b", min_ctx: int = 2048,
-                 quants: Sequence[str] | None = None) -> SeedVerdict:
-    """Tune the seed's scenario (``arch`` on ``device`` with ``min_ctx``) and compare with the seed's command.
-
-    One call for notebook 08: ``v = seed_verdict(); print(v.format_text()); v.frame()``."""
-    dev = get_device(device)
-    tuned = tune(arch, dev, min_ctx=min_ctx, quants=quants)
-    scfg = seed_config()
-    m = _Model(arch, SEED_QUANT, skeleton.skeleton_spec(arch, SEED_QUANT), None, SEED_ARGV[2])
-    depth = tuned.best.depth
-    seed_c = _evaluate(m, [dev], scfg, depth)
-    runs = not (scfg.kv_quantized_v and scfg.flash_attn == "off")
-    problem = "" if runs else ("llama.cpp refuses it: a q8_0 V cache needs flash attention (\"quantized V cache "
-                               "requires flash_attn to be enabled\"); newer builds' default -fa auto turns it on")
-    t = tuned.config
-    rows = []
-
-    def verdict(flag, sv, tv, why):
-        rows.append((flag, str(sv), str(tv), why if str(sv) != str(tv) else "kept: " + why))
-
-    verdict("-m (quant)", SEED_QUANT, tuned.quant, "fastest ≥4-bit quant that fits with the margin")
-    verdict("--gpu-layers", scfg.n_gpu_layers, t.n_gpu_layers, "every layer on the GPU")
-    verdict("--ctx-size", scfg.n_ctx, t.n_ctx, "the context asked for")
-    verdict("--batch-size", scfg.n_batch, t.n_batch, "changes neither memory nor decode speed")
-    verdict("--ubatch-size", scfg.n_ubatch, t.n_ubatch,
-            f"prompt {tuned.best.pp_tps:.0f} vs {seed_c.pp_tps:.0f} tok/s predicted; decode unchanged")
-    seed_kv = scfg.cache_type_v
-    verdict("--cache-type-k/v", seed_kv, t.cache_type_v,
-            f"KV {seed_c.kv_bytes / 2**20:.0f} vs {tuned.best.kv_bytes / 2**20:.0f} MiB; decode "
-            f"{_dt(tuned.best.tg_tps, seed_c.tg_tps)}; f16 fits, so no need to quantize" if t.cache_type_v == "f16"
-            else "needed to fit")
-    verdict("--flash-attn", scfg.flash_attn + " (left off)", t.flash_attn,
-            "q8_0 V with flash attention off is refused by llama.cpp" if not runs else "as predicted")
-    verdict("--parallel", scfg.n_parallel, t.n_parallel, "one user, one slot")
-    verdict("--mlock", "yes", "yes" if t.use_mlock else "no",
-            "every layer is on the GPU: only token_embd stays in host memory, so locking it buys no decode speed")
-    return SeedVerdict(device=dev.id, arch=arch, seed_argv=SEED_ARGV, seed_config=scfg, seed_candidate=seed_c,
-                       seed_runs=runs, seed_problem=problem, tuned=tuned, rows=tuple(rows))

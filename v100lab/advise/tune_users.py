@@ -1,37 +1,37 @@
 """``tune --users N``: llama-server's slots, context and cache types for a workload, under an SLO.
 
-:func:`v100lab.advisor.tune` picks the fastest configuration for one stream. A server has users: ``N``
+:func:`v100lab.advise.tune.tune` picks the fastest configuration for one stream. A server has users: ``N``
 concurrent streams, each sending a typical request of ``prompt_tokens`` in and ``output_tokens`` out, and
 perhaps a service-level objective — a limit on time to first token (TTFT) and on time per output token after
-the first (TPOT), vLLM's goodput definitions as :mod:`v100lab.loadgen` measures them. :func:`advise` searches
-what serving changes and predicts each candidate with :func:`v100lab.serving.predict_serving`:
+the first (TPOT), vLLM's goodput definitions as :mod:`v100lab.measure.loadgen` measures them. :func:`advise` searches
+what serving changes and predicts each candidate with :func:`v100lab.predict.serving.predict_serving`:
 
 * **slots** ``--parallel`` from 1 to ``users`` (every value up to 8, then powers of two and ``users``; more
   slots than users buy nothing): ``B = min(users, slots)`` sequences decode together, the rest wait for a slot;
 * **context** ``--ctx-size`` = slots × the cells one slot must hold — the prompt plus the output, or
   ``min_ctx`` when that is more, padded to 256 — because llama-server splits ``--ctx-size`` across its slots
   unless ``--kv-unified`` (src/llama-context.cpp, ``llama_context::llama_context``:
-  ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)``; :func:`v100lab.llama_context.context_sizes`);
+  ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)``; :func:`v100lab.gguf.llama_context.context_sizes`);
 * **cache types** f16, q8_0, q4_0 for K and V alike (a quantized V gets ``--flash-attn on``): a smaller cache
   lets more slots fit;
 * **ubatch** the largest of the workload's candidates (the prompt padded up to 2048, then 512, 256, 128) that
   fits: a larger one only costs compute buffer and never slows prompt processing;
-* quants and layers as :func:`~v100lab.advisor.tune` searches them (a family's ladder; every layer on the GPU,
+* quants and layers as :func:`~v100lab.advise.tune.tune` searches them (a family's ladder; every layer on the GPU,
   else — only when no cache type and ubatch lets every layer fit at that slot count — a MoE's experts in host
   memory, then the most layers that fit).
 
 **Feasibility first, then the SLO, then throughput.** A candidate that does not fit
-(:func:`v100lab.memory.feasibility`, with the margin) is never recommended: when none fits, :func:`advise`
-raises :class:`~v100lab.advisor.NothingFits` with the closest one and what would have to change. Among those
+(:func:`v100lab.predict.memory.feasibility`, with the margin) is never recommended: when none fits, :func:`advise`
+raises :class:`~v100lab.advise.tune.NothingFits` with the closest one and what would have to change. Among those
 that fit, the ones whose predicted TTFT and TPOT are within the limits come first and the highest predicted
-output tok/s (vLLM's output token throughput: prompts included) wins, a tie (:data:`~v100lab.advisor.TIE`)
+output tok/s (vLLM's output token throughput: prompts included) wins, a tie (:data:`~v100lab.advise.tune.TIE`)
 going to the better quant, then the less quantized cache, then the lower TTFT, then fewer slots. When no
 candidate that fits meets the SLO, the closest one (the least worst ratio of predicted to limit) is returned
 with ``slo_met`` false and :meth:`WorkloadResult.slo_message` saying by how much and why.
 
 Arrival: ``phases="staggered"`` (default; requests at random phases, as real users send them: each prompt
 stalls the other slots' decoding once) or ``"together"`` (a benchmark's closed loop of equal requests,
-in lockstep). Not modelled: :mod:`v100lab.serving`'s list (sampling and HTTP per token, per-slot bookkeeping,
+in lockstep). Not modelled: :mod:`v100lab.predict.serving`'s list (sampling and HTTP per token, per-slot bookkeeping,
 a prompt longer than ``--batch-size`` split over steps), and ``--kv-unified`` (one buffer of ``--ctx-size``
 cells for every slot: the same full-attention cells for the same total, so it is left to the reader: a note
 says so).
@@ -45,13 +45,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from v100lab import advisor, llama_context, memory, rates, serving, speed
-from v100lab.advisor import TIE, Candidate, NothingFits, Reason
-from v100lab.config import ALL_LAYERS, RunConfig
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError
-from v100lab.memory import margin_bytes
-from v100lab.results import TPS, Observation, tidy_frame
+from v100lab.advise import tune as advisor
+from v100lab.gguf import llama_context
+from v100lab.predict import memory, rates, serving, speed
+from v100lab.advise.tune import TIE, Candidate, NothingFits, Reason
+from v100lab.facts.config import ALL_LAYERS, RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError
+from v100lab.predict.memory import margin_bytes
+from v100lab.facts.results import TPS, Observation, tidy_frame
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +172,7 @@ def ubatches(prompt_tokens: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ServingPlan:
-    """A configuration (its memory fit: :class:`v100lab.advisor.Candidate`) and, when it fits, its predicted
+    """A configuration (its memory fit: :class:`v100lab.advise.tune.Candidate`) and, when it fits, its predicted
     serving figures for the workload."""
 
     candidate: Candidate
@@ -342,7 +344,7 @@ class WorkloadResult:
         return rows
 
     def frame(self):
-        """The plans as a tidy DataFrame (:func:`v100lab.results.tidy_frame`)."""
+        """The plans as a tidy DataFrame (:func:`v100lab.facts.results.tidy_frame`)."""
         return tidy_frame(self.observations())
 
     def as_dict(self) -> dict[str, Any]:
@@ -469,8 +471,8 @@ def advise(model: str, device, workload: Workload, *, quants: Sequence[str] | No
            parallel: int | None = None, host=None) -> WorkloadResult:
     """The llama-server configuration for ``workload`` on ``device`` (see the module docstring).
 
-    ``model`` and ``quants`` as :func:`v100lab.advisor.tune` takes them; ``parallel``: search only that slot
-    count. Raises :class:`~v100lab.advisor.NothingFits` when no configuration fits the memory, ConfigError on bad
+    ``model`` and ``quants`` as :func:`v100lab.advise.tune.tune` takes them; ``parallel``: search only that slot
+    count. Raises :class:`~v100lab.advise.tune.NothingFits` when no configuration fits the memory, ConfigError on bad
     input (naming the flag). A result whose ``slo_met`` is false is the closest configuration to the SLO."""
     if not isinstance(workload, Workload):
         raise ConfigError(f"workload must be a Workload, got {type(workload).__name__}")

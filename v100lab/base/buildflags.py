@@ -11,7 +11,7 @@ The options mirror ``ggml/CMakeLists.txt`` (``option(GGML_AVX ...)`` …) and th
 ``ggml/src/ggml-cpu/CMakeLists.txt`` (the ``if (GGML_NATIVE) … else()`` branch for GCC/Clang on x86): for
 example ``GGML_AVX512`` adds ``-mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw``, so it needs all five.
 
-This module is standard-library only: ``scripts/setup.sh`` runs it (``python -m v100lab.buildflags``) before
+This module is standard-library only: ``scripts/setup.sh`` runs it (``python -m v100lab.base.buildflags``) before
 the package and its dependencies are installed.
 """
 
@@ -266,7 +266,7 @@ def read_tools_record(prefix: str | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v100lab.buildflags",
+    ap = argparse.ArgumentParser(prog="python -m v100lab.base.buildflags",
                                  description="print the safe llama.cpp CMAKE_ARGS for this host, or record a build")
     ap.add_argument("--cpuinfo", help="read this cpuinfo file instead of /proc/cpuinfo")
     ap.add_argument("--machine", default=platform.machine(), help="uname -m (default: this machine's)")

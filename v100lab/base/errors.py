@@ -5,7 +5,7 @@ Every message is one line that names what is wrong; the CLI prints it and exits 
 
 from __future__ import annotations
 
-from v100lab.safeio import term_text
+from v100lab.base.safeio import term_text
 
 MAX_MESSAGE_CHARS = 1000
 

@@ -1,6 +1,6 @@
 """Input and output at the boundary: bounded reads of files a user names, and strings safe to print.
 
-Layer 1 (imports nothing of v100lab but :mod:`v100lab.errors`), so every reader of user files and the
+Layer 1 (imports nothing of v100lab but :mod:`v100lab.base.errors`), so every reader of user files and the
 error class itself can use it.
 
 * :func:`read_bounded` reads a file a user named (a log, a device file, a parameter file) without trusting

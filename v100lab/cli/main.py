@@ -1,8 +1,8 @@
-"""The ``v100lab`` command: a thin dispatcher over ``v100lab.commands.*``.
+"""The ``v100lab`` command: a thin dispatcher over ``v100lab.cli.commands.*``.
 
-Each subcommand lives in its own module under ``v100lab/commands/`` exposing ``NAME``, ``HELP``,
+Each subcommand lives in its own module under ``v100lab/cli/commands/`` exposing ``NAME``, ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``. Errors: one line on stderr and exit status 2 for
-bad input (any :class:`~v100lab.errors.V100labError`), 1 for a failed run; ``--json`` output is one
+bad input (any :class:`~v100lab.base.errors.V100labError`), 1 for a failed run; ``--json`` output is one
 JSON document on stdout and nothing else.
 """
 
@@ -13,9 +13,9 @@ import logging
 import sys
 
 from v100lab import __version__
-from v100lab.commands import (batch, bench, calibrate, doctor, inspect, models, plan, selftest, serve_bench,
+from v100lab.cli.commands import (batch, bench, calibrate, doctor, inspect, models, plan, selftest, serve_bench,
                               tune)
-from v100lab.errors import V100labError
+from v100lab.base.errors import V100labError
 
 # Order is the order of `v100lab --help`.
 COMMANDS = {"models": models, "inspect": inspect, "plan": plan, "bench": bench, "calibrate": calibrate,

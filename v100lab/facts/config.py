@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from v100lab.errors import ConfigError
+from v100lab.base.errors import ConfigError
 
 # common/arg.cpp: kv_cache_types (the values --cache-type-k/-v accept)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

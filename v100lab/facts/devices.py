@@ -4,7 +4,7 @@ Devices are data, not code: ``v100lab/data/devices.yaml`` holds one row per card
 source URL and with units in the key names (``memory_gib``, ``bandwidth_gbs``, ...). ``get_device``
 accepts a catalog id, a YAML/JSON file with the same fields (for a card the catalog lacks, or a Mac with
 less memory than the catalog's largest configuration), or ``"host"`` — this machine's CPU, which is
-*measured*, never typed: :func:`v100lab.calibration.measure_host` measures RAM size and memory bandwidth
+*measured*, never typed: :func:`v100lab.measure.calibration.measure_host` measures RAM size and memory bandwidth
 and stores them as ``host-profile.json`` in the v100lab cache directory, which this module reads and
 writes; other tools (``v100lab calibrate``) may add fields to that file, and those are kept
 (``Device.extra``). Reading a device never measures anything.
@@ -29,8 +29,8 @@ from typing import Any, Mapping
 import psutil
 import yaml
 
-from v100lab.errors import DeviceError
-from v100lab.safeio import cache_dir, read_json_dict, read_text_bounded
+from v100lab.base.errors import DeviceError
+from v100lab.base.safeio import cache_dir, read_json_dict, read_text_bounded
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ def load_device_file(path: str | os.PathLike) -> Device:
 
 
 # ------------------------------------------------------------------------------------------------
-# the host: the stored profile (measured by v100lab.calibration)
+# the host: the stored profile (measured by v100lab.measure.calibration)
 # ------------------------------------------------------------------------------------------------
 
 def host_profile_path() -> Path:
@@ -303,12 +303,12 @@ def host_device() -> Device:
 
     Without a profile measured on this machine: the host's facts (RAM size, core count, CPU name) with
     :data:`UNMEASURED_HOST_BANDWIDTH_GBS` as an assumed bandwidth, marked ``extra["measured"] = False``.
-    Measuring is explicit: :func:`v100lab.calibration.measure_host` (or ``v100lab calibrate``)."""
+    Measuring is explicit: :func:`v100lab.measure.calibration.measure_host` (or ``v100lab calibrate``)."""
     profile = _profile_of_this_host()
     if profile is not None:
         return device_from_mapping(profile, f"host profile {host_profile_path()}", keep_extra=True)
     fp = host_fingerprint()
     return Device(id=HOST_ID, name=f"host CPU: {cpu_name()} ({fp['cpu_count']} threads; bandwidth not measured)",
                   kind="cpu", memory_gib=round(fp["ram_bytes"] / 2**30, 3), bandwidth_gbs=UNMEASURED_HOST_BANDWIDTH_GBS,
-                  source_url="not measured: run `v100lab calibrate` (or v100lab.calibration.measure_host)",
+                  source_url="not measured: run `v100lab calibrate` (or v100lab.measure.calibration.measure_host)",
                   extra={"measured": False, "fingerprint": fp})

@@ -40,8 +40,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
-from v100lab.config import RunConfig
-from v100lab.errors import RunFailed
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import RunFailed
 
 HOST = "host"
 
@@ -446,7 +446,7 @@ def _tee_write(level: int, msg: str) -> None:
 def set_tee(stream) -> None:
     """Also write every captured llama.cpp line to ``stream`` as it arrives (None: stop).
 
-    The worker process (:mod:`v100lab.worker`) tees into its log file, so the last lines before a crash
+    The worker process (:mod:`v100lab.models.worker`) tees into its log file, so the last lines before a crash
     survive the process that captured them."""
     global _tee
     _tee = stream

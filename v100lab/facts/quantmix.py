@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import gguf
 
-from v100lab.errors import V100labError
+from v100lab.base.errors import V100labError
 
 QT = gguf.GGMLQuantizationType
 FT = gguf.LlamaFileType

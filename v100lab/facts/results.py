@@ -37,7 +37,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab.errors import V100labError
+from v100lab.base.errors import V100labError
 
 SOURCES = ("predicted", "measured", "claimed")
 TPS = "tok/s"

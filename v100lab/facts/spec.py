@@ -1,6 +1,6 @@
 """Immutable descriptions of a GGUF model: its tensors and the hyperparameters llama.cpp derives.
 
-``ModelSpec`` is what the header reader (``v100lab.header``) returns for a real file, what the
+``ModelSpec`` is what the header reader (``v100lab.gguf.header``) returns for a real file, what the
 skeleton writer describes, and what the memory and speed models consume. Per-layer quantities are
 methods taking the layer index ``il``, mirroring llama.cpp's ``llama_hparams`` (src/llama-hparams.h):
 ``n_head_kv(il)``, ``n_embd_k_gqa(il)``, ``n_embd_v_gqa(il)``, ``is_swa(il)``, ``is_recurrent(il)``.

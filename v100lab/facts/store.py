@@ -39,8 +39,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from v100lab.errors import V100labError
-from v100lab.safeio import check_creatable, term_text
+from v100lab.base.errors import V100labError
+from v100lab.base.safeio import check_creatable, term_text
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ file that declares an array of 2**62 elements. This reader
 * checks every count and length against the bytes that can still follow (the file's real size, or
   the cap ``max_header_bytes`` when the size is unknown) *before* allocating anything, so memory
   stays bounded by the file's real size;
-* raises :class:`~v100lab.errors.GGUFError` (message + byte offset) on anything malformed, mirroring
+* raises :class:`~v100lab.base.errors.GGUFError` (message + byte offset) on anything malformed, mirroring
   the checks of llama.cpp's own loader (ggml/src/gguf.cpp, ``gguf_init_from_file_impl``): magic,
   version, alignment, tensor name length, n_dims, dimension overflow, ggml type, block size,
   and that tensor offsets follow each other in order with alignment padding.
@@ -18,19 +18,19 @@ file that declares an array of 2**62 elements. This reader
 Types, type sizes and key names come from the ``gguf`` package (``GGUFValueType``,
 ``GGMLQuantizationType``, ``GGML_QUANT_SIZES``, ``LlamaFileType``); the parsing itself is ours.
 
-A file whose tensor data runs past its end is refused (:class:`~v100lab.errors.GGUFError` naming the
+A file whose tensor data runs past its end is refused (:class:`~v100lab.base.errors.GGUFError` naming the
 byte where it ends): llama.cpp refuses it too (src/llama-model-loader.h, ``llama_tensor_weight``:
 "tensor '%s' data is not within the file bounds, model is corrupted or incomplete"), and a partial
 download must not get a prediction. The size is the file's, or the total of an HTTP ``Content-Range``.
 Two files without their data are accepted as descriptions: a header-only file (it ends before the data
-section starts) and a *skeleton* (see :mod:`v100lab.skeleton`, marked in ``general.description``);
+section starts) and a *skeleton* (see :mod:`v100lab.gguf.skeleton`, marked in ``general.description``);
 :attr:`GGUFHeader.data_complete` says whether the data is all there.
 
 Public API: :func:`read_header` (the raw header), :func:`read_spec` (the derived ``ModelSpec``) and
 :func:`spec_from_header` (derivation, shared with the skeleton writer). The reader parses what it is
 given — a path, an http(s) URL or a binary file object — and nothing else: a model alias
 (``default``, ``synth-1b:Q4_0``) or a skeleton name is turned into a path and ModelSpec by
-:func:`v100lab.resolve.resolve`, which is where building a model is asked for explicitly.
+:func:`v100lab.models.resolve.resolve`, which is where building a model is asked for explicitly.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ from typing import BinaryIO, Mapping, Sequence
 import gguf
 import numpy as np
 
-from v100lab.errors import ConfigError, GGUFError, ModelNotFoundError
-from v100lab.safeio import redact_url, term_text
-from v100lab.spec import ModelSpec, TensorInfo
+from v100lab.base.errors import ConfigError, GGUFError, ModelNotFoundError
+from v100lab.base.safeio import redact_url, term_text
+from v100lab.facts.spec import ModelSpec, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ INT64_MAX = 2**63 - 1
 FIRST_CHUNK = 1 << 20               # first read: 1 MiB
 SECOND_CHUNK_TOTAL = 8 << 20        # second read brings the buffer to 8 MiB, then doubling
 MAX_TIMEOUT_S = 3600.0              # an HTTP timeout beyond an hour is a typo
-SKELETON_MARK = "v100lab skeleton"  # general.description of v100lab.skeleton's header-only files
+SKELETON_MARK = "v100lab skeleton"  # general.description of v100lab.gguf.skeleton's header-only files
 
 VT = gguf.GGUFValueType
 # value type → (struct format, size); STRING and ARRAY are handled separately
@@ -620,7 +620,7 @@ def _open_source(source, timeout: float) -> tuple[_Source, str]:
         path = Path(os.fspath(source)).expanduser()
         if not path.exists():
             raise ModelNotFoundError(f"model file '{term_text(os.fspath(source))}' does not exist "
-                                     "(an alias is resolved by v100lab.resolve.resolve, not by the header reader)")
+                                     "(an alias is resolved by v100lab.models.resolve.resolve, not by the header reader)")
         return _FileSource(_open_regular(path), own=True), str(path)
     raise ModelNotFoundError(f"not a model path, URL or file object: {source!r}")
 
@@ -698,7 +698,7 @@ def read_spec(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, timeo
 
 
 # ------------------------------------------------------------------------------------------------
-# derivation: header → ModelSpec (shared with v100lab.skeleton)
+# derivation: header → ModelSpec (shared with v100lab.gguf.skeleton)
 # ------------------------------------------------------------------------------------------------
 
 def file_type_name(value) -> str:

@@ -1,7 +1,7 @@
 """llama.cpp's context arithmetic, in one place: how many KV cells a context has, how many a token reads, and
 how many bytes a cell, a layer and a token take.
 
-The memory plan (:mod:`v100lab.memory`: buffer sizes), the speed model (:mod:`v100lab.speed`: bytes and
+The memory plan (:mod:`v100lab.predict.memory`: buffer sizes), the speed model (:mod:`v100lab.predict.speed`: bytes and
 operations per token), the levers and the advisor all take these figures from here. Each function mirrors a
 piece of llama.cpp (the version vendored by llama-cpp-python 0.3.36) and names the file and function it follows:
 
@@ -27,9 +27,9 @@ from typing import Iterable
 
 import gguf
 
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.spec import ModelSpec
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.facts.spec import ModelSpec
 
 # src/llama-context.cpp, llama_context::llama_context: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256), and
 # n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256) without kv_unified.

@@ -8,13 +8,13 @@ people browsing the repository) holds the hyperparameters a GGUF header would; t
   qwen3, gemma2, gemma3, the hybrid qwen35 with Gated DeltaNet layers, the MoE qwen3moe / qwen35moe, and
   deepseek2 with multi-head latent attention), with the shapes of
   ``llama_model::load_tensors`` (src/models/<arch>.cpp in llama.cpp);
-* gives each tensor the type llama-quantize would (:mod:`v100lab.quantmix`);
+* gives each tensor the type llama-quantize would (:mod:`v100lab.facts.quantmix`);
 * serialises a real GGUF v3 header (metadata + tensor infos, no tensor data): a *skeleton*.
 
 :func:`skeleton_spec` parses that header in memory with the same reader as real files
-(:func:`v100lab.header.read_spec`), so a skeleton and a real file are described by one code path. The
+(:func:`v100lab.gguf.header.read_spec`), so a skeleton and a real file are described by one code path. The
 model spelling ``skeleton:ARCH:QUANT`` is parsed here (:func:`parse_skeleton_name`); turning any model
-argument into a ModelSpec is :func:`v100lab.resolve.resolve`.
+argument into a ModelSpec is :func:`v100lab.models.resolve.resolve`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Mapping
 import gguf
 import yaml
 
-from v100lab.errors import ConfigError
-from v100lab.header import read_spec
-from v100lab.quantmix import ModelFacts, QT, ftype_from_name, n_bytes, tensor_types, weight_order_key
-from v100lab.spec import ModelSpec
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.header import read_spec
+from v100lab.facts.quantmix import ModelFacts, QT, ftype_from_name, n_bytes, tensor_types, weight_order_key
+from v100lab.facts.spec import ModelSpec
 
 VT = gguf.GGUFValueType
 ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT
@@ -532,7 +532,7 @@ def parse_skeleton_name(model: str | os.PathLike) -> tuple[str, str] | None:
 
 
 def write_skeleton(arch: dict | str | os.PathLike, file_type: str, path: str | os.PathLike) -> Path:
-    """Write a header-only GGUF (no tensor data) that :func:`v100lab.header.read_spec` accepts."""
+    """Write a header-only GGUF (no tensor data) that :func:`v100lab.gguf.header.read_spec` accepts."""
     data = skeleton_header(arch, file_type)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -2,7 +2,7 @@
 
 ``v100lab calibrate`` (about 20-70 minutes on a 2-core VM: 20 on a Zen 5, 39 on a Zen 2, 70 on a Zen 3 before depth
 fills were kept). On a small CPU, decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
-Calibration measures, with real llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
+Calibration measures, with real llama.cpp (the isolated in-process backend of :mod:`v100lab.measure.harness`):
 
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
   the host profile stores (:func:`measure_host`);
@@ -29,7 +29,7 @@ Calibration measures, with real llama.cpp (the isolated in-process backend of :m
   + missed head_cells × cost_missed_cell`` (weighted by 1/t, i.e. relative error; ``head_cells``: query heads × KV
   cells; ``kv_bytes``: the KV cells' bytes attention reads, whose cost per head × cell follows the GQA ratio and
   which calib-mha, with no grouping, sets apart from the multiply-adds; ``missed head_cells``: the head × cells
-  whose reads miss an effective cache once a layer's KV cells outgrow it (:func:`v100lab.work.attn_missed_head_cells`); ``split_kv_layers``: layers whose
+  whose reads miss an effective cache once a layer's KV cells outgrow it (:func:`v100lab.predict.work.attn_missed_head_cells`); ``split_kv_layers``: layers whose
   decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
   a barrier and a reduction per layer, fitted at 2 threads and more); for prompt processing per token
   ``Σ_type weights_type × cost_type + attention_ops × cost_op + head_cells × cost_cell`` on calib-wide's matrices
@@ -39,10 +39,10 @@ Calibration measures, with real llama.cpp (the isolated in-process backend of :m
   element), so it pins the per-layer overhead without bending calib-wide's per-type costs.
 
 The result is stored in the host profile (``host-profile.json`` in the cache directory, key
-``speed_calibration``), from which :mod:`v100lab.rates` reads the host's rates. The models the benchmark
+``speed_calibration``), from which :mod:`v100lab.predict.rates` reads the host's rates. The models the benchmark
 judges the speed model on (the synth-750m ladder, the default model, gemma3-270m) are never among the
 calibration models. :func:`calibrate_batching` measures batched decode the same way (llama-batched-bench),
-for :mod:`v100lab.serving`.
+for :mod:`v100lab.predict.serving`.
 """
 
 from __future__ import annotations
@@ -64,20 +64,22 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psutil
 
-from v100lab import buildflags, devices, modelcache, zoo
-from v100lab.backends import BenchTest, find_binary
-from v100lab.backends.inprocess import build_info
-from v100lab.backends.isolated import IsolatedBackend
-from v100lab.clock import utc_stamp
-from v100lab.config import RunConfig
-from v100lab.devices import Device
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.header import read_spec
-from v100lab.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
-from v100lab.rates import (MAX_PASS_DRIFT, NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET,
+from v100lab.base import buildflags
+from v100lab.facts import devices
+from v100lab.models import modelcache, zoo
+from v100lab.measure.backends import BenchTest, find_binary
+from v100lab.measure.backends.inprocess import build_info
+from v100lab.measure.backends.isolated import IsolatedBackend
+from v100lab.base.clock import utc_stamp
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.gguf.header import read_spec
+from v100lab.gguf.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
+from v100lab.predict.rates import (MAX_PASS_DRIFT, NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET,
                            calibration_quality, current_build_facts, median_standard_error)
-from v100lab.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
-from v100lab.work import attn_missed_head_cells, single_device_work
+from v100lab.predict.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
+from v100lab.predict.work import attn_missed_head_cells, single_device_work
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ CALIB_DEPTHS = (1024, 2048, 4096)
 # and the default model's head_dim and GQA group (64, 3-4) — at 1 thread a depth-2048 fill takes about 20 s.
 DEPTH_TYPE = "Q4_0"
 # The head_dim tail: ggml-cpu's f16 vector kernels, which the flash-attention kernel runs per KV cell, do SIMD over
-# the largest multiple of GGML_F16_STEP and a scalar loop over the rest (v100lab.work.F16_SIMD_STEP: 64 on an
+# the largest multiple of GGML_F16_STEP and a scalar loop over the rest (v100lab.predict.work.F16_SIMD_STEP: 64 on an
 # AVX-512 build, so a head_dim of 96 runs 32 elements scalar; 32 on AVX2, no tail). Measured on a second streaming
 # rung, CALIB_WIDE's layer with n_embd 1536 (16 query / 4 KV heads of 96, the head_dim of synth-750m and of many
 # real models), in DEPTH_TYPE with enough layers to read WIDE_MIN_READ_BYTES a token (15: 206 MB), at WIDE96_DEPTHS:
@@ -183,7 +185,7 @@ CALIB_MHA = dataclasses.replace(CALIB_WIDE, n_head_kv=CALIB_WIDE.n_head)
 MHA_LABEL = "calib-mha"
 MHA_DEPTHS = (0, 1024, 2048)
 # Prompt attention (issue 18, twelfth round). A prompt's attention is ggml-cpu's tiled flash attention
-# (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled; v100lab.llama_context.fa_prompt_cells), not
+# (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled; v100lab.gguf.llama_context.fa_prompt_cells), not
 # decode's one query at a time: per query head × KV cell a mask read, a scale and a softmax step, per multiply-add
 # the two F32 GEMMs and the tile's K and V conversion. Fitted before on depth-0 prompts whose attention costs
 # differed only through the narrow models (calib-deep, calib-deep96, the thin pair), their matmuls' own
@@ -709,7 +711,7 @@ def _n_parameters(rows) -> int:
     return sum(1 for col in zip(*rows) if any(col))
 
 
-#: the effective caches tried for attention's missed reads (:func:`v100lab.work.attn_missed_head_cells`), 64 KiB to 64 MiB
+#: the effective caches tried for attention's missed reads (:func:`v100lab.predict.work.attn_missed_head_cells`), 64 KiB to 64 MiB
 #: in steps of √2; the fit keeps the one whose least-squares fit is best (none, when no capacity helps)
 ATTN_CACHE_GRID_BYTES = tuple(round(2 ** (16 + k / 2)) for k in range(21))
 
@@ -724,7 +726,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     no barrier and one partial per head, so its per-layer cost is not fitted there (0). ``head_cells=False`` leaves
     attention's cost per query head × KV cell out (0; the tenth round's model, for benchmarks/refit_speed.py's
     comparisons on the same measurements). ``spill=False`` leaves out the query heads × cells whose reads miss an
-    effective cache (:func:`v100lab.work.attn_missed_head_cells`; the seventeenth round's model): with it, the
+    effective cache (:func:`v100lab.predict.work.attn_missed_head_cells`; the seventeenth round's model): with it, the
     capacity is chosen from :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, the cost of a miss by the
     least squares. ``kv_bytes=False`` leaves out attention's cost per KV byte read (the eighteenth round's model;
     fitted only when calib-mha's depth points, whose GQA ratio differs, were measured). Returns the JSON-able
@@ -861,7 +863,7 @@ def _weighted_nnls(rows, y, wts):
 
 def _fit_with_capacity(rows, y, wts, sweeps, capacities):
     """The decode fit with one more column, attention's head × cells that miss a cache of each capacity in
-    ``capacities`` (:func:`v100lab.work.attn_missed_head_cells` of each point's ``sweeps``), and without it (capacity
+    ``capacities`` (:func:`v100lab.predict.work.attn_missed_head_cells` of each point's ``sweeps``), and without it (capacity
     0, the column empty): returns the capacity whose weighted least squares (squared relative errors) are smallest —
     a capacity replaces a smaller one only by improving on it by more than rounding — the rows with its column, and
     the fitted costs."""
@@ -886,7 +888,7 @@ def _enough_points(measured: int, planned: int, threads: int) -> None:
 
 
 def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_residual: float) -> str | None:
-    """Why a calibration of quality ``q`` (:func:`v100lab.rates.calibration_quality`) must not be stored, or None."""
+    """Why a calibration of quality ``q`` (:func:`v100lab.predict.rates.calibration_quality`) must not be stored, or None."""
     why = []
     n, total = q.get("noisy_points", 0), q.get("measured_points", 0)
     if total and n > max_noisy_share * total:
@@ -974,7 +976,7 @@ def _fit_points(th: int, planned: Sequence[CalPoint], best: Mapping, specs: Mapp
 
 
 def _loads_se(t: Timing | None) -> float | None:
-    """The standard error of the median of a test's loads (:func:`v100lab.rates.median_standard_error`), from two
+    """The standard error of the median of a test's loads (:func:`v100lab.predict.rates.median_standard_error`), from two
     loads on: two that disagree say the machine moved between them, and a third decides (issue 18, nineteenth round:
     CI's calibration, two passes of one load each, kept 5 of 39 points whose passes differed by more than 10 %, and
     predicted the default model 21 % slow); None under two loads, or unmeasured."""
@@ -1047,12 +1049,12 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     ``threads``: thread counts to calibrate (default 1 and all cores). After ``passes`` passes, up to
     ``settle_rounds`` rounds load again the points whose median is uncertain or that the fit misses (:func:`settle`;
     ``settled`` in the result counts the extra loads per point). Returns the calibration dict, with
-    ``quality`` (:func:`v100lab.rates.calibration_quality`), ``build``, ``cpu`` and ``measured_at`` (UTC).
+    ``quality`` (:func:`v100lab.predict.rates.calibration_quality`), ``build``, ``cpu`` and ``measured_at`` (UTC).
     A calibration that fails the quality bounds (more than ``max_noisy_share`` of the points with a cv above
     ``rerun_above_cv`` after their rerun, or with a median still uncertain by more than
-    :data:`v100lab.rates.NOISY_MACHINE_SE` after settling, a residual above ``max_fit_residual``, decode rates that
-    grow faster than the thread count: :func:`v100lab.rates.superlinear_scaling`, or passes more than
-    :data:`v100lab.rates.MAX_PASS_DRIFT` apart: :func:`v100lab.rates.pass_drift`) is not stored: RunFailed
+    :data:`v100lab.predict.rates.NOISY_MACHINE_SE` after settling, a residual above ``max_fit_residual``, decode rates that
+    grow faster than the thread count: :func:`v100lab.predict.rates.superlinear_scaling`, or passes more than
+    :data:`v100lab.predict.rates.MAX_PASS_DRIFT` apart: :func:`v100lab.predict.rates.pass_drift`) is not stored: RunFailed
     with the figures — unless ``force``, which stores it marked ``forced`` (every prediction then says so)."""
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 1
@@ -1212,7 +1214,7 @@ def measure_host(threads: int | None = None) -> dict[str, Any]:
         "compute_capability": None,
         "host_link_gbs": None,
         "runtime_overhead_mib": 0.0,
-        "source_url": "measured: v100lab.calibration.measure_host (psutil RAM size, multi-threaded numpy max over 2 × the LLC)",
+        "source_url": "measured: v100lab.measure.calibration.measure_host (psutil RAM size, multi-threaded numpy max over 2 × the LLC)",
         "fingerprint": fp,
         "bandwidth_measurement": bw,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -1,10 +1,10 @@
 """Measuring a drift check: calibration's own rungs decoded again now, against the figures calibration stored.
 
 ``v100lab calibrate --check`` (a few minutes on 2 cores, against calibration's 20-70): each weight type's decode rung
-(calib-wide, the files calibration measured) and the :data:`v100lab.drift.BASE_TYPE` prompt point, :data:`LOADS`
+(calib-wide, the files calibration measured) and the :data:`v100lab.predict.drift_scaling.BASE_TYPE` prompt point, :data:`LOADS`
 loads each, at each calibrated thread count, thread counts and types taking turns within each round of loads as
 calibration's passes do; then the memory bandwidth with calibration's kernel. :func:`check` returns the record
-:mod:`v100lab.drift` reads (each rung's loads, their median's ratio to calibration's figure and its standard error);
+:mod:`v100lab.predict.drift_scaling` reads (each rung's loads, their median's ratio to calibration's figure and its standard error);
 :func:`store` puts it beside the calibration, applied or only recorded. :func:`combine` joins several records (the
 benchmark's references before each pass and after the last) into one.
 
@@ -20,10 +20,12 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from v100lab import calibration, devices, drift
-from v100lab.clock import parse_utc, utc_stamp
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.rates import PROFILE_KEY, median_standard_error, stored_calibration
+from v100lab.measure import calibration
+from v100lab.facts import devices
+from v100lab.predict import drift_scaling as drift
+from v100lab.base.clock import parse_utc, utc_stamp
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.predict.rates import PROFILE_KEY, median_standard_error, stored_calibration
 
 log = logging.getLogger(__name__)
 

@@ -4,16 +4,16 @@ Anchor: llama.cpp's tools/llama-bench (warmup, r repetitions with the KV cache c
 tokens/s per repetition, mean ± *sample* standard deviation, build and hardware recorded, a failed
 configuration counted and the run continued). What it adds for the workbook:
 
-* the same tests through other backends (:mod:`v100lab.backends`): in-process llama-cpp-python (default),
+* the same tests through other backends (:mod:`v100lab.measure.backends`): in-process llama-cpp-python (default),
   llama-server over HTTP, llama-cpp-python's own server, and llama-bench's own output imported;
 * a noise flag: the coefficient of variation (sd / mean) of the per-repetition tokens/s above
   :data:`NOISY_CV` marks the row ``noisy`` (shared machines are noisy; compare within one run);
-* llama.cpp's load facts (:mod:`v100lab.loadlog`) and a machine monitor (:mod:`v100lab.monitor`) per row;
-* a durable results file (:mod:`v100lab.store`): rows are fsync'ed one by one and a sweep resumes from it.
+* llama.cpp's load facts (:mod:`v100lab.facts.loadlog`) and a machine monitor (:mod:`v100lab.measure.monitor`) per row;
+* a durable results file (:mod:`v100lab.facts.store`): rows are fsync'ed one by one and a sweep resumes from it.
 
 Row fields use llama-bench's names where llama-bench has one (``n_prompt``, ``n_gen``, ``n_depth``,
 ``avg_ts``, ``stddev_ts``, ``samples_ts``, ``samples_ns``, ``n_gpu_layers``, ``type_k``, ``flash_attn``, ...);
-values are v100lab's (``flash_attn`` is "on"/"off"/"auto" as in RunConfig; :mod:`v100lab.llamabench`
+values are v100lab's (``flash_attn`` is "on"/"off"/"auto" as in RunConfig; :mod:`v100lab.measure.llamabench`
 converts to and from llama-bench's own encodings).
 """
 
@@ -32,16 +32,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from v100lab import buildflags, zoo
-from v100lab.backends import Backend, BenchTest, MeasureFailed, Measurement, get_backend
-from v100lab.backends.isolated import llama_build
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, V100labError
-from v100lab.header import read_spec
-from v100lab.monitor import Monitor
-from v100lab.results import TPS, Observation
-from v100lab.store import ResultsStore, row_key
-from v100lab.worker import WorkerCrashed
+from v100lab.base import buildflags
+from v100lab.models import zoo
+from v100lab.measure.backends import Backend, BenchTest, MeasureFailed, Measurement, get_backend
+from v100lab.measure.backends.isolated import llama_build
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.gguf.header import read_spec
+from v100lab.measure.monitor import Monitor
+from v100lab.facts.results import TPS, Observation
+from v100lab.facts.store import ResultsStore, row_key
+from v100lab.models.worker import WorkerCrashed
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ def _finish_row(row: dict[str, Any], *, status: str, reason: str | None = None,
 def _resolve_model(model: str | os.PathLike) -> Path:
     text = os.fspath(model)
     if zoo.is_alias(text):
-        return zoo.resolve(text)
+        return zoo.model_path(text)
     return Path(text)
 
 
@@ -413,7 +414,7 @@ def metric_of(row: Mapping[str, Any]) -> str:
 
 
 def rows_to_observations(rows: Iterable[Mapping[str, Any]], model_label: str, device: str = "host"):
-    """Measured rows → :class:`v100lab.results.Observation` (failed rows are left out).
+    """Measured rows → :class:`v100lab.facts.results.Observation` (failed rows are left out).
 
     lever/value come from the sweep that produced the row (else lever "n_depth"); the note carries the
     backend, how it was timed, ± sd over r repetitions, and a noise flag when cv > NOISY_CV."""

@@ -1,6 +1,6 @@
 """llama.cpp's own ``llama-bench``: run it, import its output into harness rows, export ours in its shape.
 
-It sits beside the harness (:mod:`v100lab.harness`), whose rows it reads and writes, not among the backends:
+It sits beside the harness (:mod:`v100lab.measure.harness`), whose rows it reads and writes, not among the backends:
 it runs a separate tool and imports that tool's output after the fact. llama-bench is the reference the
 harness is checked against (benchmarks/bench_harness.py). It is optional, never a dependency:
 ``scripts/build-tools.sh`` (run by setup) builds it from llama-cpp-python's own llama.cpp commit into
@@ -26,11 +26,11 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from v100lab.backends.types import BenchTest, find_binary
-from v100lab.config import ALL_LAYERS, CPU_BUFT, LLM_FFN_EXPS_REGEX, RunConfig
-from v100lab.harness import NOISY_CV, environment, model_facts, summarize
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.store import row_key
+from v100lab.measure.backends.types import BenchTest, find_binary
+from v100lab.facts.config import ALL_LAYERS, CPU_BUFT, LLM_FFN_EXPS_REGEX, RunConfig
+from v100lab.measure.harness import NOISY_CV, environment, model_facts, summarize
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.facts.store import row_key
 
 log = logging.getLogger(__name__)
 

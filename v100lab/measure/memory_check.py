@@ -1,5 +1,5 @@
 """The memory model checked against llama.cpp itself: load a model with a configuration (CPU build, in a
-worker process), read the buffer sizes llama.cpp prints, and compare them with :func:`v100lab.memory.plan`'s
+worker process), read the buffer sizes llama.cpp prints, and compare them with :func:`v100lab.predict.memory.plan`'s
 figures for the host, buffer kind by buffer kind.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from v100lab.config import RunConfig
-from v100lab.header import read_spec
-from v100lab.loadlog import load_and_capture
-from v100lab.memory import HOST, plan
-from v100lab.spec import ModelSpec
-from v100lab.worker import call_isolated
+from v100lab.facts.config import RunConfig
+from v100lab.gguf.header import read_spec
+from v100lab.facts.loadlog import load_and_capture
+from v100lab.predict.memory import HOST, plan
+from v100lab.facts.spec import ModelSpec
+from v100lab.models.worker import call_isolated
 
 PRINT_MIB = 0.0051  # llama.cpp prints buffer sizes as %8.2f MiB: ±0.005 MiB of rounding
 

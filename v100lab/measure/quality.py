@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from v100lab import zoo
-from v100lab.errors import V100labError
-from v100lab.results import Observation
-from v100lab.worker import call_isolated
-from v100lab.zoo import quant_of
+from v100lab.models import zoo
+from v100lab.base.errors import V100labError
+from v100lab.facts.results import Observation
+from v100lab.models.worker import call_isolated
+from v100lab.models.zoo import quant_of
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ def evaluate(model: str | Path, reference: str | Path | None = None, *, n_ctx: i
     if n_chunks < 1:
         raise V100labError(f"n_chunks must be >= 1, got {n_chunks}")
     threads = n_threads or os.cpu_count() or 1
-    mpath = zoo.resolve(model)
-    rpath = zoo.resolve(reference) if reference is not None else None
+    mpath = zoo.model_path(model)
+    rpath = zoo.model_path(reference) if reference is not None else None
 
     return call_isolated(_evaluate_here, str(model), mpath, None if reference is None else str(reference), rpath,
                          n_ctx, n_chunks, threads, what=f"scoring {mpath.name}")

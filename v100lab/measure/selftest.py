@@ -2,14 +2,14 @@
 
 A llama.cpp build can load a model and still crash on the first batched decode (the AMX matmul of a
 ``GGML_NATIVE=ON`` build on Sapphire-Rapids-class CPUs: llama.cpp issue #20824). The self-test runs, each in
-a worker child process (:mod:`v100lab.worker`) under a timeout, what every measurement needs: load the
+a worker child process (:mod:`v100lab.models.worker`) under a timeout, what every measurement needs: load the
 default model, process a prompt of at least 64 tokens (a batched decode) and generate, at 1 thread and at
 all cores. It reports the llama.cpp build (commit, llama.cpp's system-info line), the CPU and its flags,
 the build flags ``scripts/setup.sh`` recorded, which llama-server/llama-bench/llama-batched-bench the package
 would use (where from, the commit their ``--version`` names, and whether it is the library's), and pass or
 fail with one line saying why and how to rebuild (the tools do not decide pass or fail).
 
-``scripts/setup.sh`` runs it after installing (``python -m v100lab.selftest``) and falls back to the safe
+``scripts/setup.sh`` runs it after installing (``python -m v100lab.measure.selftest``) and falls back to the safe
 build once when it fails; ``v100lab selftest`` runs it on demand.
 """
 
@@ -25,18 +25,20 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from v100lab import buildflags, harness, zoo
-from v100lab.backends.isolated import IsolatedBackend, llama_build
-from v100lab.backends.server import SERVER_ENV
-from v100lab.backends.types import (
+from v100lab.base import buildflags
+from v100lab.measure import harness
+from v100lab.models import zoo
+from v100lab.measure.backends.isolated import IsolatedBackend, llama_build
+from v100lab.measure.backends.server import SERVER_ENV
+from v100lab.measure.backends.types import (
     BATCHED_BENCH_ENV,
     locate_binary,
     same_commit,
     tool_version,
 )
-from v100lab.config import RunConfig
-from v100lab.errors import V100labError
-from v100lab.llamabench import BENCH_ENV
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import V100labError
+from v100lab.measure.llamabench import BENCH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ SELFTEST_GEN = 16
 SELFTEST_TIMEOUT_S = 120.0
 #: llama.cpp's tools the package runs, and the variable that names each one's binary
 TOOLS = (("llama-server", SERVER_ENV), ("llama-bench", BENCH_ENV), ("llama-batched-bench", BATCHED_BENCH_ENV))
-REBUILD_COMMAND = ('CMAKE_ARGS="$(python -m v100lab.buildflags)" python -m pip install --force-reinstall '
+REBUILD_COMMAND = ('CMAKE_ARGS="$(python -m v100lab.base.buildflags)" python -m pip install --force-reinstall '
                    '--no-cache-dir --no-deps llama-cpp-python=={version}')
 
 
@@ -97,7 +99,7 @@ class SelfTestReport:
 
 def tools_report(library_commit: str | None) -> dict[str, dict[str, Any]]:
     """For each of :data:`TOOLS`: the binary the package would run, where it came from
-    (:data:`v100lab.backends.types.BINARY_SOURCES`), what its ``--version`` says, and whether its commit is
+    (:data:`v100lab.measure.backends.types.BINARY_SOURCES`), what its ``--version`` says, and whether its commit is
     ``library_commit`` (llama-cpp-python's). Never raises: a bad ``$V100LAB_*`` path becomes ``error``."""
     out: dict[str, dict[str, Any]] = {}
     for name, env in TOOLS:
@@ -144,7 +146,7 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
         raise V100labError(f"--timeout must be a positive number of seconds, got {timeout}")
     if n_prompt < 2:
         raise V100labError(f"the self-test needs a prompt of at least 2 tokens (a batched decode), got {n_prompt}")
-    path = zoo.resolve(model or "default")
+    path = zoo.model_path(model or "default")
     ncpu = os.cpu_count() or 1
     threads = tuple(sorted(set(threads or (1, ncpu))))
     backend = IsolatedBackend(timeout=timeout)
@@ -175,7 +177,7 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v100lab.selftest", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m v100lab.measure.selftest", description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=SELFTEST_TIMEOUT_S, help="seconds per configuration")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

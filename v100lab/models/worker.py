@@ -3,13 +3,13 @@
 llama.cpp is C++: a bad kernel (the AMX matmul on some Xeons), an abort in an assertion, the kernel's
 out-of-memory killer or a hang takes down the process it runs in. Every llama.cpp run the package starts — the
 in-process bench backend, calibration, quality, the memory check, the quantizer — therefore runs in a
-:class:`Worker`: a child ``python -m v100lab.worker`` that executes module-level functions sent to it and
+:class:`Worker`: a child ``python -m v100lab.models.worker`` that executes module-level functions sent to it and
 keeps whatever they store (a loaded model) between calls, so a configuration's repetitions and tests share
 one model load. The parent keeps the results.
 
 A worker that dies or overruns its timeout raises :class:`WorkerCrashed` in the parent, with the status
 (``crashed`` or ``timeout``), the signal, and the last lines llama.cpp logged (the worker's stdout and stderr
-go to a log file, and :mod:`v100lab.loadlog` tees every captured llama.cpp line there too).
+go to a log file, and :mod:`v100lab.facts.loadlog` tees every captured llama.cpp line there too).
 
 The protocol is pickled frames (an 8-byte length, then the pickle) over the child's stdin and a private
 duplicate of its original stdout: llama.cpp may print to fd 1 and 2, which point at the log file.
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from v100lab import loadlog
-from v100lab.errors import RunFailed
+from v100lab.facts import loadlog
+from v100lab.base.errors import RunFailed
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Worker:
         self._logf = open(self.log_path, "wb")
         child_env = dict(os.environ if env is None else env)
         child_env.setdefault("PYTHONUNBUFFERED", "1")
-        self._proc = subprocess.Popen([sys.executable, "-m", "v100lab.worker"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "v100lab.models.worker"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._logf, env=child_env, close_fds=True,
                                       start_new_session=True)   # Ctrl-C in a terminal reaches the parent only
         self.pid = self._proc.pid

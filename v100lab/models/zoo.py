@@ -8,7 +8,7 @@
 * ``synth-*`` — synthetic llama-architecture models with random F16 weights, written with the
   ``gguf`` package; the tokenizer comes from the default model, so llama.cpp loads them and generates.
 * ``synth-<arch>-*`` — synthetic models of other architectures (the hybrid ``qwen35``, ``qwen35moe``,
-  ``qwen3moe``, ``gemma3`` with SWA, ``deepseek2`` with MLA), written by :mod:`v100lab.synth`, e.g.
+  ``qwen3moe``, ``gemma3`` with SWA, ``deepseek2`` with MLA), written by :mod:`v100lab.models.synth`, e.g.
   ``synth-qwen35-500m``.
 * ``ALIAS:QUANT`` (for example ``synth-tiny:Q4_K_M``) — a quant ladder rung made by llama.cpp's own
   quantizer (``llama_cpp.llama_model_quantize``).
@@ -33,15 +33,15 @@ from typing import Callable, Iterator
 import gguf
 import numpy as np
 
-from v100lab.errors import ModelNotFoundError, V100labError
-from v100lab.header import read_spec
-from v100lab.loadlog import capture_llama_log
+from v100lab.base.errors import ModelNotFoundError, V100labError
+from v100lab.gguf.header import read_spec
+from v100lab.facts.loadlog import capture_llama_log
 # the cache's names are re-exported: ``zoo.cache_dir()`` is where every built model lives
-from v100lab.modelcache import (CACHE_ENV, DEFAULT_DIST, build_atomically, cache_dir, cached_ok,  # noqa: F401
+from v100lab.models.modelcache import (CACHE_ENV, DEFAULT_DIST, build_atomically, cache_dir, cached_ok,  # noqa: F401
                                 default_model_path, dist_file, recipe_hash, recipe_path, sha256_file,
                                 tokenizer_fields)
-from v100lab.synth import ARCH_PRESETS, ArchSynth, arch_synthetic_path
-from v100lab.worker import call_isolated
+from v100lab.models.synth import ARCH_PRESETS, ArchSynth, arch_synthetic_path
+from v100lab.models.worker import call_isolated
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
 
 # --------------------------------------------------------------------------------------------
-# the two shipped real models (the default model and the cache: :mod:`v100lab.modelcache`)
+# the two shipped real models (the default model and the cache: :mod:`v100lab.models.modelcache`)
 # --------------------------------------------------------------------------------------------
 
 def gemma_model_path() -> Path:
@@ -190,7 +190,7 @@ def write_synthetic(spec: SynthSpec, path: Path, progress: Callable[[int, int], 
 
 
 def synth_presets() -> dict[str, SynthSpec | ArchSynth]:
-    """Every synthetic alias → its spec: the llama presets and the other architectures' (:mod:`v100lab.synth`)."""
+    """Every synthetic alias → its spec: the llama presets and the other architectures' (:mod:`v100lab.models.synth`)."""
     return {**SYNTH_PRESETS, **ARCH_PRESETS}
 
 
@@ -226,7 +226,7 @@ def quantize(src: Path, dst: Path, quant: str, n_threads: int | None = None,
     the default model's ladder is made that way, from its Q4_1 weights dequantized to F16.
     ``pure_type`` (a ggml type id) puts every matrix, output and embeddings included, in that type.
     llama.cpp's per-tensor log lines go to this module's logger at DEBUG level. A quantizer that crashes
-    raises :class:`v100lab.worker.WorkerCrashed` (a RunFailed) and leaves no file behind.
+    raises :class:`v100lab.models.worker.WorkerCrashed` (a RunFailed) and leaves no file behind.
     """
     ftype = ftype_of(quant)        # an unknown quant fails here, before any work
     rc, text = call_isolated(_quantize_here, str(src), str(dst), ftype, n_threads or os.cpu_count() or 1,
@@ -298,13 +298,13 @@ def quant_of(model: str | os.PathLike) -> str:
     base, sep, quant = text.partition(":")
     if sep and base in aliases():
         return quant.upper()
-    return read_spec(resolve(text)).file_type
+    return read_spec(model_path(text)).file_type
 
 
 def ladder(alias: str, quants: tuple[str, ...] = LADDER,
            progress: Callable[[str], None] | None = None) -> dict[str, Path]:
     """Every rung of the quant ladder for a synthetic alias: quant → path (F16 included)."""
-    base = resolve(alias)
+    base = model_path(alias)
     out = {"F16": base}
     for q in quants:
         if progress:
@@ -348,11 +348,11 @@ def is_alias(name: str) -> bool:
     return name.partition(":")[0] in aliases()
 
 
-def resolve(name: str | os.PathLike, build: bool = True) -> Path:
+def model_path(name: str | os.PathLike, build: bool = True) -> Path:
     """A model alias or path → the path of a real GGUF file.
 
     Aliases: ``default``, ``default:QUANT`` (its ladder, from its weights dequantized to F16),
-    ``gemma3-270m``, ``synth-*`` and ``synth-*:QUANT`` (llama, and the architectures of :mod:`v100lab.synth`:
+    ``gemma3-270m``, ``synth-*`` and ``synth-*:QUANT`` (llama, and the architectures of :mod:`v100lab.models.synth`:
     ``synth-qwen35-500m:Q4_K_M``, ...). Anything else is a path,
     which must exist. Raises :class:`ModelNotFoundError` with one line naming the problem.
     """

@@ -3,7 +3,7 @@
 On a shared VM the host's speed moves in phases: on a 2-core Zen 3 calibration's own rungs ran 5-31 % slower than
 calibration had measured them 35-100 minutes later, and 16-55 % faster three hours later, every type by its own
 factor (benchmarks/RESULTS.md, issue 18, fifteenth and sixteenth rounds). A calibration is 20-70 minutes of
-measuring; a drift check decodes calibration's own rungs again, a few loads each (:mod:`v100lab.drift_check`,
+measuring; a drift check decodes calibration's own rungs again, a few loads each (:mod:`v100lab.measure.drift_check`,
 ``v100lab calibrate --check``), and stores what it found beside the calibration (key :data:`DRIFT_KEY`). This
 module is the record's arithmetic, no measuring:
 
@@ -27,8 +27,8 @@ import datetime as _dt
 import statistics
 from typing import Any, Mapping
 
-from v100lab.clock import age_text, parse_utc
-from v100lab.llama_context import nearest_type
+from v100lab.base.clock import age_text, parse_utc
+from v100lab.gguf.llama_context import nearest_type
 
 #: the key of the drift check inside the stored calibration (``speed_calibration``)
 DRIFT_KEY = "drift"

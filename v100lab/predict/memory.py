@@ -1,11 +1,11 @@
 """The memory plan: where llama.cpp puts every byte, per device, before anything is loaded.
 
 The seed's first argument is the "VRAM triangle" — model size × context length × card memory, pick two.
-This module answers it from a :class:`~v100lab.spec.ModelSpec` (a GGUF header, or a skeleton of a model
-nobody downloaded), a device (or several) and a :class:`~v100lab.config.RunConfig`, by mirroring
+This module answers it from a :class:`~v100lab.facts.spec.ModelSpec` (a GGUF header, or a skeleton of a model
+nobody downloaded), a device (or several) and a :class:`~v100lab.facts.config.RunConfig`, by mirroring
 llama.cpp's own arithmetic:
 
-* **context sizes, KV cache, recurrent state** — :mod:`v100lab.llama_context` (src/llama-context.cpp,
+* **context sizes, KV cache, recurrent state** — :mod:`v100lab.gguf.llama_context` (src/llama-context.cpp,
   src/llama-kv-cache.cpp, src/llama-kv-cache-iswa.cpp, src/llama-memory-recurrent.cpp): cells per stream, the
   sliding-window cache, bytes per cell and per layer; the KV of a layer lives on that layer's device. Hybrids
   (qwen35, qwen35moe) keep KV only on their full-attention layers (src/llama-model.cpp create_memory:
@@ -42,11 +42,11 @@ from typing import Mapping, Sequence
 
 import psutil
 
-from v100lab import buildflags
-from v100lab.config import ALL_LAYERS, RunConfig, tensor_overrides
-from v100lab.devices import Device
-from v100lab.errors import ConfigError
-from v100lab.llama_context import (
+from v100lab.base import buildflags
+from v100lab.facts.config import ALL_LAYERS, RunConfig, tensor_overrides
+from v100lab.facts.devices import Device
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.llama_context import (
     CTX_PAD,
     F32,
     LLAMA_MAX_SEQ,
@@ -60,9 +60,9 @@ from v100lab.llama_context import (
     resolve_flash_attn,
     row_size,
 )
-from v100lab.quantmix import n_dims
-from v100lab.results import Observation
-from v100lab.spec import ModelSpec
+from v100lab.facts.quantmix import n_dims
+from v100lab.facts.results import Observation
+from v100lab.facts.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

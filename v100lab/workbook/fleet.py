@@ -2,12 +2,12 @@
 
 **One Ray task per run** (parameter file × notebook), so a fleet balances notebook by notebook, a retry
 repeats one notebook, and each report reaches the index as soon as its run ends. A task needs what its
-scenario declares (``resources``, ``accelerator_type``, ``node_labels``; :mod:`v100lab.scenario`, group
+scenario declares (``resources``, ``accelerator_type``, ``node_labels``; :mod:`v100lab.workbook.scenario`, group
 "fleet"); a scenario that declares nothing needs one CPU. Give each box one ``bench`` resource and let
 every timing scenario ask for ``bench: 1``: two measurements then never share a box (llama.cpp's threads
 spin, and two runs on one machine ruin each other's figures).
 
-The task executes the notebook with papermill on the node that runs it (:func:`v100lab.batch_runner.execute_run`
+The task executes the notebook with papermill on the node that runs it (:func:`v100lab.workbook.runner.execute_run`
 in a temporary folder, the parameter file's and the notebook's bytes sent with the task), exports its
 HTML reports there, and returns the files' bytes and the result; the driver writes them into the same
 ``reports/`` tree and ``index.html`` as the local engine, with the node that ran each run. No shared
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from v100lab.errors import ConfigError
-from v100lab.scenario import Scenario, load_scenario
-from v100lab.batch_runner import (Run, RunResult, cached_run, execute_run, inputs_digest, now_iso, one_line,
+from v100lab.base.errors import ConfigError
+from v100lab.workbook.scenario import Scenario, load_scenario
+from v100lab.workbook.runner import (Run, RunResult, cached_run, execute_run, inputs_digest, now_iso, one_line,
                               write_record)
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ class _Out:
 
 
 class RayEngine:
-    """The Ray engine for :func:`v100lab.batch_runner.run_batch` (``engine=RayEngine(...)``).
+    """The Ray engine for :func:`v100lab.workbook.runner.run_batch` (``engine=RayEngine(...)``).
 
     ``address``: None starts a local Ray instance with ``num_cpus`` CPUs for the batch; ``auto`` or
     ``HOST:PORT`` joins the cluster this machine belongs to; ``ray://HOST:PORT`` connects through Ray

@@ -1,6 +1,6 @@
-"""Figures of the workbook, drawn from the one tidy table (:mod:`v100lab.results`).
+"""Figures of the workbook, drawn from the one tidy table (:mod:`v100lab.facts.results`).
 
-Every function takes a tidy frame (or a frame from :mod:`v100lab.levers`) and returns a matplotlib
+Every function takes a tidy frame (or a frame from :mod:`v100lab.workbook.levers`) and returns a matplotlib
 ``Figure`` with a title, axis labels with units, and a legend that names the source of each series —
 measured (this machine), predicted (the speed or memory model) or claimed (the seed, or published rows).
 A measured or claimed tok/s figure above the ceiling of its model and device (``above_ceiling``) gets a
@@ -9,7 +9,7 @@ red ✕ marker and its own legend entry: such a point means the measurement or t
 Figures are built with ``matplotlib.figure.Figure`` rather than ``pyplot``: nothing is registered with
 pyplot's global state, so a notebook shows each figure exactly once (as the cell's value) and a batch
 run never accumulates open figures. Text that came from a model file or a parameter file passes through
-:func:`v100lab.render.mpl_text` (no mathtext surprises from a ``$`` in a model name).
+:func:`v100lab.workbook.render.mpl_text` (no mathtext surprises from a ``$`` in a model name).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import textwrap
 from typing import Iterable, Sequence
 
-from v100lab.render import mpl_text
-from v100lab.results import compare
+from v100lab.workbook.render import mpl_text
+from v100lab.facts.results import compare
 
 SOURCE_COLORS = {"measured": "#d95f02", "predicted": "#1b6fb5", "claimed": "#6a6a6a"}
 SOURCE_MARKERS = {"measured": "s", "predicted": "o", "claimed": "D"}

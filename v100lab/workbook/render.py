@@ -22,7 +22,7 @@ Notebooks display such strings only through these helpers:
 
 Terminal output (the command line) has its own hazard: a model name or a log line holding ESC sequences
 can recolour, retitle or rewrite the terminal. ``term_text(value, limit=None)`` (from
-:mod:`v100lab.safeio`) escapes every control character (``\\x1b``) and shortens with an ellipsis; every
+:mod:`v100lab.base.safeio`) escapes every control character (``\\x1b``) and shortens with an ellipsis; every
 command prints untrusted strings through it.
 
 Plain ``print()`` output and tracebacks are escaped by nbconvert itself (as ``text/plain``), and so is a
@@ -40,8 +40,8 @@ import shlex
 import string
 from typing import Any, Iterable, Mapping
 
-from v100lab.errors import ConfigError
-from v100lab.safeio import shorten, term_text  # noqa: F401  (re-exported: the terminal's escaping)
+from v100lab.base.errors import ConfigError
+from v100lab.base.safeio import shorten, term_text  # noqa: F401  (re-exported: the terminal's escaping)
 
 # the MIME type of the headline a notebook publishes (:func:`publish_headline`), which the batch reads back
 HEADLINE_MIME = "application/vnd.v100lab.headline+json"

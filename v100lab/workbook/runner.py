@@ -34,7 +34,7 @@ line; they ignore the unknown type). The batch reads the last such output from t
 notebook — no sidecar file, no scrapbook, and the figure travels inside the ``.ipynb``.
 
 Everything from a parameter file, a model file or a notebook's output is HTML-escaped in the index
-(``v100lab.render.escape``); link targets are our own file names.
+(``v100lab.workbook.render.escape``); link targets are our own file names.
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import quote
 
 from v100lab import __version__
-from v100lab.errors import ConfigError
-from v100lab.render import HEADLINE_MIME, escape
-from v100lab.safeio import check_creatable
-from v100lab.levers.course import keys_of
-from v100lab.scenario import Scenario, keys, load_scenario, parameters_cell_source, read_parameters
+from v100lab.base.errors import ConfigError
+from v100lab.workbook.render import HEADLINE_MIME, escape
+from v100lab.base.safeio import check_creatable
+from v100lab.workbook.levers.course import keys_of
+from v100lab.workbook.scenario import Scenario, keys, load_scenario, parameters_cell_source, read_parameters
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def parameters_cell(nb):
 
 def notebook_keys(path: str | os.PathLike) -> tuple[str, ...]:
     """The scenario keys a notebook's parameters cell holds: those its steps read
-    (:func:`v100lab.levers.course.keys_of`; every key for a notebook outside the course)."""
+    (:func:`v100lab.workbook.levers.course.keys_of`; every key for a notebook outside the course)."""
     return keys_of(path)
 
 
@@ -192,7 +192,7 @@ def _set_parameters(nb, source: str) -> bool:
 
 def sync_notebooks(patterns: str | Sequence[str] = DEFAULT_NOTEBOOKS) -> list[Path]:
     """:func:`sync_parameters_cell` for every notebook matching ``patterns``; the notebooks that changed.
-    Run after changing the scenario schema or a notebook's keys: ``python -m v100lab.batch_runner``."""
+    Run after changing the scenario schema or a notebook's keys: ``python -m v100lab.workbook.runner``."""
     return [p for p in find_notebooks(patterns) if sync_parameters_cell(p)]
 
 
@@ -321,7 +321,7 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-now_iso, one_line = _now, _one_line   # for the other engines (v100lab.fleet)
+now_iso, one_line = _now, _one_line   # for the other engines (v100lab.workbook.fleet)
 
 
 def _mark_failure(executed: Path, reason: str) -> int | None:
@@ -549,7 +549,7 @@ def write_record(out_dir: Path, run: Run, result: RunResult) -> None:
 class LocalEngine:
     """Runs one after another, here: the default engine. An engine has one method, ``run``, which executes
     ``runs`` (the plan; ``out`` exists) and calls ``started(i)`` when the run at index ``i`` starts and
-    ``finished(i, result)`` as each one ends, in any order; ``v100lab.fleet.RayEngine`` is the other."""
+    ``finished(i, result)`` as each one ends, in any order; ``v100lab.workbook.fleet.RayEngine`` is the other."""
 
     def run(self, runs: Sequence[Run], out: Path, *, timeout: float | None, no_input: bool, force: bool,
             started: Callable[[int], None], finished: Callable[[int, RunResult], None]) -> None:
@@ -738,7 +738,7 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
     return rows
 
 
-if __name__ == "__main__":   # python -m v100lab.batch_runner [NOTEBOOK ...]: rewrite the parameters cells
+if __name__ == "__main__":   # python -m v100lab.workbook.runner [NOTEBOOK ...]: rewrite the parameters cells
     import sys
 
     for changed in sync_notebooks(sys.argv[1:] or DEFAULT_NOTEBOOKS):

@@ -13,10 +13,10 @@ truth. Everything else is generated from it:
 * ``from_notebook(globals())`` validates a notebook's parameters after papermill injected them: the
   names in the notebook's namespace that are scenario keys, and nothing else;
 * ``parameters_cell_source(keys)`` writes the typed, commented literals of a notebook's ``parameters``
-  cell for the keys that notebook reads (``v100lab.levers.course.keys_of``), so notebooks and schema never
+  cell for the keys that notebook reads (``v100lab.workbook.levers.course.keys_of``), so notebooks and schema never
   drift (a test compares every notebook's cell with it).
 
-The llama.cpp flags are :class:`v100lab.config.RunConfig`'s fields under the same names; their
+The llama.cpp flags are :class:`v100lab.facts.config.RunConfig`'s fields under the same names; their
 defaults are read from ``RunConfig`` and ``Scenario.run_config()`` builds a ``RunConfig``, whose own
 validation applies (cache types, ``n_ubatch <= n_batch``, ...), so none of it is repeated here.
 
@@ -41,15 +41,15 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from v100lab.config import CACHE_TYPES, RunConfig, normalize_flash_attn
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError, V100labError
-from v100lab.safeio import read_text_bounded
-from v100lab.zoo import LADDER, ftype_of
+from v100lab.facts.config import CACHE_TYPES, RunConfig, normalize_flash_attn
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.base.safeio import read_text_bounded
+from v100lab.models.zoo import LADDER, ftype_of
 
 GROUPS = {
     "scenario": "the scenario: what is studied, for which device",
-    "flags": "llama.cpp flags (v100lab.config.RunConfig; llama.cpp's defaults)",
+    "flags": "llama.cpp flags (v100lab.facts.config.RunConfig; llama.cpp's defaults)",
     "sweeps": "levers swept by the notebooks",
     "budget": "measurement budget",
     "fleet": "where `v100lab batch --engine ray` runs it (ignored by the local engine)",
@@ -500,7 +500,7 @@ def from_notebook(namespace: Mapping[str, Any]) -> Scenario:
 # --------------------------------------------------------------------------------------------
 
 PARAMETERS_HEADER = (
-    "# Parameters (tag: parameters). Generated from v100lab.scenario; do not edit by hand.\n"
+    "# Parameters (tag: parameters). Generated from v100lab.workbook.scenario; do not edit by hand.\n"
     "# papermill and `v100lab batch` replace these from a params/*.yaml file; by hand, edit them here."
 )
 

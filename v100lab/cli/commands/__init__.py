@@ -1,1 +1,1 @@
-"""One module per ``v100lab`` subcommand (see ``v100lab.cli``)."""
+"""One module per ``v100lab`` subcommand (see ``v100lab.cli.main``)."""

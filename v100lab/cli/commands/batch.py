@@ -2,7 +2,7 @@
 [--engine local|ray] [--address auto|HOST:PORT|ray://HOST:PORT] [--task-timeout S]``.
 
 Every notebook once per parameter file (papermill), an HTML report per run and ``DIR/index.html``;
-see :mod:`v100lab.batch_runner`. A progress bar over the runs with one status line per run goes to
+see :mod:`v100lab.workbook.runner`. A progress bar over the runs with one status line per run goes to
 stderr, the summary table to stdout (or one JSON document with ``--json``). Exit status 1 when any
 run failed, 2 for bad input (a missing or invalid parameter file, no notebook matching).
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from v100lab import batch_runner
-from v100lab.errors import ConfigError
-from v100lab.fleet import RayEngine   # imports ray itself, only when the ray engine runs
-from v100lab.safeio import check_creatable, term_text
+from v100lab.workbook import runner as batch_runner
+from v100lab.base.errors import ConfigError
+from v100lab.workbook.fleet import RayEngine   # imports ray itself, only when the ray engine runs
+from v100lab.base.safeio import check_creatable, term_text
 
 NAME = "batch"
 HELP = "run every notebook for each parameter file (papermill) and export HTML reports with an index"
@@ -41,7 +41,7 @@ def add_arguments(p):
     p.add_argument("--force", action="store_true", help="re-run runs whose inputs are unchanged")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="local: one run after another here (default); ray: one Ray task per run (v100lab.fleet)")
+                   help="local: one run after another here (default); ray: one Ray task per run (v100lab.workbook.fleet)")
     p.add_argument("--address", metavar="ADDR", default=None,
                    help="with --engine ray: auto, HOST:PORT or ray://HOST:PORT of a running cluster "
                         "(default: start a local Ray instance)")

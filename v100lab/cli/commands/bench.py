@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from v100lab import harness, zoo
-from v100lab.config import add_flag_arguments, from_flag_args
+from v100lab.measure import harness
+from v100lab.models import zoo
+from v100lab.facts.config import add_flag_arguments, from_flag_args
 
 NAME = "bench"
 HELP = "measure llama.cpp speed llama-bench style (in-process, or through llama-server)"
@@ -39,7 +40,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     cfg = from_flag_args(args)
-    path = zoo.resolve(args.model)                       # bad model → ModelNotFoundError (exit 2)
+    path = zoo.model_path(args.model)                       # bad model → ModelNotFoundError (exit 2)
     tests = harness.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)
     rows = harness.run_tests(path, cfg, tests, (0,), args.repetitions, warmup=args.warmup, backend=args.backend,
                            results=args.results)

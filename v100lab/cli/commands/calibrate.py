@@ -3,7 +3,7 @@
 About 20-70 minutes on a 2-core VM (20 on a Zen 5; 39 on a Zen 2; 70 on a Zen 3 before depth fills were kept; three
 passes over the points, the median of each kept, then settling rounds for the uncertain ones; plus building the
 calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so any other process
-collapses throughput. ``--check`` is a drift check of a few minutes instead (:mod:`v100lab.drift_check`).
+collapses throughput. ``--check`` is a drift check of a few minutes instead (:mod:`v100lab.measure.drift_check`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import os
 import statistics
 import sys
 
-from v100lab import calibration, drift, drift_check
-from v100lab.devices import host_profile_path
-from v100lab.errors import ConfigError, V100labError
-from v100lab.rates import NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses
-from v100lab.serving import batching_path
-from v100lab.render import term_text
+from v100lab.measure import calibration, drift_check
+from v100lab.predict import drift_scaling as drift
+from v100lab.facts.devices import host_profile_path
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.predict.rates import NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses
+from v100lab.predict.serving import batching_path
+from v100lab.workbook.render import term_text
 
 NAME = "calibrate"
 MAX_REPETITIONS = 100   # a calibration pass (both thread counts) is 3-4 minutes at 3; 100 would be hours

@@ -2,7 +2,7 @@
 
 LOGFILE is what llama-server, llama-cli or llama-bench printed (stderr and stdout together; for llama-server
 ``-lv 4`` adds the load lines), or one of v100lab's raw logs. Each finding gives the numbers from the log,
-the line that shows them and a one-line fix (see :mod:`v100lab.doctor`). Exit status 0 when the log was read
+the line that shows them and a one-line fix (see :mod:`v100lab.advise.doctor`). Exit status 0 when the log was read
 (findings or not), 2 when the file is missing, unreadable or not a llama.cpp log.
 
 JSON keys (a contract): source, kind, device, device_guessed, model_bytes, weights_ceiling_tg_tps, host_free_bytes,
@@ -16,8 +16,8 @@ import json
 import math
 import sys
 
-from v100lab.doctor import diagnose_file
-from v100lab.errors import ConfigError
+from v100lab.advise.doctor import diagnose_file
+from v100lab.base.errors import ConfigError
 
 NAME = "doctor"
 HELP = "diagnose a llama.cpp log (llama-server, llama-cli, llama-bench): findings with evidence and fixes"

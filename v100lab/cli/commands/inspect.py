@@ -3,7 +3,7 @@
 MODEL is a path, an http(s) URL (only the header is fetched, with Range requests) or a zoo alias.
 The JSON keys are a contract (scripts rely on them); see :func:`spec_as_dict`. A file whose tensor data
 runs past its end is refused (exit 2). Every string from the file is printed through
-:func:`v100lab.render.term_text` (control characters escaped), and a URL without its secrets.
+:func:`v100lab.workbook.render.term_text` (control characters escaped), and a URL without its secrets.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import json
 import math
 import sys
 
-from v100lab.errors import ConfigError
-from v100lab.header import DEFAULT_MAX_HEADER_BYTES, MAX_TIMEOUT_S
-from v100lab.resolve import resolve
-from v100lab.render import term_text
-from v100lab.safeio import redact_url
-from v100lab.spec import ModelSpec
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.header import DEFAULT_MAX_HEADER_BYTES, MAX_TIMEOUT_S
+from v100lab.models.resolve import resolve
+from v100lab.workbook.render import term_text
+from v100lab.base.safeio import redact_url
+from v100lab.facts.spec import ModelSpec
 
 MAX_HEADER_MIB = 4096.0   # the cap itself is capped: a header beyond 4 GiB is not a model
 

@@ -7,10 +7,10 @@ import sys
 
 from tqdm.auto import tqdm
 
-from v100lab import zoo
-from v100lab.errors import V100labError
-from v100lab.header import read_spec
-from v100lab.render import term_text
+from v100lab.models import zoo
+from v100lab.base.errors import V100labError
+from v100lab.gguf.header import read_spec
+from v100lab.workbook.render import term_text
 
 NAME = "models"
 HELP = "list the model zoo (aliases, files, types, sizes), or build models with `models make`"

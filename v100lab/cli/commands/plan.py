@@ -2,7 +2,7 @@
 
 Where llama.cpp will put every byte — weights, KV cache, recurrent state, compute and output buffers,
 runtime overhead — on each device, whether it fits, and the largest context that would. "Fits" is
-:func:`v100lab.memory.feasibility`, the rule ``tune`` chooses by: every device (each GPU and the host's RAM)
+:func:`v100lab.predict.memory.feasibility`, the rule ``tune`` chooses by: every device (each GPU and the host's RAM)
 holds its part with a margin, and llama.cpp's limits hold (sequences, context, threads); each blocker says
 what would have to change. Nothing is
 loaded: MODEL is read as a header only (path, http(s) URL, zoo alias) or is a skeleton
@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import sys
 
-from v100lab import config as config_mod
-from v100lab import speed
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError
-from v100lab.memory import feasibility, fmt_bytes, max_ctx, plan
-from v100lab.resolve import resolve
-from v100lab.safeio import json_safe, term_lines
+from v100lab.facts import config as config_mod
+from v100lab.predict import speed
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError
+from v100lab.predict.memory import feasibility, fmt_bytes, max_ctx, plan
+from v100lab.models.resolve import resolve
+from v100lab.base.safeio import json_safe, term_lines
 
 NAME = "plan"
 HELP = "predict llama.cpp's memory per device (weights, KV, compute, output), whether it fits, and the largest context"
@@ -53,7 +53,7 @@ def build_document(spec, devices, cfg, mplan, args) -> dict:
 
 
 def _predicted(spec, devices, cfg, mplan, args) -> dict:
-    """The speed model's prediction for the same placement (v100lab.speed): "predicted"."""
+    """The speed model's prediction for the same placement (v100lab.predict.speed): "predicted"."""
     pred = speed.predict(spec, devices, cfg, depth=args.depth, n_prompt=max(1, args.n_prompt),
                          placement=speed.placement_from_plan(mplan, devices))
     return pred.as_dict()

@@ -12,8 +12,8 @@ import json
 import math
 import sys
 
-from v100lab import selftest
-from v100lab.errors import ConfigError
+from v100lab.measure import selftest
+from v100lab.base.errors import ConfigError
 
 NAME = "selftest"
 HELP = "check that this llama.cpp build loads a model and decodes without crashing"

@@ -1,7 +1,7 @@
 """``v100lab serve-bench URL|MODEL [--concurrency 1,2,4,8] [--rate R|poisson:R] [--requests N] ...``.
 
 Load an OpenAI-compatible server the way serving benchmarks do (``vllm bench serve``'s definitions of TTFT,
-TPOT, ITL, E2EL, throughput and goodput; see :mod:`v100lab.loadgen`). URL: a server already running
+TPOT, ITL, E2EL, throughput and goodput; see :mod:`v100lab.measure.loadgen`). URL: a server already running
 (llama-server, llama-cpp-python's server, vLLM, ...). MODEL (a GGUF path or a zoo alias): llama-server is
 started on 127.0.0.1 with the llama.cpp flags given here (``-np`` defaults to the largest concurrency) and
 ``--metrics``, and stopped afterwards — always, also on Ctrl-C or a failure.
@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import sys
 
-from v100lab import loadgen
-from v100lab.config import RunConfig, add_flag_arguments, from_flag_args
-from v100lab.errors import ConfigError
+from v100lab.measure import loadgen
+from v100lab.facts.config import RunConfig, add_flag_arguments, from_flag_args
+from v100lab.base.errors import ConfigError
 
 NAME = "serve-bench"
 HELP = "load an OpenAI-compatible server (or a model served by llama-server): TTFT, TPOT, ITL, throughput, goodput"

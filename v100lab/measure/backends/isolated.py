@@ -1,10 +1,10 @@
 """The default backend: llama-cpp-python's in-process harness (:mod:`.inprocess`), run in a worker child.
 
-``open`` starts a :class:`v100lab.worker.Worker` and loads the model there; each ``run`` is one call to the
+``open`` starts a :class:`v100lab.models.worker.Worker` and loads the model there; each ``run`` is one call to the
 worker, so the model stays loaded across a configuration's tests and repetitions and the timing (taken in the
 child around ``llama_decode``) is the in-process harness's own. A crash or a hang of llama.cpp raises
-:class:`v100lab.worker.WorkerCrashed` from ``open`` or ``run``; the session is then dead, and
-:func:`v100lab.harness.run_tests` records the row as ``crashed``/``timeout`` and opens a new session for the
+:class:`v100lab.models.worker.WorkerCrashed` from ``open`` or ``run``; the session is then dead, and
+:func:`v100lab.measure.harness.run_tests` records the row as ``crashed``/``timeout`` and opens a new session for the
 next test.
 """
 
@@ -16,11 +16,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from v100lab.backends.inprocess import InProcessBackend, build_info, cpu_gpu_info
-from v100lab.backends.types import BenchTest, Measurement
-from v100lab.config import RunConfig
-from v100lab.errors import RunFailed
-from v100lab.worker import DEFAULT_TIMEOUT_S, FAULT_ENV, START_TIMEOUT_S, Worker, call_isolated, fire_fault, parse_fault
+from v100lab.measure.backends.inprocess import InProcessBackend, build_info, cpu_gpu_info
+from v100lab.measure.backends.types import BenchTest, Measurement
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import RunFailed
+from v100lab.models.worker import DEFAULT_TIMEOUT_S, FAULT_ENV, START_TIMEOUT_S, Worker, call_isolated, fire_fault, parse_fault
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ _session = None
 
 
 def _arm_fault(session, model_path: Path) -> None:
-    """Test-only fault injection (``V100LAB_FAULT``, see :mod:`v100lab.worker`): crash at the N-th decode."""
+    """Test-only fault injection (``V100LAB_FAULT``, see :mod:`v100lab.models.worker`): crash at the N-th decode."""
     fault = parse_fault(os.environ.get(FAULT_ENV, ""))
     if fault is None or fault[2] not in str(model_path):
         return
@@ -90,7 +90,7 @@ class IsolatedBackend:
 
 
 class IsolatedSession:
-    """A model loaded in a worker; the parent side of :class:`v100lab.backends.inprocess.InProcessSession`."""
+    """A model loaded in a worker; the parent side of :class:`v100lab.measure.backends.inprocess.InProcessSession`."""
 
     def __init__(self, model_path: Path, cfg: RunConfig, timeout: float | None, depth_states: Path | None = None):
         self.timeout = timeout

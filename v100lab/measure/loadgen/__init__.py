@@ -61,14 +61,14 @@ The package, one job per module (each imports only those above it in this list):
 * :mod:`.llamaserver` — a model served by llama-server for the duration of a run;
 * :mod:`.report` — pandas frames and the printed tables.
 """
-from v100lab.loadgen.client import (ServerInfo, parse_prometheus, probe, request_body, run_level, scrape_metrics,
+from v100lab.measure.loadgen.client import (ServerInfo, parse_prometheus, probe, request_body, run_level, scrape_metrics,
                                     send_request, token_pool)
-from v100lab.loadgen.llamaserver import check_fits, is_url, serve_bench
-from v100lab.loadgen.metrics import fmt_figure, server_side_by_side, summarize_level
-from v100lab.loadgen.report import format_levels, format_side_by_side, levels_frame, requests_frame
-from v100lab.loadgen.request import RequestResult
-from v100lab.loadgen.runner import DEFINITIONS, ServeRun, normalize_url, run_serve_bench
-from v100lab.loadgen.workload import (DEFAULT_TIMEOUT_S, ENDPOINTS, MAX_CONCURRENCY, MAX_ERROR_BODY, MAX_EVENT_LINE,
+from v100lab.measure.loadgen.llamaserver import check_fits, is_url, serve_bench
+from v100lab.measure.loadgen.metrics import fmt_figure, server_side_by_side, summarize_level
+from v100lab.measure.loadgen.report import format_levels, format_side_by_side, levels_frame, requests_frame
+from v100lab.measure.loadgen.request import RequestResult
+from v100lab.measure.loadgen.runner import DEFINITIONS, ServeRun, normalize_url, run_serve_bench
+from v100lab.measure.loadgen.workload import (DEFAULT_TIMEOUT_S, ENDPOINTS, MAX_CONCURRENCY, MAX_ERROR_BODY, MAX_EVENT_LINE,
                                       MAX_LENGTH, MAX_REQUESTS, METRICS, PROMPT_MODES, SLO, STATS, WORDS, Lengths,
                                       Level, PlannedRequest, Workload, arrival_offsets, default_requests,
                                       parse_concurrency, parse_rate, plan_level)

@@ -1,5 +1,5 @@
 """The HTTP client (httpx, async): probe what answers at a URL, build prompts from the server's vocabulary,
-stream one request's server-sent events into a :class:`~v100lab.loadgen.request.RequestResult`, and run
+stream one request's server-sent events into a :class:`~v100lab.measure.loadgen.request.RequestResult`, and run
 one level closed- or open-loop. httpx is imported inside the functions that use it (a network stack,
 loaded only when a run talks to a server)."""
 
@@ -13,8 +13,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from v100lab.loadgen.request import RequestResult
-from v100lab.loadgen.workload import (ENDPOINTS, MAX_ERROR_BODY, MAX_EVENT_LINE, WORDS, Level, PlannedRequest, Workload,
+from v100lab.measure.loadgen.request import RequestResult
+from v100lab.measure.loadgen.workload import (ENDPOINTS, MAX_ERROR_BODY, MAX_EVENT_LINE, WORDS, Level, PlannedRequest, Workload,
                                       arrival_offsets)
 
 log = logging.getLogger(__name__)

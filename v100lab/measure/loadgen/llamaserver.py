@@ -11,15 +11,15 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from v100lab import zoo
-from v100lab.backends.server import LLAMA_SERVER_LOG_ARGS, ServerBackend, find_llama_server
-from v100lab.harness import model_facts
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError
-from v100lab.loadgen.request import RequestResult
-from v100lab.loadgen.runner import ServeRun, run_serve_bench
-from v100lab.loadgen.workload import Workload
-from v100lab.store import ResultsStore
+from v100lab.models import zoo
+from v100lab.measure.backends.server import LLAMA_SERVER_LOG_ARGS, ServerBackend, find_llama_server
+from v100lab.measure.harness import model_facts
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError
+from v100lab.measure.loadgen.request import RequestResult
+from v100lab.measure.loadgen.runner import ServeRun, run_serve_bench
+from v100lab.measure.loadgen.workload import Workload
+from v100lab.facts.store import ResultsStore
 
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,12 @@ def serve_bench(target: "str | os.PathLike", workload: Workload, cfg=None, *, se
                 on_request: Callable[[RequestResult], None] | None = None) -> ServeRun:
     """Run ``workload`` against ``target``: a URL (a server already running), or a model (a GGUF path or a
     zoo alias) that llama-server serves on 127.0.0.1 for the run with ``cfg``'s flags (a
-    :class:`~v100lab.config.RunConfig`; ``-np`` defaults to the workload's largest concurrency) plus
+    :class:`~v100lab.facts.config.RunConfig`; ``-np`` defaults to the workload's largest concurrency) plus
     ``--metrics`` and ``server_args``; the server is stopped afterwards, always (a failure, Ctrl-C).
 
     With a model, each request needs prompt + output tokens in one slot's context: ``n_ctx / n_parallel``
     unless ``kv_unified`` — a workload that cannot fit raises ConfigError before the server starts.
-    A server that does not start raises :class:`~v100lab.backends.MeasureFailed` (exit status 1) with
+    A server that does not start raises :class:`~v100lab.measure.backends.MeasureFailed` (exit status 1) with
     llama.cpp's reason. ``on_request(result)`` is called as each request finishes (a progress display)."""
     if is_url(target):
         return run_serve_bench(str(target), workload, results=results, progress=progress, on_request=on_request)
@@ -119,7 +119,7 @@ def check_fits(cfg, workload: Workload) -> None:
 def _resolve_model(target) -> Path:
 
     text = os.fspath(target)
-    return zoo.resolve(text)
+    return zoo.model_path(text)
 
 
 def _model_facts(path: Path) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from v100lab.loadgen.request import RequestResult
-from v100lab.loadgen.workload import METRICS, SLO, STATS, Level
-from v100lab.safeio import json_safe
+from v100lab.measure.loadgen.request import RequestResult
+from v100lab.measure.loadgen.workload import METRICS, SLO, STATS, Level
+from v100lab.base.safeio import json_safe
 
 
 # --------------------------------------------------------------------------------------------

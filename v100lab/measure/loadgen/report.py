@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from v100lab.loadgen.metrics import fmt_figure
-from v100lab.loadgen.runner import ServeRun
-from v100lab.loadgen.workload import METRICS
+from v100lab.measure.loadgen.metrics import fmt_figure
+from v100lab.measure.loadgen.runner import ServeRun
+from v100lab.measure.loadgen.workload import METRICS
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from v100lab.safeio import json_safe
+from v100lab.base.safeio import json_safe
 
 
 @dataclass

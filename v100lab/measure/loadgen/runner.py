@@ -1,5 +1,5 @@
 """A serve-bench run against a URL: probe, plan, run every level, summarize, and store one row per request
-and per level (:class:`~v100lab.store.ResultsStore`); :class:`ServeRun` is what comes back."""
+and per level (:class:`~v100lab.facts.store.ResultsStore`); :class:`ServeRun` is what comes back."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from urllib.parse import urlsplit
 
 from tqdm.auto import tqdm
 
-from v100lab.buildflags import host_cpu
-from v100lab.errors import ConfigError
-from v100lab.loadgen.client import (ServerInfo, probe, request_body, run_level, scrape_metrics, send_request,
+from v100lab.base.buildflags import host_cpu
+from v100lab.base.errors import ConfigError
+from v100lab.measure.loadgen.client import (ServerInfo, probe, request_body, run_level, scrape_metrics, send_request,
                                     token_pool)
-from v100lab.loadgen.metrics import fmt_figure, server_side_by_side, summarize_level
-from v100lab.loadgen.request import RequestResult
-from v100lab.loadgen.workload import ENDPOINTS, Level, PlannedRequest, Workload, plan_level
-from v100lab.safeio import json_safe
-from v100lab.store import ResultsStore
+from v100lab.measure.loadgen.metrics import fmt_figure, server_side_by_side, summarize_level
+from v100lab.measure.loadgen.request import RequestResult
+from v100lab.measure.loadgen.workload import ENDPOINTS, Level, PlannedRequest, Workload, plan_level
+from v100lab.base.safeio import json_safe
+from v100lab.facts.store import ResultsStore
 
 
 log = logging.getLogger(__name__)
@@ -138,11 +138,11 @@ def run_serve_bench(url: str, workload: Workload, *, results=None, progress: boo
                     on_request: Callable[[RequestResult], None] | None = None) -> ServeRun:
     """Run ``workload`` against the OpenAI-compatible server at ``url`` (a server already running).
 
-    ``results``: a JSONL path or :class:`~v100lab.store.ResultsStore` — each request's row is appended as it
+    ``results``: a JSONL path or :class:`~v100lab.facts.store.ResultsStore` — each request's row is appended as it
     finishes, each level's summary row after the level. ``progress``: a tqdm bar on stderr (None: when
     stderr is a terminal). ``dead()``: returns why the server can no longer answer (None while it can);
     :func:`serve_bench` passes one for the server it started. Faults never raise (see the module docstring);
-    bad input raises :class:`~v100lab.errors.ConfigError` before anything is sent."""
+    bad input raises :class:`~v100lab.base.errors.ConfigError` before anything is sent."""
 
     if not isinstance(workload, Workload):
         raise ConfigError("workload: must be a Workload")

@@ -9,8 +9,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
-from v100lab.errors import ConfigError
-from v100lab.loadgen.request import RequestResult
+from v100lab.base.errors import ConfigError
+from v100lab.measure.loadgen.request import RequestResult
 
 
 MAX_LENGTH = 1 << 20            # tokens: a prompt or output length above this is refused as a typo

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from v100lab import memory, rates
-from v100lab.harness import environment
-from v100lab.errors import RunFailed
-from v100lab.render import publish_headline
-from v100lab.results import compare
-from v100lab.scenario import Scenario
-from v100lab.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
+from v100lab.predict import memory, rates
+from v100lab.measure.harness import environment
+from v100lab.base.errors import RunFailed
+from v100lab.workbook.render import publish_headline
+from v100lab.facts.results import compare
+from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
                                   gpu_backend, lever_frame, loading_study, measure_sweep, parameters, predict_rows,
                                   study)
 
@@ -125,7 +125,7 @@ _VALUE_FLAG = {"stage": "stage", "n_threads": "-t", "n_ubatch": "-ub", "flash_at
 def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None):
     """Publish the notebook's headline for the batch index: the measured figure of ``metric`` on this
     machine and the prediction for the same model, device, lever value and conditions (the last pair
-    :func:`v100lab.results.compare` gives), with that configuration spelt out (the lever's value and the
+    :func:`v100lab.facts.results.compare` gives), with that configuration spelt out (the lever's value and the
     frame's ``conditions``). When the notebook measured nothing, the prediction alone and why (the index shows
     "ok (partial)"). Displays it; returns None (so the cell shows it once)."""
     c = compare(df, metric=metric, lever=lever, require=("measured", "predicted"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from v100lab.scenario import Scenario
-from v100lab.work import layer_matrices
-from v100lab.levers.steps import conditions, ctx_for, lever_frame, lever_rows, parameters, study
+from v100lab.workbook.scenario import Scenario
+from v100lab.predict.work import layer_matrices
+from v100lab.workbook.levers.steps import conditions, ctx_for, lever_frame, lever_rows, parameters, study
 
 PARAMETERS = parameters("n_ctx", "n_batch", "flash_attn", "n_threads", "batch_sizes", "n_prompt",
                         "repetitions")

@@ -2,8 +2,8 @@
 the few header facts the arithmetic needs that are lists rather than single fields.
 
 Each notebook has one or more cells tagged ``by-hand`` that compute the lesson's key quantity with plain
-arithmetic from the model's header fields (:class:`v100lab.spec.ModelSpec`) and the device's figures
-(:class:`v100lab.devices.Device`), then call :func:`agree` with the value the package computes for the
+arithmetic from the model's header fields (:class:`v100lab.facts.spec.ModelSpec`) and the device's figures
+(:class:`v100lab.facts.devices.Device`), then call :func:`agree` with the value the package computes for the
 same thing — the value behind the notebook's plots. A by-hand value more than 1 % away from the package's
 stops the notebook: either the lesson's formula or the package is wrong.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from v100lab.llama_context import has_kv_cache, type_sizef
-from v100lab.spec import ModelSpec, TensorInfo
-from v100lab.rates import rates_for
-from v100lab.levers.steps import study
+from v100lab.gguf.llama_context import has_kv_cache, type_sizef
+from v100lab.facts.spec import ModelSpec, TensorInfo
+from v100lab.predict.rates import rates_for
+from v100lab.workbook.levers.steps import study
 
 TOLERANCE = 0.01
 

@@ -1,17 +1,17 @@
 """What to look at under each plot: one or two sentences (``caption_*``), written from the numbers of the
 frame the plot drew — the points to compare, how far apart they are, and whether a difference is larger than
 the noise of the repetitions (a difference inside it is called "no difference", never a winner). Every string
-that came from a model or a parameter file is escaped (:mod:`v100lab.render`).
+that came from a model or a parameter file is escaped (:mod:`v100lab.workbook.render`).
 """
 
 from __future__ import annotations
 
 import math
 
-from v100lab.results import compare
-from v100lab.scenario import Scenario
-from v100lab.levers.steps import GIB, HOST, MIB, study
-from v100lab.levers.text import claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points
+from v100lab.facts.results import compare
+from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.steps import GIB, HOST, MIB, study
+from v100lab.workbook.levers.text import claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points
 
 
 def _caption(*sentences: str):

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from v100lab import memory, speed
-from v100lab.speed import apple_rows
-from v100lab.harness import run_tests
-from v100lab.rates import stored_calibration
-from v100lab.seed import load_seed_claims
-from v100lab.config import RunConfig
-from v100lab.devices import catalog, get_device
-from v100lab.errors import ConfigError
-from v100lab.memory import fit_gpu_layers
-from v100lab.results import TPS, Observation
-from v100lab.scenario import Scenario
-from v100lab.skeleton import skeleton_spec
-from v100lab.spec import ModelSpec
-from v100lab.work import Placed, decode_work
-from v100lab.levers.triangle import quant_specs
-from v100lab.levers.steps import (conditions, devices_for, lever_frame, measured_rows, parameters,
+from v100lab.predict import memory, speed
+from v100lab.predict.speed import apple_rows
+from v100lab.measure.harness import run_tests
+from v100lab.predict.rates import stored_calibration
+from v100lab.advise.seed import load_seed_claims
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import catalog, get_device
+from v100lab.base.errors import ConfigError
+from v100lab.predict.memory import fit_gpu_layers
+from v100lab.facts.results import TPS, Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.facts.spec import ModelSpec
+from v100lab.predict.work import Placed, decode_work
+from v100lab.workbook.levers.triangle import quant_specs
+from v100lab.workbook.levers.steps import (conditions, devices_for, lever_frame, measured_rows, parameters,
                                   predict_rows, spec_at_quant, study)
 
 PARAMETERS = parameters("claims", "compare_devices", "n_ctx", "n_threads", "quants", "n_gen", "repetitions")

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from v100lab import llama_context, memory
-from v100lab.errors import RunFailed
-from v100lab.results import Observation
-from v100lab.scenario import Scenario
-from v100lab.work import Placed, decode_work
-from v100lab.levers.steps import (HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
+from v100lab.gguf import llama_context
+from v100lab.predict import memory
+from v100lab.base.errors import RunFailed
+from v100lab.facts.results import Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.predict.work import Placed, decode_work
+from v100lab.workbook.levers.steps import (HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
                                   lever_frame, measure_sweep, parameters, predict_rows, loading_study, study)
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "flash_attn", "swa_full", "n_threads", "ctx_sizes",

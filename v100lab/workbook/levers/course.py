@@ -1,9 +1,9 @@
 """The course: the workbook's notebooks in reading order, the question each answers, and the scenario keys
 each reads (its parameters cell holds exactly those).
 
-Each notebook has one module in :mod:`v100lab.levers` whose ``PARAMETERS`` lists the keys its steps read
-(:func:`v100lab.levers.steps.parameters`: the study's own keys and the notebook's); a notebook's parameters
-cell is ``v100lab.scenario.parameters_cell_source(keys_of(notebook))`` and ``tests/test_notebooks.py``
+Each notebook has one module in :mod:`v100lab.workbook.levers` whose ``PARAMETERS`` lists the keys its steps read
+(:func:`v100lab.workbook.levers.steps.parameters`: the study's own keys and the notebook's); a notebook's parameters
+cell is ``v100lab.workbook.scenario.parameters_cell_source(keys_of(notebook))`` and ``tests/test_notebooks.py``
 checks it is. A notebook not in the course (a test notebook) gets every key.
 """
 
@@ -15,19 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from v100lab.scenario import keys
+from v100lab.workbook.scenario import keys
 
 
 @dataclass(frozen=True)
 class Lesson:
     notebook: str          # file stem in notebooks/ (NN_name)
     question: str          # what it shows, one line (00's map)
-    step_module: str       # the module in v100lab.levers holding its steps and its PARAMETERS
+    step_module: str       # the module in v100lab.workbook.levers holding its steps and its PARAMETERS
 
     @property
     def module(self) -> ModuleType:
         # by name: the package re-exports functions under some module names (levers.baseline is a function)
-        return importlib.import_module(f"v100lab.levers.{self.step_module}")
+        return importlib.import_module(f"v100lab.workbook.levers.{self.step_module}")
 
     @property
     def parameters(self) -> tuple[str, ...]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from v100lab import memory, speed
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError
-from v100lab.scenario import Scenario
-from v100lab.levers.steps import GIB, MIB, devices_for, spec_at_quant, study
+from v100lab.predict import memory, speed
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError
+from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.steps import GIB, MIB, devices_for, spec_at_quant, study
 
 
 def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:

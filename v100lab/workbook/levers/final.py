@@ -1,4 +1,4 @@
-"""Notebook 08, the final configuration: the tuned configuration (:func:`v100lab.advisor.tune`), its llama-server command with a reason per flag, its own staircase, and the seed's command judged flag by flag.
+"""Notebook 08, the final configuration: the tuned configuration (:func:`v100lab.advise.tune.tune`), its llama-server command with a reason per flag, its own staircase, and the seed's command judged flag by flag.
 """
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from v100lab import advisor, harness
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, V100labError
-from v100lab.resolve import resolve
-from v100lab.results import Observation
-from v100lab.scenario import Scenario
-from v100lab.seed import load_seed_claims
-from v100lab.skeleton import parse_skeleton_name
-from v100lab.zoo import cache_dir
-from v100lab.levers.steps import (MIB, ctx_for, gpu_host, lever_frame, measured_rows, parameters, predict_rows,
+from v100lab.advise import tune as advisor
+from v100lab.measure import harness
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, V100labError
+from v100lab.models.resolve import resolve
+from v100lab.facts.results import Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.advise.seed import load_seed_claims, seed_verdict
+from v100lab.gguf.skeleton import parse_skeleton_name
+from v100lab.models.zoo import cache_dir
+from v100lab.workbook.levers.steps import (MIB, ctx_for, gpu_host, lever_frame, measured_rows, parameters, predict_rows,
                                   spec_at_quant, stage_model, loading_study, study, threads_text, with_note)
 
 PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
@@ -25,7 +26,7 @@ PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_c
 
 @lru_cache(maxsize=8)
 def final_config(sc: Scenario):
-    """The tuned configuration for the scenario (:func:`v100lab.advisor.tune`): the fastest that fits the
+    """The tuned configuration for the scenario (:func:`v100lab.advise.tune.tune`): the fastest that fits the
     device with a margin at ``target_ctx`` and ``n_parallel``, over ``quants`` when the model is a skeleton
     family or a synthetic ladder; measured and chosen by measurement when the device is this machine and the
     scenario measures. Cached per scenario (the notebook's cells share it)."""
@@ -182,13 +183,13 @@ def own_staircase(sc: Scenario):
 
 def seed_verdict_table(sc: Scenario):
     """The seed's final command against the tuned one for the seed's device and assumed model, flag by flag
-    (:func:`v100lab.advisor.seed_verdict`); empty when the scenario's claims are not the seed's."""
+    (:func:`v100lab.advise.seed.seed_verdict`); empty when the scenario's claims are not the seed's."""
     import pandas as pd  # heavy third-party dependency
 
     if sc.claims != "seed":
         return pd.DataFrame(columns=["flag", "seed", "tuned", "verdict"])
     claims = load_seed_claims()
-    v = advisor.seed_verdict(device=claims["device"], arch=claims["model"]["arch"], min_ctx=2048)
+    v = seed_verdict(device=claims["device"], arch=claims["model"]["arch"], min_ctx=2048)
     df = v.frame()
     df.attrs.update(seed_command=" ".join(v.seed_argv), tuned_command=v.tuned.command,
                     seed_predicted=v.seed_candidate.tg_tps, tuned_predicted=v.tuned.best.tg_tps,

@@ -4,8 +4,8 @@ attention has cells to read, measured vs predicted.
 
 from __future__ import annotations
 
-from v100lab.scenario import Scenario
-from v100lab.levers.steps import bench_tests, conditions, ctx_for, lever_frame, lever_rows, parameters, study
+from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.steps import bench_tests, conditions, ctx_for, lever_frame, lever_rows, parameters, study
 
 PARAMETERS = parameters("n_ctx", "cache_type_k", "cache_type_v", "n_threads", "depths", "n_prompt", "n_gen",
                         "repetitions")

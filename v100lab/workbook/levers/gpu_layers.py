@@ -4,13 +4,13 @@ the effect of spilled layers.
 
 from __future__ import annotations
 
-from v100lab import memory, speed
-from v100lab.config import ALL_LAYERS
-from v100lab.rates import rates_for
-from v100lab.results import TPS, Observation
-from v100lab.scenario import Scenario
-from v100lab.work import decode_work
-from v100lab.levers.steps import (bench_tests, conditions, ctx_for, devices_for, gpu_backend, gpu_subject,
+from v100lab.predict import memory, speed
+from v100lab.facts.config import ALL_LAYERS
+from v100lab.predict.rates import rates_for
+from v100lab.facts.results import TPS, Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.predict.work import decode_work
+from v100lab.workbook.levers.steps import (bench_tests, conditions, ctx_for, devices_for, gpu_backend, gpu_subject,
                                   lever_frame, measure_sweep, parameters, predict_rows, study)
 
 PARAMETERS = parameters("compare_gpu", "n_ctx", "cache_type_k", "cache_type_v", "n_threads", "gpu_layers", "ctx_sizes", "n_prompt",

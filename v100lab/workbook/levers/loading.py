@@ -5,13 +5,13 @@ model and create the context and the time to the first token after it, measured 
 
 from __future__ import annotations
 
-from v100lab.backends import BenchTest, MeasureFailed
-from v100lab.backends.isolated import IsolatedBackend
-from v100lab.config import RunConfig
-from v100lab.results import Observation
-from v100lab.scenario import Scenario
-from v100lab.worker import WorkerCrashed
-from v100lab.levers.steps import HOST, conditions, ctx_for, lever_frame, parameters, loading_study
+from v100lab.measure.backends import BenchTest, MeasureFailed
+from v100lab.measure.backends.isolated import IsolatedBackend
+from v100lab.facts.config import RunConfig
+from v100lab.facts.results import Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.models.worker import WorkerCrashed
+from v100lab.workbook.levers.steps import HOST, conditions, ctx_for, lever_frame, parameters, loading_study
 
 PARAMETERS = parameters("n_ctx", "n_threads", "n_prompt", "repetitions")
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from v100lab.harness import run_tests
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.errors import V100labError
-from v100lab.resolve import resolve
-from v100lab.scenario import Scenario
-from v100lab.seed import load_seed_claims, seed_staircase
-from v100lab.skeleton import skeleton_spec
-from v100lab.levers.course import LESSONS
-from v100lab.levers.steps import (GIB, beside, ctx_for, gpu_backend, lever_frame, measured_rows, parameters,
+from v100lab.measure.harness import run_tests
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import V100labError
+from v100lab.models.resolve import resolve
+from v100lab.workbook.scenario import Scenario
+from v100lab.advise.seed import load_seed_claims, seed_staircase
+from v100lab.gguf.skeleton import skeleton_spec
+from v100lab.workbook.levers.course import LESSONS
+from v100lab.workbook.levers.steps import (GIB, beside, ctx_for, gpu_backend, lever_frame, measured_rows, parameters,
                                   predict_rows, stage_model, study, threads_text, with_note)
 
 PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")

@@ -1,12 +1,12 @@
 """Notebook 10, ``--parallel``: llama-server's slots under load. One llama-server per slot count (``-np``),
-started on 127.0.0.1 with the scenario's flags and driven by :mod:`v100lab.loadgen` at two closed-loop
+started on 127.0.0.1 with the scenario's flags and driven by :mod:`v100lab.measure.loadgen` at two closed-loop
 levels — one user (concurrency 1) and every slot busy (concurrency = ``-np``) — beside the serving model's
-prediction (:func:`v100lab.serving.predict_serving`): aggregate and per-stream decode (:func:`parallel_sweep`),
+prediction (:func:`v100lab.predict.serving.predict_serving`): aggregate and per-stream decode (:func:`parallel_sweep`),
 TTFT / TPOT / ITL percentiles (:func:`parallel_latency`), the seed's "use 1 slot for one user" tested as a claim
 (:func:`one_user`), and the context and KV cache each slot gets (:func:`slot_context`).
 
-The measurement runs once per scenario (:func:`serving_sweep`, cached like :func:`~v100lab.levers.steps.study`);
-each frame is a view of it. Metric names are the load generator's (:func:`v100lab.loadgen.summarize_level`):
+The measurement runs once per scenario (:func:`serving_sweep`, cached like :func:`~v100lab.workbook.levers.steps.study`);
+each frame is a view of it. Metric names are the load generator's (:func:`v100lab.measure.loadgen.summarize_level`):
 ``tg_tps`` (decode of all streams together: concurrency × the median stream), ``tg_tps_per_stream`` (a stream's
 decode rate, 1000 / TPOT), ``output_tps`` (vLLM's output throughput, prompts included), ``ttft_ms_median``,
 ``ttft_ms_p90``, ``ttft_ms_p99`` and the same for ``tpot_ms`` and ``itl_ms``; the ``group`` column names the
@@ -21,15 +21,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
-from v100lab import llama_context, loadgen, memory
-from v100lab.backends.server import find_llama_server
-from v100lab.errors import V100labError
-from v100lab.results import TPS, Observation
-from v100lab.scenario import Scenario
-from v100lab.seed import parallel_claim, parallel_claim_rows
-from v100lab.serving import predict_serving
-from v100lab.work import Placed, decode_work
-from v100lab.levers.steps import (HOST, MIB, conditions, ctx_for, devices_for, lever_frame, loading_study,
+from v100lab.gguf import llama_context
+from v100lab.measure import loadgen
+from v100lab.predict import memory
+from v100lab.measure.backends.server import find_llama_server
+from v100lab.base.errors import V100labError
+from v100lab.facts.results import TPS, Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.advise.seed import parallel_claim, parallel_claim_rows
+from v100lab.predict.serving import predict_serving
+from v100lab.predict.work import Placed, decode_work
+from v100lab.workbook.levers.steps import (HOST, MIB, conditions, ctx_for, devices_for, lever_frame, loading_study,
                                   parameters, study)
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ def _workload(sc: Scenario, slots: int) -> loadgen.Workload:
 
 @dataclass(frozen=True)
 class ServedLevel:
-    """One measured level: its summary (:func:`v100lab.loadgen.summarize_level`) and each completed request's
+    """One measured level: its summary (:func:`v100lab.measure.loadgen.summarize_level`) and each completed request's
     decode rate (tok/s, for the spread)."""
 
     slots: int
@@ -120,7 +122,7 @@ def _why_not(sc: Scenario, st) -> str:
 @lru_cache(maxsize=8)
 def serving_sweep(sc: Scenario) -> ServingSweep:
     """Serve the measured model with llama-server at each ``-np`` of ``sc.parallel_slots`` (127.0.0.1, the
-    scenario's flags, stopped afterwards) and drive it with :func:`v100lab.loadgen.serve_bench` at one user and
+    scenario's flags, stopped afterwards) and drive it with :func:`v100lab.measure.loadgen.serve_bench` at one user and
     at every slot busy. Nothing is measured — with the reason — when the study measures nothing (measure false,
     a skeleton without a stand-in, a remote server it would have to restart), when no llama-server binary is
     found, or when ``n_gen`` < 2. A server that does not start or a level whose requests all fail is a failure
@@ -304,7 +306,7 @@ def one_user(sc: Scenario):
     """The seed's advice, "use 1 slot for one user; 4 slots lower single-stream speed", tested: one user
     (concurrency 1) against ``-np`` — its decode speed (``tg_tps_per_stream``) and that speed ÷ its speed at
     ``-np 1`` (``one_user_tg_ratio``, unit ×), measured and predicted, beside the seed's claim as a "claimed" row
-    (:func:`v100lab.seed.parallel_claim_rows`: below 1 at the slot count it names, or the largest swept when the
+    (:func:`v100lab.advise.seed.parallel_claim_rows`: below 1 at the slot count it names, or the largest swept when the
     sweep lacks it). ``attrs["claim"]`` holds the claim's words and where it is tested."""
     sw = serving_sweep(sc)
     claim = parallel_claim()
@@ -344,7 +346,7 @@ def one_user(sc: Scenario):
 
 def slot_context(sc: Scenario):
     """What ``-np`` does to each slot: llama-server splits ``-c`` across the slots (``n_ctx_seq``, tokens, from
-    :func:`v100lab.llama_context.context_sizes`) unless ``--kv-unified`` (one stream every slot shares), and the
+    :func:`v100lab.gguf.llama_context.context_sizes`) unless ``--kv-unified`` (one stream every slot shares), and the
     KV cache with the recurrent state (``kv_cache_bytes``) and the whole memory plan (``memory_bytes``, with
     ``fits``) it needs — predicted for split and unified (``group`` "split" / "--kv-unified"), and measured from
     llama-server's own load log where it ran (split: the server's default with ``-np``). Lever ``n_parallel``."""

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from v100lab import harness, quality, zoo
-from v100lab.header import read_spec
-from v100lab.results import Observation
-from v100lab.scenario import Scenario
-from v100lab.skeleton import arch_spec_of, skeleton_spec
-from v100lab.levers.by_hand import value_of
-from v100lab.levers.steps import (HOST, bench_tests, conditions, ctx_for, lever_frame, measured_rows,
+from v100lab.measure import harness, quality
+from v100lab.models import zoo
+from v100lab.gguf.header import read_spec
+from v100lab.facts.results import Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.gguf.skeleton import arch_spec_of, skeleton_spec
+from v100lab.workbook.levers.by_hand import value_of
+from v100lab.workbook.levers.steps import (HOST, bench_tests, conditions, ctx_for, lever_frame, measured_rows,
                                   parameters, predict_rows, spec_at_quant, loading_study, study, threads_text)
-from v100lab.levers.triangle import quant_specs
+from v100lab.workbook.levers.triangle import quant_specs
 
 PARAMETERS = parameters("n_threads", "quants", "ladder_model", "n_prompt", "n_gen", "repetitions", "perplexity_ctx",
                         "perplexity_chunks")

@@ -2,7 +2,7 @@
 studied, the device predicted for, the model measured on this machine or why none is), and the helpers that
 turn predictions and measurements into tidy rows (:func:`predict_rows`, :func:`measure_sweep`,
 :func:`capture_load`, :func:`measured_rows`) and rows into a frame whose measured decode figures are flagged
-against their physical ceiling (:func:`lever_frame`, with :func:`v100lab.results.flag_above_ceiling`).
+against their physical ceiling (:func:`lever_frame`, with :func:`v100lab.facts.results.flag_above_ceiling`).
 """
 
 from __future__ import annotations
@@ -15,23 +15,25 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab import harness, speed, zoo
-from v100lab.backends.inprocess import cpu_gpu_info
-from v100lab.backends.server import served_model
-from v100lab.calibration import measured_host
-from v100lab.config import RunConfig
-from v100lab.devices import get_device
-from v100lab.errors import ConfigError, RunFailed, V100labError
-from v100lab.llama_context import CTX_PAD, pad
-from v100lab.loadlog import load_and_capture
-from v100lab.memory import fit_gpu_layers
-from v100lab.resolve import resolve
-from v100lab.results import TPS, Observation, flag_above_ceiling, tidy_frame
-from v100lab.scenario import NO_GPU, Scenario, keys
-from v100lab.seed import load_seed_claims, seed_host_device
-from v100lab.skeleton import SKELETON_PREFIX, arch_spec_of, is_skeleton_name, parse_skeleton_name, skeleton_spec
-from v100lab.spec import ModelSpec
-from v100lab.worker import call_isolated
+from v100lab.measure import harness
+from v100lab.predict import speed
+from v100lab.models import zoo
+from v100lab.measure.backends.inprocess import cpu_gpu_info
+from v100lab.measure.backends.server import served_model
+from v100lab.measure.calibration import measured_host
+from v100lab.facts.config import RunConfig
+from v100lab.facts.devices import get_device
+from v100lab.base.errors import ConfigError, RunFailed, V100labError
+from v100lab.gguf.llama_context import CTX_PAD, pad
+from v100lab.facts.loadlog import load_and_capture
+from v100lab.predict.memory import fit_gpu_layers
+from v100lab.models.resolve import resolve
+from v100lab.facts.results import TPS, Observation, flag_above_ceiling, tidy_frame
+from v100lab.workbook.scenario import NO_GPU, Scenario, keys
+from v100lab.advise.seed import load_seed_claims, seed_host_device
+from v100lab.gguf.skeleton import SKELETON_PREFIX, arch_spec_of, is_skeleton_name, parse_skeleton_name, skeleton_spec
+from v100lab.facts.spec import ModelSpec
+from v100lab.models.worker import call_isolated
 
 
 HOST = "host"
@@ -45,7 +47,7 @@ STUDY_PARAMETERS = ("model", "stand_in_model", "device", "measure", "server_url"
 
 def parameters(*names: str) -> tuple[str, ...]:
     """A notebook's parameters: :data:`STUDY_PARAMETERS` and ``names``, in the schema's order — what the
-    notebook's parameters cell holds (``v100lab.scenario.parameters_cell_source(keys)`` writes it).
+    notebook's parameters cell holds (``v100lab.workbook.scenario.parameters_cell_source(keys)`` writes it).
     An unknown name is a ConfigError (so a renamed key cannot leave a notebook behind)."""
     known = keys()
     unknown = [n for n in names if n not in known]
@@ -88,7 +90,7 @@ class Study:
     sc: Scenario
     spec: ModelSpec                  # the scenario's model
     label: str                       # its label in tables and plots
-    device: Any                      # v100lab.devices.Device the predictions are for
+    device: Any                      # v100lab.facts.devices.Device the predictions are for
     host: Any                        # this machine (measured)
     measured: str | None             # alias or path measured on this machine (None: nothing is measured)
     measured_path: Path | None
@@ -233,7 +235,7 @@ class Target:
     model: str                       # what spec_at_quant takes (an alias, a path or skeleton:ARCH:QUANT)
     spec: ModelSpec
     label: str
-    device: Any                      # v100lab.devices.Device
+    device: Any                      # v100lab.facts.devices.Device
 
 
 def seed_target_model() -> tuple[str, str]:
@@ -431,7 +433,7 @@ def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, 
 
 
 def _swept_config(cfg: RunConfig, lever: str, value: Any) -> RunConfig:
-    """The configuration :func:`v100lab.harness.sweep` loads for one value of ``lever`` (depth and model
+    """The configuration :func:`v100lab.measure.harness.sweep` loads for one value of ``lever`` (depth and model
     values leave it as it is)."""
     if lever in ("n_depth", "model"):
         return cfg
@@ -442,7 +444,7 @@ def _swept_config(cfg: RunConfig, lever: str, value: Any) -> RunConfig:
 
 def lever_frame(rows: Iterable[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
     """A step's tidy frame: measured and claimed decode rows flagged against the physical ceilings the rows
-    predict (:func:`v100lab.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``.
+    predict (:func:`v100lab.facts.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``.
     A sweep that was not measured (:class:`Failures` ``not_measured``) says why in ``why_not_measured``
     unless the step gave one."""
     df = flag_above_ceiling(tidy_frame(rows))

@@ -1,18 +1,18 @@
 """Each notebook's closing paragraph (``summary_*``), written from the numbers of the frames it is
 given — nothing in them is a canned conclusion — with every string that came from a model or a parameter file
-escaped (:mod:`v100lab.render`).
+escaped (:mod:`v100lab.workbook.render`).
 """
 
 from __future__ import annotations
 
 import os
 
-from v100lab.results import TPS, compare
-from v100lab.scenario import Scenario
-from v100lab.levers.final import final_config
-from v100lab.levers.steps import GIB, HOST, MIB, gpu_subject, study
-from v100lab.levers.text import claim_verdict, difference, ends, fmt, markdown, md, mean_of, pct, pick, points
-from v100lab.levers.threads import thread_values
+from v100lab.facts.results import TPS, compare
+from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.final import final_config
+from v100lab.workbook.levers.steps import GIB, HOST, MIB, gpu_subject, study
+from v100lab.workbook.levers.text import claim_verdict, difference, ends, fmt, markdown, md, mean_of, pct, pick, points
+from v100lab.workbook.levers.threads import thread_values
 
 
 def _failures_line(*frames) -> str:
@@ -45,7 +45,7 @@ def _not_measured_line(df) -> str:
 
 def _pairs(df, metric: str, lever: str | None = None, other: str = "measured"):
     """(value, ``other``, predicted) for every figure from ``other`` ("measured" or "claimed") that has a
-    nonzero prediction for the same thing (:func:`v100lab.results.compare`'s keys)."""
+    nonzero prediction for the same thing (:func:`v100lab.facts.results.compare`'s keys)."""
     c = compare(df, metric=metric, lever=lever, require=(other, "predicted"))
     c = c[c["predicted"] != 0]
     return list(zip(c["value"], c[other].astype(float), c["predicted"].astype(float)))

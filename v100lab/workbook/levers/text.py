@@ -1,6 +1,6 @@
 """The words the summaries and captions share: picking rows of a tidy frame, numbers as a reader reads them,
 a measured series per lever value with its spread, and whether a difference is larger than the noise. Every
-string that came from a model or a parameter file is escaped (:mod:`v100lab.render`).
+string that came from a model or a parameter file is escaped (:mod:`v100lab.workbook.render`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from v100lab.render import md_text
+from v100lab.workbook.render import md_text
 
 
 def pick(df, **eq):
@@ -42,7 +42,7 @@ def pct(a: float | None, b: float | None) -> str:
 
 
 def md(template: str, **values) -> str:
-    """A sentence with every value escaped for Markdown (:func:`v100lab.render.md_text`)."""
+    """A sentence with every value escaped for Markdown (:func:`v100lab.workbook.render.md_text`)."""
     return md_text(template, **values)
 
 

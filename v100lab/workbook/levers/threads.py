@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from v100lab.scenario import Scenario
-from v100lab.levers.steps import bench_tests, conditions, ctx_for, lever_frame, lever_rows, parameters, study
+from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.steps import bench_tests, conditions, ctx_for, lever_frame, lever_rows, parameters, study
 
 PARAMETERS = parameters("n_ctx", "thread_counts", "n_prompt", "n_gen", "repetitions")
 

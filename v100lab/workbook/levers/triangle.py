@@ -7,14 +7,14 @@ import logging
 from dataclasses import replace
 from typing import Sequence
 
-from v100lab import memory
-from v100lab.config import RunConfig
-from v100lab.errors import ConfigError, RunFailed
-from v100lab.llama_context import kv_bytes_per_token, kv_cache_bytes as _kv_cache_bytes
-from v100lab.results import Observation
-from v100lab.scenario import Scenario
-from v100lab.spec import ModelSpec
-from v100lab.levers.steps import (beside, capture_load, COMPONENTS, conditions, devices_for, lever_frame, GIB, HOST,
+from v100lab.predict import memory
+from v100lab.facts.config import RunConfig
+from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.gguf.llama_context import kv_bytes_per_token, kv_cache_bytes as _kv_cache_bytes
+from v100lab.facts.results import Observation
+from v100lab.workbook.scenario import Scenario
+from v100lab.facts.spec import ModelSpec
+from v100lab.workbook.levers.steps import (beside, capture_load, COMPONENTS, conditions, devices_for, lever_frame, GIB, HOST,
                                    spec_at_quant, loading_study, study, parameters)
 
 PARAMETERS = parameters("compare_gpu", "n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
