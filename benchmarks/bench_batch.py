@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from v100lab.workbook import runner as batch_runner
+from v100lab.workbook import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,18 +35,18 @@ def main() -> None:
     params = ROOT / "params" / "ci.yaml"
     nb = ROOT / "tests" / "data" / "notebooks" / "ok.ipynb"
     with tempfile.TemporaryDirectory() as d:
-        (run,) = batch_runner.plan_runs([params], [nb])
+        (run,) = runner.plan_runs([params], [nb])
         papermill_s, total_s = [], []
         for _ in range(args.repetitions + 1):
             t0 = time.perf_counter()
-            r = batch_runner.execute_run(run, d, timeout=300, no_input=True, force=True)
+            r = runner.execute_run(run, d, timeout=300, no_input=True, force=True)
             total_s.append(time.perf_counter() - t0)
             papermill_s.append(r.duration_s)
             assert r.ok, r.reason
         papermill_s, total_s = papermill_s[1:], total_s[1:]  # first run warms caches (imports, kernelspec)
         export_s = [t - p for t, p in zip(total_s, papermill_s)]
         t0 = time.perf_counter()
-        res = batch_runner.run_batch([params], [nb], d, timeout=300, no_input=True)
+        res = runner.run_batch([params], [nb], d, timeout=300, no_input=True)
         cached_s = time.perf_counter() - t0
         assert res.runs[0].cached
     print("v100lab batch overhead per run (tests/data/notebooks/ok.ipynb on params/ci.yaml)")

@@ -23,19 +23,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from v100lab.workbook import runner as batch_runner
+from v100lab.workbook import runner
 from v100lab.workbook.fleet import LOCAL_CPUS, LOCAL_RESOURCES, RayEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _timed_batch(params, notebooks, out, engine=None) -> tuple[float, batch_runner.BatchResult]:
+def _timed_batch(params, notebooks, out, engine=None) -> tuple[float, runner.BatchResult]:
     t0 = time.perf_counter()
-    res = batch_runner.run_batch(params, notebooks, out, timeout=1200, force=True, engine=engine)
+    res = runner.run_batch(params, notebooks, out, timeout=1200, force=True, engine=engine)
     return time.perf_counter() - t0, res
 
 
-def _line(name: str, wall: float, res: batch_runner.BatchResult) -> str:
+def _line(name: str, wall: float, res: runner.BatchResult) -> str:
     n = len(res.runs)
     runs = sum(r.duration_s for r in res.runs)
     ok = sum(r.ok for r in res.runs)
@@ -61,7 +61,7 @@ def main() -> None:
             notebooks = [ROOT / "tests" / "data" / "notebooks" / "ok.ipynb"]
         else:
             params = args.params
-            notebooks = batch_runner.find_notebooks(args.notebooks or [str(ROOT / batch_runner.DEFAULT_NOTEBOOKS)])
+            notebooks = runner.find_notebooks(args.notebooks or [str(ROOT / runner.DEFAULT_NOTEBOOKS)])
         print(f"load average before: {os.getloadavg()}")
         local_wall, local = _timed_batch(params, notebooks, Path(d) / "local")
         t0 = time.perf_counter()

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab.workbook import runner as batch_runner, render
+from v100lab.workbook import runner, render
 from v100lab.cli.main import main as cli
 from v100lab.base.errors import ConfigError
 
@@ -35,14 +35,14 @@ def batch(tmp_path_factory):
     params = _params(d / "bt.yaml")
     out = d / "out"
     started, finished = [], []
-    result = batch_runner.run_batch([params], [NB / "ok.ipynb", NB / "raise.ipynb", NB / "kill.ipynb"], out,
+    result = runner.run_batch([params], [NB / "ok.ipynb", NB / "raise.ipynb", NB / "kill.ipynb"], out,
                                 timeout=120, no_input=True,
                                 on_start=lambda r, i, n: started.append((i, n)),
                                 on_result=lambda r, i, n: finished.append(r.status))
     return {"result": result, "params": params, "out": out, "started": started, "finished": finished}
 
 
-def _run(batch, stem) -> batch_runner.RunResult:
+def _run(batch, stem) -> runner.RunResult:
     return next(r for r in batch["result"].runs if Path(r.notebook).stem == stem)
 
 
@@ -63,7 +63,7 @@ def test_ok_run_keeps_executed_notebook_reports_and_headline(batch):
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "n_gen = 7" in injected[0].source
     assert r.headline["measured_tok_s"] == 7.0 and r.headline["predicted_tok_s"] == 21.0  # traced from params
-    assert batch_runner.read_headline(nb) == r.headline
+    assert runner.read_headline(nb) == r.headline
     full = (out / r.report).read_text()
     reader = (out / r.reader).read_text()
     assert "publish_headline" in full and "publish_headline" not in reader  # reader: no code
@@ -77,7 +77,7 @@ def test_ok_run_keeps_executed_notebook_reports_and_headline(batch):
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.output_type == "stream")
     assert Path(sys.executable).resolve() in {Path(x).resolve() for x in printed.split()}
     record = json.loads((out / "bt" / "ok.run.json").read_text())
-    assert record["status"] == "ok" and record["digest"] == batch_runner.inputs_digest(batch["params"], NB / "ok.ipynb")
+    assert record["status"] == "ok" and record["digest"] == runner.inputs_digest(batch["params"], NB / "ok.ipynb")
 
 
 def test_cell_error_links_to_the_failing_cell(batch):
@@ -85,8 +85,8 @@ def test_cell_error_links_to_the_failing_cell(batch):
     assert r.reason == "ValueError: deliberate failure for the batch test"
     nb = nbformat.read(out / r.executed, as_version=4)
     assert "raise ValueError" in nb.cells[r.failed_cell].source
-    assert r.failure_link == f"{r.report}#{batch_runner.ERROR_ANCHOR}"
-    assert f'id="{batch_runner.ERROR_ANCHOR}"' in (out / r.report).read_text()
+    assert r.failure_link == f"{r.report}#{runner.ERROR_ANCHOR}"
+    assert f'id="{runner.ERROR_ANCHOR}"' in (out / r.report).read_text()
     assert r.headline is None
 
 
@@ -96,7 +96,7 @@ def test_dead_kernel_recorded_from_the_exception(batch):
     nb = nbformat.read(out / r.executed, as_version=4)
     assert "os._exit" in nb.cells[r.failed_cell].source
     html = (out / r.report).read_text()
-    assert f'id="{batch_runner.ERROR_ANCHOR}"' in html and "kernel died" in html
+    assert f'id="{runner.ERROR_ANCHOR}"' in html and "kernel died" in html
 
 
 def test_index_summarises_every_run(batch):
@@ -117,14 +117,14 @@ def test_rerun_skips_unchanged_ok_runs_and_reruns_the_rest(batch, tmp_path):
     shutil.copytree(batch["out"], out)
     ok_nb = out / "bt" / "ok.ipynb"
     mtime = ok_nb.stat().st_mtime_ns
-    res = batch_runner.run_batch([batch["params"]], [NB / "ok.ipynb", NB / "raise.ipynb"], out, timeout=120)
+    res = runner.run_batch([batch["params"]], [NB / "ok.ipynb", NB / "raise.ipynb"], out, timeout=120)
     ok, err = res.runs
     assert ok.cached and ok.status == "ok" and ok_nb.stat().st_mtime_ns == mtime
     assert ok.headline == _run(batch, "ok").headline
     assert not err.cached and err.status == "error"          # a failed run is never skipped
     assert "(cached)" in (out / "index.html").read_text()
     # --force runs it again
-    forced = batch_runner.run_batch([batch["params"]], [NB / "ok.ipynb"], out, timeout=120, force=True)
+    forced = runner.run_batch([batch["params"]], [NB / "ok.ipynb"], out, timeout=120, force=True)
     assert not forced.runs[0].cached and ok_nb.stat().st_mtime_ns != mtime
 
 
@@ -132,14 +132,14 @@ def test_inputs_digest_tracks_params_notebook_and_version(tmp_path, monkeypatch)
     p = _params(tmp_path / "a.yaml")
     nb = tmp_path / "n.ipynb"
     shutil.copy(NB / "ok.ipynb", nb)
-    d0 = batch_runner.inputs_digest(p, nb)
-    assert batch_runner.inputs_digest(p, nb) == d0
+    d0 = runner.inputs_digest(p, nb)
+    assert runner.inputs_digest(p, nb) == d0
     p.write_text(p.read_text() + "# a comment\n")
-    d1 = batch_runner.inputs_digest(p, nb)
+    d1 = runner.inputs_digest(p, nb)
     nb.write_text(nb.read_text().replace("plumbing only", "plumbing"))
-    d2 = batch_runner.inputs_digest(p, nb)
+    d2 = runner.inputs_digest(p, nb)
     monkeypatch.setattr(batch_runner, "__version__", "99.0")
-    d3 = batch_runner.inputs_digest(p, nb)
+    d3 = runner.inputs_digest(p, nb)
     assert len({d0, d1, d2, d3}) == 4
 
 
@@ -157,7 +157,7 @@ def test_cli_timeout_run_json_and_exit_status(tmp_path, capsys):
     rec = json.loads((out / "t" / "sleep.run.json").read_text())
     nb = nbformat.read(out / rec["executed"], as_version=4)
     assert "time.sleep(600)" in nb.cells[rec["failed_cell"]].source
-    assert f'id="{batch_runner.ERROR_ANCHOR}"' in (out / rec["report"]).read_text()
+    assert f'id="{runner.ERROR_ANCHOR}"' in (out / rec["report"]).read_text()
     assert "t/sleep.html#papermill-error-cell" in (out / "index.html").read_text()
 
 
@@ -197,10 +197,10 @@ def test_plan_runs_folders_do_not_collide(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     p1, p2 = _params(tmp_path / "a" / "x.yaml"), _params(tmp_path / "b" / "x.yaml")
-    runs = batch_runner.plan_runs([p1, p2], [NB / "ok.ipynb"])
+    runs = runner.plan_runs([p1, p2], [NB / "ok.ipynb"])
     assert [r.folder for r in runs] == ["x", "x-2"]
     with pytest.raises(ConfigError):
-        batch_runner.plan_runs([], [NB / "ok.ipynb"])
+        runner.plan_runs([], [NB / "ok.ipynb"])
 
 
 def test_headline_record_validates_numbers():
@@ -218,17 +218,17 @@ def test_index_shows_the_configuration_and_partial_runs():
     full = render.headline_record(30.0, 40.0, model="m", configuration="depth 1024 · -fa on · -c 2048 · -t 2")
     partial = render.headline_record(None, 39.1, model="m", configuration="-ngl 65",
                                        partial="this llama.cpp build has no GPU backend")
-    runs = [batch_runner.RunResult(params="p.yaml", notebook=f"{n}.ipynb", scenario="s", model="m", device="host",
+    runs = [runner.RunResult(params="p.yaml", notebook=f"{n}.ipynb", scenario="s", model="m", device="host",
                                status="ok", reason="", duration_s=1.0, started="", digest="", executed=None,
                                report=None, headline=h) for n, h in (("a", full), ("b", partial), ("c", None))]
-    html = batch_runner.index_html(runs, 3.0)
+    html = runner.index_html(runs, 3.0)
     assert "<th>configuration</th>" in html
     assert "depth 1024 · -fa on · -c 2048 · -t 2" in html
     assert html.count("ok (partial)") == 1 + html.count('"ok (partial)"'), "one partial run (and the legend)"
     row_b = html.split("<tr>")[3]
     assert "ok (partial)" in row_b and "no GPU backend" in row_b
     assert "partial" not in html.split("<tr>")[2] and "partial" not in html.split("<tr>")[4]
-    rows = batch_runner.summary_rows(runs)
+    rows = runner.summary_rows(runs)
     assert rows[1]["partial"] == "this llama.cpp build has no GPU backend" and rows[0]["partial"] == ""
     assert rows[0]["configuration"].startswith("depth 1024")
     assert "partial: this llama.cpp build" in render.headline_text(partial)
@@ -241,8 +241,8 @@ def test_read_headline_takes_the_last_one():
     cell = nbformat.v4.new_code_cell("x")
     cell.outputs = outs
     nb.cells = [cell]
-    assert batch_runner.read_headline(nb)["measured_tok_s"] == 3.0
-    assert batch_runner.read_headline(nbformat.v4.new_notebook()) is None
+    assert runner.read_headline(nb)["measured_tok_s"] == 3.0
+    assert runner.read_headline(nbformat.v4.new_notebook()) is None
 
 
 def test_plain_papermill_with_a_params_file(tmp_path):
@@ -258,7 +258,7 @@ def test_plain_papermill_with_a_params_file(tmp_path):
     from v100lab.workbook.scenario import load_scenario
 
     scn = load_scenario(ci)
-    h = batch_runner.read_headline(nbformat.read(out, as_version=4))
+    h = runner.read_headline(nbformat.read(out, as_version=4))
     assert h["measured_tok_s"] == scn.n_gen and h["predicted_tok_s"] == scn.n_prompt
 
 
@@ -266,7 +266,7 @@ def test_unreadable_notebook_is_a_failed_run_not_a_crash(tmp_path):
     bad = tmp_path / "broken.ipynb"
     bad.write_text("{ this is not a notebook")
     out = tmp_path / "out"
-    res = batch_runner.run_batch([_params(tmp_path / "p.yaml")], [bad], out)
+    res = runner.run_batch([_params(tmp_path / "p.yaml")], [bad], out)
     (r,) = res.runs
     assert r.status == "failed" and r.reason and r.report is None and r.executed is None
     html = (out / "index.html").read_text()
@@ -278,7 +278,7 @@ def test_relative_out_dir_from_another_working_directory(tmp_path, monkeypatch):
     the notebook's own folder, so the batch must not resolve the output folder there."""
     params = _params(tmp_path / "rel.yaml")
     monkeypatch.chdir(tmp_path)
-    result = batch_runner.run_batch([params], [NB / "ok.ipynb"], "reports", timeout=120)
+    result = runner.run_batch([params], [NB / "ok.ipynb"], "reports", timeout=120)
     assert [r.status for r in result.runs] == ["ok"], result.runs[0].reason
     assert (tmp_path / "reports" / "index.html").exists()
     assert (tmp_path / "reports" / result.runs[0].report).exists()
@@ -291,7 +291,7 @@ def test_keys_a_notebook_does_not_show_are_not_warned_about(caplog):
 
     log = logging.getLogger("papermill")
     with caplog.at_level(logging.WARNING, logger="papermill"):
-        with batch_runner._quiet_about_keys_not_shown():
+        with runner._quiet_about_keys_not_shown():
             log.warning("Passed unknown parameter: quants")
             log.warning("Passed unknown parameter: not_a_key")
         log.warning("Passed unknown parameter: depths")

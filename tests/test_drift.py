@@ -15,7 +15,7 @@ import pytest
 
 from v100lab.measure import calibration, drift_check
 from v100lab.facts import devices
-from v100lab.predict import drift_scaling as drift, rates, speed
+from v100lab.predict import drift_scaling, rates, speed
 from v100lab.facts.config import RunConfig
 from v100lab.base.errors import ConfigError, RunFailed
 from v100lab.gguf.skeleton import skeleton_spec
@@ -48,7 +48,7 @@ def test_a_check_scales_each_type_by_its_own_rung_and_the_rest_by_the_base_rung(
     prompt rung's; the bandwidth is the one measured with the check, and the efficiency — the best bandwidth a rung
     reached over STREAM's — is that rung's moved by its own ratio, over the bandwidth now. A thread count the check
     did not measure is left as calibrated."""
-    out = drift.scaled_fit(FIT, _record(), 1)
+    out = drift_scaling.scaled_fit(FIT, _record(), 1)
     assert out["tg_s_per_weight"] == pytest.approx({"Q4_0": 1e-10 / 1.25, "Q4_K": 2e-10 / 0.8, "F16": 3e-10 / 0.5})
     assert out["tg_row_s_by_type"] == pytest.approx({"Q4_0": 1e-8 / 1.25, "Q4_K": 1e-8 / 0.8, "F16": 1e-8 / 0.5})
     for key in ("attn_s_per_op", "attn_s_per_head_cell", "overhead_layer_s", "attn_split_layer_s", "tg_row_s"):
@@ -59,13 +59,13 @@ def test_a_check_scales_each_type_by_its_own_rung_and_the_rest_by_the_base_rung(
     # Q4_K's rung reached 1.5 × STREAM's 20 GB/s; with a check that finds Q4_K at ×0.8 and the memory at 10 GB/s, it
     # reaches 24 GB/s: 2.4 × the bandwidth now. A fit stored without the type: the base (Q4_0) rung's ratio
     fit = dict(FIT, efficiency=1.5, efficiency_type="Q4_K")
-    assert drift.scaled_fit(fit, _record(bandwidth_gbs={"1": 10.0}), 1)["efficiency"] == pytest.approx(2.4)
-    assert drift.scaled_fit(dict(fit, efficiency_type=None), _record(bandwidth_gbs={"1": 10.0}), 1)["efficiency"] \
+    assert drift_scaling.scaled_fit(fit, _record(bandwidth_gbs={"1": 10.0}), 1)["efficiency"] == pytest.approx(2.4)
+    assert drift_scaling.scaled_fit(dict(fit, efficiency_type=None), _record(bandwidth_gbs={"1": 10.0}), 1)["efficiency"] \
         == pytest.approx(1.5 * 20 * 1.25 / 10)
-    assert drift.scaled_fit(fit, _record(bandwidth_gbs={"1": 40.0}), 1)["efficiency"] == 1.0
+    assert drift_scaling.scaled_fit(fit, _record(bandwidth_gbs={"1": 40.0}), 1)["efficiency"] == 1.0
     assert FIT["tg_s_per_weight"]["Q4_0"] == 1e-10          # the calibration itself is not changed
-    assert drift.scaled_fit(FIT, _record(), 2) == FIT
-    assert drift.scaled_fit(FIT, None, 1) == FIT
+    assert drift_scaling.scaled_fit(FIT, _record(), 2) == FIT
+    assert drift_scaling.scaled_fit(FIT, None, 1) == FIT
 
 
 def _store(cal):
@@ -132,13 +132,13 @@ def test_a_check_that_finds_nothing_moved_changes_nothing(fresh_cache):
     rates stand. One rung that moved scales what it prices, and brings the bandwidth in."""
     quiet = _record(rungs=[_rung("Q4_0", 1, 1.08), _rung("Q4_K", 1, 0.85, se=0.10), _rung("Q4_0", 1, 1.09, test="pp")],
                     bandwidth_gbs={"1": 60.0})
-    assert drift.scaled_fit(FIT, quiet, 1) == FIT
-    assert drift.ratios(quiet, 1) == {"tg": {"Q4_0": 1.0, "Q4_K": 1.0}, "pp": 1.0, "bandwidth_gbs": None, "moved": 0}
+    assert drift_scaling.scaled_fit(FIT, quiet, 1) == FIT
+    assert drift_scaling.ratios(quiet, 1) == {"tg": {"Q4_0": 1.0, "Q4_K": 1.0}, "pp": 1.0, "bandwidth_gbs": None, "moved": 0}
     _store(_calibration(drift=quiet))
     d = rates.describe_host_rates(now=NOW)
     assert "no rung moved beyond its noise, the calibration's rates stand" in d.line and not d.warnings
     one = _record(rungs=[_rung("Q4_0", 1, 1.08), _rung("Q4_K", 1, 0.8)], bandwidth_gbs={"1": 60.0})
-    out = drift.scaled_fit(FIT, one, 1)
+    out = drift_scaling.scaled_fit(FIT, one, 1)
     assert out["tg_s_per_weight"]["Q4_K"] == pytest.approx(2e-10 / 0.8)
     assert out["tg_s_per_weight"]["Q4_0"] == FIT["tg_s_per_weight"]["Q4_0"] and out["bandwidth_gbs"] == 60.0
 
@@ -196,10 +196,10 @@ def test_a_real_check_measures_calibrations_rungs_and_is_applied(fresh_cache, sm
         assert r["ratio"] == pytest.approx(statistics.median(r["tps"]) / r["calibration_tps"], rel=1e-3)
     assert rec["bandwidth_gbs"]["1"] > 0 and rec["applied"] is False
     drift_check.store(rec)
-    stored = rates.stored_calibration()[drift.DRIFT_KEY]
+    stored = rates.stored_calibration()[drift_scaling.DRIFT_KEY]
     assert stored["applied"] is True and stored["rungs"] == rec["rungs"]
     # (F16's rung may move too on a noisy machine: only Q4_0's move is certain)
-    assert by["Q4_0"]["ratio"] > 1.5 and "Q4_0" in [r["type"] for r in drift.moved(stored)]
+    assert by["Q4_0"]["ratio"] > 1.5 and "Q4_0" in [r["type"] for r in drift_scaling.moved(stored)]
     line = rates.describe_host_rates().line
     assert "drift check of" in line and re.search(r"[12] of 2 rungs moved, applied, llama\.cpp", line)
     r = rates.rates_for(devices.get_device("host"), RunConfig(n_threads=1))
@@ -208,7 +208,7 @@ def test_a_real_check_measures_calibrations_rungs_and_is_applied(fresh_cache, sm
     assert cli.main(["calibrate", "--check", "--no-apply", "--types", "Q4_0", "--loads", "1"]) == 0
     out = capsys.readouterr().out
     assert "calib-wide:Q4_0" in out and "calib-wide:F16" not in out and "recorded, not applied" in out
-    assert rates.stored_calibration()[drift.DRIFT_KEY]["applied"] is False
+    assert rates.stored_calibration()[drift_scaling.DRIFT_KEY]["applied"] is False
 
     other = dict(rec, calibration_measured_at="2020-01-01T00:00:00Z")
     with pytest.raises(RunFailed, match="calibration changed"):
@@ -217,7 +217,7 @@ def test_a_real_check_measures_calibrations_rungs_and_is_applied(fresh_cache, sm
 
 def test_the_base_rung_is_calibrations_depth_rung():
     """Attention and the per-layer costs are pinned on calibration's depth rung; the check scales them by its ratio."""
-    assert drift.BASE_TYPE == calibration.DEPTH_TYPE and drift_check.PROMPT_POINT.type_name == calibration.DEPTH_TYPE
+    assert drift_scaling.BASE_TYPE == calibration.DEPTH_TYPE and drift_check.PROMPT_POINT.type_name == calibration.DEPTH_TYPE
 
 
 def test_calibrate_check_errors_are_one_line(fresh_cache, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab.workbook import runner as batch_runner
+from v100lab.workbook import runner
 from v100lab.cli.main import main as cli
 from v100lab.base.errors import ConfigError
 from v100lab.workbook.fleet import (
@@ -41,7 +41,7 @@ def _params(path: Path, name: str, *extra: str) -> Path:
     return path
 
 
-def _rows(result: batch_runner.BatchResult) -> list[tuple]:
+def _rows(result: runner.BatchResult) -> list[tuple]:
     return [(r.scenario, Path(r.notebook).stem, r.status, r.reason, r.headline) for r in result.runs]
 
 
@@ -117,8 +117,8 @@ def test_fan_out_matches_the_local_engine_and_runs_where_pinned(cluster, tmp_pat
     pa = _params(tmp_path / "va.yaml", "on-a", "accelerator_type: V100")
     pb = _params(tmp_path / "vb.yaml", "on-b", "resources: {box_b: 1, bench: 1}")
     notebooks = [NB / "ok.ipynb", NB / "raise.ipynb"]
-    local = batch_runner.run_batch([pa, pb], notebooks, tmp_path / "local", timeout=120)
-    fleet = batch_runner.run_batch([pa, pb], notebooks, tmp_path / "ray", timeout=120, engine=RayEngine())
+    local = runner.run_batch([pa, pb], notebooks, tmp_path / "local", timeout=120)
+    fleet = runner.run_batch([pa, pb], notebooks, tmp_path / "ray", timeout=120, engine=RayEngine())
     assert _rows(fleet) == _rows(local)
     assert [r.status for r in fleet.runs] == ["ok", "error", "ok", "error"]
     a_id, b_id = cluster["a"].node_id[:12], cluster["b"].node_id[:12]
@@ -127,13 +127,13 @@ def test_fan_out_matches_the_local_engine_and_runs_where_pinned(cluster, tmp_pat
     out = tmp_path / "ray"
     for r in fleet.runs:     # the reports came back as bytes and were written here
         assert (out / r.report).is_file() and (out / r.executed).is_file()
-        assert batch_runner.read_headline(nbformat.read(out / r.executed, as_version=4)) == r.headline
+        assert runner.read_headline(nbformat.read(out / r.executed, as_version=4)) == r.headline
     html = (out / "index.html").read_text()
     assert "4 runs, 2 ok, 2 failed" in html and "<th>node</th>" in html and a_id in html and b_id in html
     assert "<th>node</th>" not in (tmp_path / "local" / "index.html").read_text()
     assert "raise.html#papermill-error-cell" in html
     # a re-run reuses the ok runs' records (with their node) without submitting anything
-    again = batch_runner.run_batch([pa], [NB / "ok.ipynb"], out, engine=RayEngine())
+    again = runner.run_batch([pa], [NB / "ok.ipynb"], out, engine=RayEngine())
     assert again.runs[0].cached and again.runs[0].node.split()[-1] == a_id
 
 
@@ -152,7 +152,7 @@ def test_a_scenario_no_node_can_run_fails_at_once(cluster, tmp_path):
     files = [_params(tmp_path / "gpu.yaml", "h100", "resources: {gpu_h100: 1}"),
              _params(tmp_path / "acc.yaml", "a100", "accelerator_type: A100"),
              _params(tmp_path / "lab.yaml", "zz", "node_labels: {box: zz}")]
-    res = batch_runner.run_batch(files, [NB / "ok.ipynb"], tmp_path / "out", engine=RayEngine())
+    res = runner.run_batch(files, [NB / "ok.ipynb"], tmp_path / "out", engine=RayEngine())
     assert [r.status for r in res.runs] == ["failed"] * 3
     for r, words in zip(res.runs, ("gpu_h100 1", "accelerator_type:A100", "label box=zz")):
         assert "no live node of the Ray cluster offers" in r.reason and words in r.reason
@@ -209,7 +209,7 @@ def _free(resource: str) -> bool:
 @needs_ray
 def test_a_hung_run_times_out_and_frees_its_node(cluster, tmp_path):
     p = _params(tmp_path / "hang.yaml", "hang", "resources: {box_a: 1}")
-    res = batch_runner.run_batch([p], [NB / "sleep.ipynb"], tmp_path / "out", timeout=None,
+    res = runner.run_batch([p], [NB / "sleep.ipynb"], tmp_path / "out", timeout=None,
                              engine=RayEngine(task_timeout=3, poll_s=0.5))
     (r,) = res.runs
     assert r.status == "timeout" and "3 s task timeout" in r.reason and cluster["a"].node_id[:12] in r.node
@@ -225,7 +225,7 @@ def test_ctrl_c_cancels_the_tasks_and_keeps_what_returned(cluster, tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        batch_runner.run_batch([p], [NB / "ok.ipynb", NB / "sleep.ipynb"], out, timeout=None,
+        runner.run_batch([p], [NB / "ok.ipynb", NB / "sleep.ipynb"], out, timeout=None,
                            on_result=interrupt, engine=RayEngine(poll_s=0.5))
     html = (out / "index.html").read_text()
     assert "1 run, 1 ok, 0 failed" in html and "int/ok.html" in html
@@ -256,7 +256,7 @@ def test_a_node_killed_mid_run(cluster, tmp_path, caplog):
         killed[i] = where
         c.remove_node(node, allow_graceful=False)
 
-    res = batch_runner.run_batch([pp, ps], [slow], tmp_path / "out", timeout=120, on_start=kill_where_it_runs,
+    res = runner.run_batch([pp, ps], [slow], tmp_path / "out", timeout=120, on_start=kill_where_it_runs,
                              engine=engine)
     retried, lost = res.runs
     assert retried.status == "ok", retried.reason

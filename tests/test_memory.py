@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from v100lab.gguf import llama_context
-from v100lab.measure import memory_check as memcheck
+from v100lab.measure import memory_check
 from v100lab.predict import memory
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import Device, get_device
@@ -229,7 +229,7 @@ def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
         path = zoo.model_path(alias)
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
-    checks, facts, _ = memcheck.check_against_llama(path, RunConfig(**kw))
+    checks, facts, _ = memory_check.check_against_llama(path, RunConfig(**kw))
     for kind, bound in TARGETS.items():
         c = checks[kind]
         assert c.within(bound), f"{kind}: predicted {c.predicted_bytes}, llama.cpp {c.measured_bytes} ({c.error:+.2%})"
@@ -239,7 +239,7 @@ def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
 def test_known_deviation_tiny_model_compute(tiny_f16):
     """synth-tiny at ubatch 512 is the one model whose logits-phase fragment differs (ggml-alloc places the
     final norm higher): compute stays within 5 %, total misses 2 % (RESULTS.md reports it)."""
-    checks, _, _ = memcheck.check_against_llama(tiny_f16, RunConfig(n_ctx=4096))
+    checks, _, _ = memory_check.check_against_llama(tiny_f16, RunConfig(n_ctx=4096))
     assert checks["compute"].within(0.05)
     assert checks["weights"].within(0.001) and checks["kv_cache"].within(0.001)
     assert abs(checks["total"].error) < 0.04

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from v100lab.measure import harness, memory_check as memcheck
+from v100lab.measure import harness, memory_check
 from v100lab.predict import memory
 from v100lab.models import synth, zoo
 from v100lab.facts.config import (LLM_FFN_EXPS_REGEX, RunConfig, add_flag_arguments, from_flag_args, moe_offload_argv,
@@ -179,7 +179,7 @@ def test_llama_cpp_applies_the_overrides(default_model):
     _, text = call_isolated(load_and_capture, path, cfg)
     overridden = sorted(re.findall(r"tensor (\S+) .*buffer type overridden to CPU", text))
     assert overridden == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
-    checks, _, _ = memcheck.check_against_llama(path, cfg)
+    checks, _, _ = memory_check.check_against_llama(path, cfg)
     assert checks["weights"].within(0.001) and checks["total"].within(0.02)
 
 

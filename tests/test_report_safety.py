@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from v100lab.workbook import runner as batch_runner, render
+from v100lab.workbook import runner, render
 
 NB = Path(__file__).parent / "data" / "notebooks"
 
@@ -155,7 +155,7 @@ def hostile_batch(tmp_path_factory):
     params.write_text(yaml.safe_dump({"scenario": "scn " + P_IMG + P_CLOSE, "model": str(model),
                                       "device": "dev " + P_SCRIPT + P_ATTR, "n_gen": 3, "n_prompt": 9}))
     out = d / "out"
-    result = batch_runner.run_batch([params], [NB / "render_model.ipynb"], out, timeout=120, no_input=True)
+    result = runner.run_batch([params], [NB / "render_model.ipynb"], out, timeout=120, no_input=True)
     return {"dir": d, "out": out, "result": result, "model": model}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from v100lab.gguf import llama_context
-from v100lab.measure import memory_check as memcheck
+from v100lab.measure import memory_check
 from v100lab.predict import memory
 from v100lab.models import synth, zoo
 from v100lab.facts.config import RunConfig
@@ -195,7 +195,7 @@ VALIDATION = [
 
 @pytest.mark.parametrize("alias, kw", VALIDATION, ids=[f"{a}-{i}" for i, (a, _) in enumerate(VALIDATION)])
 def test_plan_matches_llama_cpp_buffers(alias, kw, default_model):
-    checks, facts, p = memcheck.check_against_llama(zoo.model_path(alias), RunConfig(**kw))
+    checks, facts, p = memory_check.check_against_llama(zoo.model_path(alias), RunConfig(**kw))
     for kind, bound in TARGETS.items():
         c = checks[kind]
         assert c.within(bound), f"{kind}: predicted {c.predicted_bytes}, llama.cpp {c.measured_bytes} ({c.error:+.2%})"
@@ -268,7 +268,7 @@ def test_mla_kv_bytes_per_token_equal_llama_cpp_buffer(kw, default_model):
     spec = read_spec(path)
     per_token = llama_context.kv_bytes_per_token(spec, cfg.cache_type_k, cfg.cache_type_v)
     assert per_token == s.n_layer * llama_context.row_size(cfg.cache_type_k, s.kv_lora_rank + s.rope_dim)
-    checks, facts, _ = memcheck.check_against_llama(path, cfg)
+    checks, facts, _ = memory_check.check_against_llama(path, cfg)
     cs = llama_context.context_sizes(spec, cfg)
     assert checks["kv_cache"].predicted_bytes == per_token * cs.n_ctx_seq * cs.n_stream
     assert checks["kv_cache"].within(0.001), checks["kv_cache"]
@@ -283,7 +283,7 @@ def test_mla_refuses_different_k_and_v_types(default_model):
     p = memory.plan(read_spec(path), [], cfg, with_max_ctx=False)
     assert any("refuses" in w and "MLA" in w for w in p.warnings)
     with pytest.raises(RunFailed):
-        memcheck.check_against_llama(path, cfg)
+        memory_check.check_against_llama(path, cfg)
 
 
 def test_mla_attention_phase_by_arithmetic(default_model):

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from v100lab.advise import tune as advisor
 from v100lab.predict import memory
 from v100lab.advise.seed import seed_verdict
-from v100lab.advise.tune import TIE, margin_bytes, tune
+from v100lab.advise.tune import DEFAULT_QUANTS, TIE, margin_bytes, tune
 from v100lab.cli.main import main
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import get_device
@@ -34,8 +33,8 @@ def test_seed_scenario_choice_is_the_fastest_that_fits(seed_tune):
     fitting = [c for c in r.candidates if c.fits]
     assert best.tg_tps >= max(c.tg_tps for c in fitting) * (1 - TIE)
     # every better-quality quant either fits only partially / not at all, or is slower beyond the tie band
-    bpw = {q: skeleton_spec("qwen35-27b", q).bits_per_weight for q in advisor.DEFAULT_QUANTS}
-    for q in advisor.DEFAULT_QUANTS:
+    bpw = {q: skeleton_spec("qwen35-27b", q).bits_per_weight for q in DEFAULT_QUANTS}
+    for q in DEFAULT_QUANTS:
         if bpw[q] <= bpw[best.quant]:
             continue
         full = [c for c in fitting if c.quant == q and c.offloaded_layers == c.n_layer_total]

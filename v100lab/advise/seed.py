@@ -19,7 +19,7 @@ from v100lab.predict import memory
 from v100lab.facts.config import RunConfig, add_flag_arguments, from_flag_args
 from v100lab.facts.devices import device_from_mapping, get_device
 from v100lab.predict.rates import arch_spec, data_text
-from v100lab.facts.results import TPS, Observation, tidy_frame
+from v100lab.facts.results import TPS, Observation
 from v100lab.predict.speed import predict
 
 SEED_CLAIMS = "seed_claims.yaml"

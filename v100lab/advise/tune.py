@@ -33,7 +33,6 @@ The search (one source of truth: the constants below)
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -44,7 +43,7 @@ from v100lab.measure import harness
 from v100lab.gguf import llama_context, skeleton
 from v100lab.predict import memory, rates, speed
 from v100lab.models import zoo
-from v100lab.facts.config import ALL_LAYERS, RunConfig, add_flag_arguments, from_flag_args
+from v100lab.facts.config import ALL_LAYERS, RunConfig
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.models.resolve import resolve

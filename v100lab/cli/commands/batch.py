@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from v100lab.workbook import runner as batch_runner
+from v100lab.workbook import runner
 from v100lab.base.errors import ConfigError
 from v100lab.workbook.fleet import RayEngine   # imports ray itself, only when the ray engine runs
 from v100lab.base.safeio import check_creatable, term_text
@@ -31,7 +31,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week per cell: beyond that, 0 (no limit) s
 def add_arguments(p):
     p.add_argument("params", nargs="+", metavar="PARAMS", help="parameter files (params/*.yaml)")
     p.add_argument("--notebooks", action="append", metavar="GLOB",
-                   help=f"notebooks to run, a glob or path; repeatable (default {batch_runner.DEFAULT_NOTEBOOKS})")
+                   help=f"notebooks to run, a glob or path; repeatable (default {runner.DEFAULT_NOTEBOOKS})")
     p.add_argument("--out", default="reports", metavar="DIR", help="output folder (default reports/)")
     p.add_argument("--no-input", action="store_true",
                    help="also export a reader's report without code cells (NAME.reader.html)")
@@ -49,30 +49,30 @@ def add_arguments(p):
                    help="with --engine ray: seconds a run may take once started; 0 = none (default)")
 
 
-def _status_line(r: batch_runner.RunResult) -> str:
+def _status_line(r: runner.RunResult) -> str:
     h = r.headline or {}
     head = ""
     if h.get("measured_tok_s") is not None or h.get("predicted_tok_s") is not None:
-        head = (f"  {h.get('metric', '')} measured {batch_runner.format_tps(h.get('measured_tok_s'))} / "
-                f"predicted {batch_runner.format_tps(h.get('predicted_tok_s'))} tok/s")
+        head = (f"  {h.get('metric', '')} measured {runner.format_tps(h.get('measured_tok_s'))} / "
+                f"predicted {runner.format_tps(h.get('predicted_tok_s'))} tok/s")
     cached = " (unchanged, not re-run)" if r.cached else ""
     reason = f"  — {r.reason}" if r.reason else ""
     return term_text(f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
-                     f"{batch_runner.format_duration(r.duration_s)}{head}{reason}")
+                     f"{runner.format_duration(r.duration_s)}{head}{reason}")
 
 
 def _stem(path: str) -> str:
     return Path(path).stem
 
 
-def _summary_table(result: batch_runner.BatchResult) -> str:
-    rows = batch_runner.summary_rows(result.runs)
+def _summary_table(result: runner.BatchResult) -> str:
+    rows = runner.summary_rows(result.runs)
     header = ("scenario", "notebook", "status", "time", "measured", "predicted", "report")
     table = [header]
     for row in rows:
         status = row["status"] + (" (cached)" if row["cached"] else "")
-        table.append((row["scenario"], row["notebook"], status, batch_runner.format_duration(row["duration_s"]),
-                      batch_runner.format_tps(row["measured_tok_s"]), batch_runner.format_tps(row["predicted_tok_s"]),
+        table.append((row["scenario"], row["notebook"], status, runner.format_duration(row["duration_s"]),
+                      runner.format_tps(row["measured_tok_s"]), runner.format_tps(row["predicted_tok_s"]),
                       row["report"] or "-"))
     widths = [min(max(len(str(r[i])) for r in table), 40) for i in range(len(header))]
     lines = ["  ".join(term_text(c, limit=40).ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
@@ -80,7 +80,7 @@ def _summary_table(result: batch_runner.BatchResult) -> str:
     n_fail = len(result.failed)
     lines.append("")
     lines.append(f"{len(rows)} run{'s' if len(rows) != 1 else ''}, {len(rows) - n_fail} ok, {n_fail} failed; wall time "
-                 f"{batch_runner.format_duration(result.wall_s)}; index: {result.index}")
+                 f"{runner.format_duration(result.wall_s)}; index: {result.index}")
     return "\n".join(lines)
 
 
@@ -91,8 +91,8 @@ def run(args) -> int:
         for name in ("papermill", "traitlets", "nbclient"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
-    patterns = args.notebooks or [batch_runner.DEFAULT_NOTEBOOKS]
-    notebooks = batch_runner.find_notebooks(patterns)
+    patterns = args.notebooks or [runner.DEFAULT_NOTEBOOKS]
+    notebooks = runner.find_notebooks(patterns)
     if not math.isfinite(args.timeout) or not 0 <= args.timeout <= MAX_TIMEOUT_S:
         raise ConfigError(f"--timeout must be a number of seconds in [0, {MAX_TIMEOUT_S:g}] (0 = none), "
                           f"got {args.timeout:g}")
@@ -104,7 +104,7 @@ def run(args) -> int:
         engine = RayEngine(args.address, task_timeout=args.task_timeout or None)
     elif args.address is not None or args.task_timeout:
         raise ConfigError("--address and --task-timeout go with --engine ray")
-    total = len(batch_runner.plan_runs(args.params, notebooks))  # validates every parameter file first
+    total = len(runner.plan_runs(args.params, notebooks))  # validates every parameter file first
     # the output folder, before anything runs: not a file, creatable, writable
     check_creatable(Path(args.out), what="--out", error=ConfigError, folder=True)
     bar = tqdm(total=total, unit="run", desc="batch", file=sys.stderr, dynamic_ncols=True)
@@ -117,14 +117,14 @@ def run(args) -> int:
         bar.update(1)
 
     try:
-        result = batch_runner.run_batch(args.params, notebooks, args.out, timeout=timeout,
+        result = runner.run_batch(args.params, notebooks, args.out, timeout=timeout,
                                     no_input=args.no_input, force=args.force, on_start=on_start,
                                     on_result=on_result, engine=engine)
     finally:
         bar.close()
     if args.json:
         json.dump({"index": str(result.index), "wall_s": round(result.wall_s, 3), "ok": result.ok,
-                   "runs": batch_runner.summary_rows(result.runs)}, sys.stdout, indent=2)
+                   "runs": runner.summary_rows(result.runs)}, sys.stdout, indent=2)
         print()
     else:
         print(_summary_table(result))

@@ -14,7 +14,7 @@ import statistics
 import sys
 
 from v100lab.measure import calibration, drift_check
-from v100lab.predict import drift_scaling as drift
+from v100lab.predict import drift_scaling
 from v100lab.facts.devices import host_profile_path
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.predict.rates import NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses
@@ -153,7 +153,7 @@ def _check_lines(rec: dict) -> list[str]:
     lines = [f"drift check of {rec.get('measured_at')} against the calibration of {rec.get('calibration_measured_at')}"
              f" ({rec.get('loads')} load(s) a rung, {rec.get('seconds', '?')} s)",
              f"{'rung':<22} {'threads':>7} {'test':>4} {'calibration t/s':>16} {'now t/s (loads)':>26} {'ratio':>14}"]
-    gone = {(r["config"], r["threads"], r["test"]) for r in drift.moved(rec)}
+    gone = {(r["config"], r["threads"], r["test"]) for r in drift_scaling.moved(rec)}
     for r in rec.get("rungs") or ():
         se = f" ± {100 * r['standard_error']:.1f} %" if r.get("standard_error") is not None else ""
         mark = "  moved" if (r["config"], r["threads"], r["test"]) in gone else ""
@@ -161,8 +161,8 @@ def _check_lines(rec: dict) -> list[str]:
                      f"{' / '.join(f'{x:.1f}' for x in r['tps']):>26} {'×' + format(r['ratio'], '.3f') + se:>14}{mark}")
     for th, bw in sorted((rec.get("bandwidth_gbs") or {}).items(), key=lambda kv: int(kv[0])):
         lines.append(f"memory bandwidth, {th} thread(s): {bw:.1f} GB/s now")
-    lines.append(f"{len(gone)} of {len(rec.get('rungs') or ())} rungs moved by more than {100 * drift.TOLERANCE:.0f} % "
-                 f"and {drift.NOISE_Z:g} standard errors" + ("" if gone else ": the machine is where it was calibrated"))
+    lines.append(f"{len(gone)} of {len(rec.get('rungs') or ())} rungs moved by more than {100 * drift_scaling.TOLERANCE:.0f} % "
+                 f"and {drift_scaling.NOISE_Z:g} standard errors" + ("" if gone else ": the machine is where it was calibrated"))
     if not rec.get("applied"):
         lines.append("recorded, not applied (--no-apply): predictions keep the calibration's rates")
     elif gone:
@@ -236,8 +236,8 @@ def run(args) -> int:
         return 0
     for line in _summary(cal):
         print(line)
-    if args.show and cal.get(drift.DRIFT_KEY):
-        for line in _check_lines(cal[drift.DRIFT_KEY]):
+    if args.show and cal.get(drift_scaling.DRIFT_KEY):
+        for line in _check_lines(cal[drift_scaling.DRIFT_KEY]):
             print(term_text(line, limit=400))
     hp = describe_host_rates(cal)
     print(term_text(hp.line, limit=400))

@@ -48,7 +48,7 @@ same requests: ``timings`` (prompt_ms, predicted_ms, predicted_per_second) and t
 ``/metrics`` counters over the level (when started with ``--metrics``; :func:`serve_bench` does).
 
 Entry points: :func:`run_serve_bench` (a URL), :func:`serve_bench` (a URL, or a model it serves with
-llama-server on 127.0.0.1 for the duration), :func:`levels_frame` / :func:`requests_frame` (pandas).
+llama-server on 127.0.0.1 for the duration).
 
 The package, one job per module (each imports only those above it in this list):
 
@@ -59,13 +59,13 @@ The package, one job per module (each imports only those above it in this list):
 * :mod:`.metrics` — the statistics of a level and llama-server's figures beside the client's;
 * :mod:`.runner` — a run against a URL, stored as rows;
 * :mod:`.llamaserver` — a model served by llama-server for the duration of a run;
-* :mod:`.report` — pandas frames and the printed tables.
+* :mod:`.report` — the printed tables.
 """
 from v100lab.measure.loadgen.client import (ServerInfo, parse_prometheus, probe, request_body, run_level, scrape_metrics,
                                     send_request, token_pool)
 from v100lab.measure.loadgen.llamaserver import check_fits, is_url, serve_bench
 from v100lab.measure.loadgen.metrics import fmt_figure, server_side_by_side, summarize_level
-from v100lab.measure.loadgen.report import format_levels, format_side_by_side, levels_frame, requests_frame
+from v100lab.measure.loadgen.report import format_levels, format_side_by_side
 from v100lab.measure.loadgen.request import RequestResult
 from v100lab.measure.loadgen.runner import DEFINITIONS, ServeRun, normalize_url, run_serve_bench
 from v100lab.measure.loadgen.workload import (DEFAULT_TIMEOUT_S, ENDPOINTS, MAX_CONCURRENCY, MAX_ERROR_BODY, MAX_EVENT_LINE,
@@ -77,8 +77,8 @@ __all__ = [
     "DEFAULT_TIMEOUT_S", "DEFINITIONS", "ENDPOINTS", "MAX_CONCURRENCY", "MAX_ERROR_BODY", "MAX_EVENT_LINE",
     "MAX_LENGTH", "MAX_REQUESTS", "METRICS", "PROMPT_MODES", "SLO", "STATS", "WORDS", "Lengths", "Level",
     "PlannedRequest", "RequestResult", "ServeRun", "ServerInfo", "Workload", "arrival_offsets", "check_fits",
-    "default_requests", "fmt_figure", "format_levels", "format_side_by_side", "is_url", "levels_frame",
+    "default_requests", "fmt_figure", "format_levels", "format_side_by_side", "is_url",
     "normalize_url", "parse_concurrency", "parse_prometheus", "parse_rate", "plan_level", "probe",
-    "request_body", "requests_frame", "run_level", "run_serve_bench", "scrape_metrics", "send_request",
+    "request_body", "run_level", "run_serve_bench", "scrape_metrics", "send_request",
     "serve_bench", "server_side_by_side", "summarize_level", "token_pool",
 ]

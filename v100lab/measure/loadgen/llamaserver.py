@@ -20,6 +20,7 @@ from v100lab.measure.loadgen.request import RequestResult
 from v100lab.measure.loadgen.runner import ServeRun, run_serve_bench
 from v100lab.measure.loadgen.workload import Workload
 from v100lab.facts.store import ResultsStore
+from v100lab.gguf.header import is_url
 
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,6 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------
 # a model: llama-server started for the run
 # --------------------------------------------------------------------------------------------
-
-def is_url(target: str | os.PathLike) -> bool:
-    return isinstance(target, str) and target.strip().lower().startswith(("http://", "https://"))
-
 
 def serve_bench(target: "str | os.PathLike", workload: Workload, cfg=None, *, server_binary=None,
                 server_args: Sequence[str] = (), results=None, progress: bool | None = None,

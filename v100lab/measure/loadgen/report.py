@@ -1,32 +1,16 @@
-"""Tables of a serve-bench run: pandas frames of levels and requests, and the text tables the command prints."""
+"""Tables of a serve-bench run: the text tables the command prints."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
 from v100lab.measure.loadgen.metrics import fmt_figure
-from v100lab.measure.loadgen.runner import ServeRun
 from v100lab.measure.loadgen.workload import METRICS
 
 
 # --------------------------------------------------------------------------------------------
 # tables
 # --------------------------------------------------------------------------------------------
-
-def levels_frame(run: ServeRun):
-    """One row per level (pandas DataFrame): the summary figures."""
-    import pandas as pd  # heavy: only for the notebook's tables
-
-    return pd.DataFrame([{k: v for k, v in s.items() if k != "failures"} for s in run.levels])
-
-
-def requests_frame(run: ServeRun):
-    """One row per request (pandas DataFrame), without the ITL lists."""
-    import pandas as pd  # heavy: only for the notebook's tables
-
-    return pd.DataFrame([{k: v for k, v in r.as_dict().items() if k not in ("itl_ms", "usage", "server_timings")}
-                         for r in run.requests])
-
 
 def format_levels(levels: Sequence[Mapping[str, Any]]) -> str:
     """Markdown: throughput per level, then the latency percentiles (ms)."""

@@ -8,7 +8,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from v100lab.advise import tune as advisor
+from v100lab.advise import tune
 from v100lab.measure import harness
 from v100lab.facts.config import RunConfig
 from v100lab.base.errors import ConfigError, V100labError
@@ -33,16 +33,16 @@ def final_config(sc: Scenario):
     st = loading_study(sc)
     model = sc.model
     quants = None
-    # the scenario's quants of 4 bits and more (advisor.DEFAULT_QUANTS: the seed's own quality verdict on
+    # the scenario's quants of 4 bits and more (tune.DEFAULT_QUANTS: the seed's own quality verdict on
     # Q3_K_M; notebook 04 measures what lower ones cost)
-    family = tuple(q.upper() for q in sc.quants if q.upper() in advisor.DEFAULT_QUANTS) or None
+    family = tuple(q.upper() for q in sc.quants if q.upper() in tune.DEFAULT_QUANTS) or None
     if st.skeleton:
         model = parse_skeleton_name(model)[0]
         quants = family
     elif model.partition(":")[0].startswith("synth-") and ":" not in model:
         quants = family
     measure = st.measuring and st.device.kind == "cpu" and not sc.is_stand_in
-    return advisor.tune(model, st.device, min_ctx=sc.target_ctx, parallel=sc.n_parallel, quants=quants,
+    return tune.tune(model, st.device, min_ctx=sc.target_ctx, parallel=sc.n_parallel, quants=quants,
                         measure=measure, measure_top=2 if sc.repetitions <= 2 else 3, n_gen=max(1, sc.n_gen),
                         repetitions=sc.repetitions, host=gpu_host() if st.device.kind != "cpu" else None)
 
@@ -144,7 +144,7 @@ def own_staircase(sc: Scenario):
     """The scenario's own staircase, from llama.cpp's defaults to the tuned configuration, one change per
     stage: predicted on the scenario's device (with what fits) and, when measuring, measured here with each
     stage's flags (lever "stage"). Predicted and measured decode are both taken halfway through the
-    context the tuned configuration must hold (depth ``target_ctx // 2``, as ``advisor.tune`` ranks), so the
+    context the tuned configuration must hold (depth ``target_ctx // 2``, as ``tune.tune`` ranks), so the
     two are comparable."""
     st = loading_study(sc)
     tuned = final_config(sc)
