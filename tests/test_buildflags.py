@@ -16,7 +16,7 @@ import pytest
 from v100lab.base import buildflags
 
 DATA = Path(__file__).parent / "data" / "cpuinfo"
-# the flags line of the AMX host that crashed (from the issue that reported it)
+# the flags line of an AMX host on which the native build crashed (llama.cpp issue #20824)
 AMX_FLAGS = ("avx2 avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi "
              "avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq amx_bf16 avx512_fp16 amx_tile amx_int8")
 
