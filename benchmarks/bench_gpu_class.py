@@ -1,4 +1,4 @@
-"""The CUDA class judged leave-one-card-out on published llama-bench rows (issue 18, item 4).
+"""The CUDA class judged leave-one-card-out on published llama-bench rows.
 
 Each card's rows in ``v100lab/data/cuda_llama7b.csv`` are predicted by a CUDA-class fit on every other card's rows
 (:func:`v100lab.predict.speed.cuda_rows`); the table says median and worst |error| per test and flash-attention setting,

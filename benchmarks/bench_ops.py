@@ -1,4 +1,4 @@
-"""Where a decoded token's time goes, per ggml op, on this CPU (issue 18, item 1).
+"""Where a decoded token's time goes, per ggml op, on this CPU.
 
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_ops.py                # the default set
     .venv/bin/python benchmarks/bench_ops.py --model default --threads 1,2 --depth 0,1024 --json out.json

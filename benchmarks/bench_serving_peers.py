@@ -1,4 +1,4 @@
-"""Serving side by side with an established client (issue 15, item 2b): the same load through llama-benchy
+"""Serving side by side with an established client: the same load through llama-benchy
 (PyPI ``llama-benchy``) and through ``v100lab serve-bench``, against one llama-server, compared on output
 tok/s and median TTFT (target: within ±10 %) at each concurrency.
 
@@ -70,7 +70,7 @@ from v100lab.facts.config import RunConfig
 BENCHY_ENV = "V100LAB_LLAMA_BENCHY"
 BOOK_URL = "v100lab:pydoc_data.topics"    # a key only: llama-benchy reads its cache file and never fetches it
 TOKENIZER_SAMPLE_CHARS = 20_000           # of the corpus, tokenized by both tokenizers before a run
-TOLERANCE = 0.10                          # issue 15: agreement within ±10 %
+TOLERANCE = 0.10                          # the two tools agree within ±10 %
 
 
 # --------------------------------------------------------------------------------------------

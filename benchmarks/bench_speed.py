@@ -50,7 +50,7 @@ VALIDATION = (
     + [("gemma3-270m", 2, d, d == 0) for d in (0, 1024, 4096)] + [("gemma3-270m", 1, 0, True)]
 )
 
-# (issue 17, item 3) one model per architecture beyond llama, at the usual mix: a hybrid (gated delta net +
+# one model per architecture beyond llama, at the usual mix: a hybrid (gated delta net +
 # full attention), routed experts, sliding-window attention, MLA (deepseek2) — depths 0-4096, 1 and 2 threads
 ARCH_VALIDATION = tuple(
     (alias, th, d, d == 0)
@@ -67,7 +67,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-# (issue 18, item 3c) what CI can afford after its tests, on all its cores (the thread count `.ci/run`
+# what CI can afford after its tests, on all its cores (the thread count `.ci/run`
 # calibrates): the default model (tg at two depths, pp) and two rungs of a synthetic ladder, built in seconds
 CI_THREADS = os.cpu_count() or 1
 CI_VALIDATION = (
@@ -82,13 +82,13 @@ class DriftReferences:
     judged as measured; the corrected errors beside them predict each row with the stored calibration brought up to
     the phase the references saw (:func:`v100lab.measure.drift_check.combine` of every reference, applied as ``v100lab
     calibrate --check`` applies a check: :func:`v100lab.predict.drift_scaling.scaled_fit`) — with the
-    :data:`calibration.DEPTH_TYPE` rung only, or with every type's (``types``). On a Zen 3 VM the Q4_0 rung ran 5-31 %
-    slower 35-100 minutes after calibration and at its speed again minutes later (benchmarks/RESULTS.md, issue 18,
-    fifteenth round); in a fast phase the rows in K-quants and F16 at 2 threads ran 12-49 % above their prediction
-    while the Q4_0 rung ran 6 % above its figure (sixteenth round), hence the by-type correction."""
+    :data:`calibration.DEPTH_TYPE` rung only, or with every type's (``types``). On a shared VM the Q4_0 rung can run
+    5-31 % slower an hour after calibration and at its speed again minutes later, and in a fast phase K-quant and F16
+    rows ran 12-49 % above their prediction while the Q4_0 rung ran 6 % above its figure: hence the by-type
+    correction."""
 
     #: loads of a rung at each reference: on a 2-core Zen 3 VM the rung's speed moved with an sd of 5-10 % between runs
-    #: of one load a few seconds apart (sixteenth round); the run's ratio is the median of every reference's loads
+    #: of one load a few seconds apart; the run's ratio is the median of every reference's loads
     LOADS = 2
 
     def __init__(self, cal: dict, threads, types=(calibration.DEPTH_TYPE,)) -> None:
@@ -186,8 +186,8 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
 
     measured: dict[int, dict] = {}
     # each row once a pass (decode, and its prompt where it has one), and each prompt ``prompt_loads`` - 1 more
-    # times, alone, in rounds spread through the pass: its figure moved by up to 44 % between passes (issue 18,
-    # twelfth round), as calibration's prompt points are loaded (pass_order)
+    # times, alone, in rounds spread through the pass: its figure moves by up to 44 % between passes; as
+    # calibration's prompt points are loaded (pass_order)
     plan = calibration.spread_rounds([(i, False) for i in range(len(configs))],
                                      [(i, True) for i, c in enumerate(configs) if c[3]], max(0, prompt_loads - 1))
     # a row's filled context is kept for its later passes (calibration's depth_states): the fills cost no pass
@@ -259,16 +259,15 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
 
 
 class LlamaBenchPasses:
-    """The issue's "done when" (18): the default model's host prediction against llama.cpp's own llama-bench
+    """The default model's host prediction against llama.cpp's own llama-bench
     (the same-commit build of scripts/build-tools.sh), tg64 and tg128 at 1 and 2 threads, in ``passes`` runs
     minutes apart. Each run's mean (llama-bench's figure) and fastest repetition are kept; the prediction is
     judged against the median of the passes' means (as calibration keeps the median pass), every pass shown.
 
     :meth:`run_pass` runs one pass (nothing once ``passes`` have run); with the host part the passes are spread
     between its passes (``main``), so that llama-bench's median and the harness's cover the same minutes of a
-    shared VM's phases, as calibration's passes do — four back-to-back passes took 3 minutes, and in one
-    validation llama-bench measured the default model at 1 thread 16 % faster than the harness had minutes before
-    (issue 18, seventh round)."""
+    shared VM's phases, as calibration's passes do: four passes back to back take only 3 minutes, and llama-bench
+    can measure the default model 16 % faster than the harness did minutes before."""
 
     def __init__(self, passes: int = 3, threads=(1, 2), n_gens=(64, 128), repetitions: int = 5):
         from v100lab.measure.llamabench import find_llama_bench
@@ -331,7 +330,7 @@ class LlamaBenchPasses:
 
 
 def print_llamabench(res: dict) -> None:
-    print("### the default model against llama-bench (issue 18, done when)\n")
+    print("### the default model against llama-bench\n")
     if not res["rows"]:
         print(f"skipped: {res.get('skipped')}\n")
         return
@@ -474,17 +473,17 @@ def print_seed(res: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", default="host,apple,seed",
-                    help="comma-separated: host, arch (issue 17: hybrid, MoE, SWA models on this host), llamabench (the "
+                    help="comma-separated: host, arch (hybrid, MoE, SWA and MLA models on this host), llamabench (the "
                          "default model against llama.cpp's llama-bench), apple, seed")
     ap.add_argument("--quick", action="store_true", help="every third host configuration only")
     ap.add_argument("--ci", action="store_true",
-                    help="the small validation set CI prints (default model, synth-280m; issue 18 item 3c)")
+                    help="the small validation set CI prints (default model, synth-280m)")
     ap.add_argument("--passes", type=int, default=2,
                     help="passes over the configurations, the median kept per test (default 2)")
     ap.add_argument("--llamabench-passes", type=int, default=None,
                     help="passes of llama-bench (default: --passes). A model that reads under ~100 MB a token, as the "
                          "default does, runs from a shared L3 in some passes: its llama-bench means differed by 40 %% "
-                         "between two passes (issue 18), and a few cheap passes more give a steadier median")
+                         "between two passes, and a few cheap passes more give a steadier median")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--prompt-loads", type=int, default=calibration.PROMPT_LOADS,
                     help="loads of each prompt (pp512) a pass, the extra ones spread through the pass (default "
@@ -492,8 +491,8 @@ def main(argv=None) -> int:
                          "on a 2-core Zen 3)")
     ap.add_argument("--no-drift-reference", action="store_true",
                     help="skip the drift reference (calibration's own rung decoded before each pass; ~10 s a pass and "
-                         "thread count; --ci keeps it: on CI's machine the rates moved by up to 35 %% between "
-                         "calibration and validation, issue 18, nineteenth round)")
+                         "thread count; --ci keeps it: on a CI machine the rates can move by up to 35 %% between "
+                         "calibration and validation)")
     ap.add_argument("--drift-types", choices=("depth", "all"), default="depth",
                     help=f"the drift reference's rungs: calibration's {calibration.DEPTH_TYPE} rung only (depth), or "
                          "every weight type's rung calibration measured (all: about 2 minutes a reference on a 2-core "

@@ -16,7 +16,7 @@ import pytest
 from v100lab.base import buildflags
 
 DATA = Path(__file__).parent / "data" / "cpuinfo"
-# the flags line of the AMX host that crashed (from the issue that reported it)
+# the flags line of an AMX host on which the native build crashed (llama.cpp issue #20824)
 AMX_FLAGS = ("avx2 avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi "
              "avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq amx_bf16 avx512_fp16 amx_tile amx_int8")
 
@@ -165,8 +165,8 @@ def test_repacked_types_follow_the_builds_simd_not_the_cpu():
 
 
 def test_f16_step_of_a_stored_calibrations_system_info():
-    """A stored calibration is judged with its own build's step (benchmarks/refit_speed.py), read from the
-    llama_print_system_info() line calibration stores: the two builds of benchmarks/RESULTS.md's twelfth round."""
+    """A stored calibration is judged with its own build's step, read from the llama_print_system_info() line
+    calibration stores: an AVX-512 build and an AVX2 one."""
     avx512 = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
               "AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
     avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"

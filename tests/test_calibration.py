@@ -117,7 +117,7 @@ def _planned_points(points=None, miss_s=0.0, cache_bytes=0.0, kv_s_per_byte=0.0)
 
 @pytest.mark.parametrize("f16_step", [64, 32])          # an AVX-512 build (head_dim 96 has a tail), an AVX2 one (not)
 def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkeypatch, f16_step):
-    """The calibration set's shape (issue 18), point for point as ``calibration_points()`` plans it: wide pure
+    """The calibration set's shape, point for point as ``calibration_points()`` plans it: wide pure
     rungs give each type its cost; the thin pair (24 and 6 layers of n_embd 64, whose weights run at another,
     cache-resident rate) gives the per-layer overhead; the Q4_0 rung's depths give attention, calib-wide96's
     (head_dim 96) the tail on a build that has one; calib-wide512's rows of half calib-wide's length the cost of
@@ -154,8 +154,8 @@ def test_narrow_models_get_their_own_rates_and_pin_the_per_layer_overhead(monkey
 
 def test_attention_misses_beyond_a_cache_are_fitted_with_their_capacity():
     """ggml-cpu's flash attention sweeps a layer's KV cells once per query head; once the layer's cells outgrow a
-    cache, a share of the head × cells miss it (issue 18, eighteenth round: on a Sapphire Rapids VM's AVX2 build
-    attention's time per 1024 cells grew 4x from depth 1024 to 4096). Planted on calibration's own points, the
+    cache, a share of the head × cells miss it (on a Sapphire Rapids VM's AVX2 build attention's time per 1024 cells
+    grows 4x from depth 1024 to 4096). Planted on calibration's own points, the
     fit must find the capacity on its grid and the cost of a miss, and leave the
     other attention costs where they were; without the column the same points are missed; points without the term
     keep it out (capacity 0)."""
@@ -186,8 +186,8 @@ def test_attention_misses_beyond_a_cache_are_fitted_with_their_capacity():
 
 
 def test_attention_cost_per_kv_byte_is_set_apart_by_the_ungrouped_rung(caplog):
-    """Attention's time follows the KV bytes it reads, so its cost per head × cell follows the GQA ratio (issue 18,
-    nineteenth round: 16 query heads over 16 / 8 / 4 KV heads cost 3-6x / 2-3x / 1x per head × cell). Every other
+    """Attention's time follows the KV bytes it reads, so its cost per head × cell follows the GQA ratio (16 query
+    heads over 16 / 8 / 4 KV heads cost 3-6x / 2-3x / 1x per head × cell). Every other
     rung groups 4 query heads on a KV head, where the bytes are a fixed multiple of the multiply-adds: calib-mha
     (no grouping) sets them apart. Planted on calibration's own points, the fit recovers the cost per byte and
     leaves the others where they were; without calib-mha's depth points the column is left out (0), with a warning,
@@ -313,7 +313,7 @@ def test_calibration_models_are_not_validation_models():
 
 def test_every_wide_rung_streams_from_dram():
     """Each calib-wide rung reads at least WIDE_MIN_READ_BYTES a token, counted by the speed model's own work
-    (not by calibration's sizing formula), so the low-bit rungs cannot run from a shared 300 MiB L3 (issue 18);
+    (not by calibration's sizing formula), so the low-bit rungs cannot run from a shared 300 MiB L3;
     F16 keeps CALIB_WIDE's 8 layers, the low-bit types get more, and no rung has the validation ladder's shape."""
     from v100lab.models import zoo
     from v100lab.models.modelcache import tokenizer_vocab_size
@@ -342,12 +342,11 @@ def test_every_wide_rung_streams_from_dram():
 
 
 def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_depth_points_in_rounds():
-    """The row's cost is a contrast between two rungs whose speed moves from one load to the next (issue 18, ninth
-    round): a pass measures the pair ROW_PAIR_LOADS times, alternating, each a load of its own. The depth-0 prompt
-    points (twelfth round) and attention's decode points (fourteenth: at depth, with calib-wide96's and calib-mha's
-    depth-0 points)
-    are measured in whole rounds, in plan order, PROMPT_LOADS and DEPTH_LOADS of them, spread through the pass —
-    the other points in parts between them; nothing else repeats, and the order of the other points is the plan's."""
+    """The row's cost is a contrast between two rungs whose speed moves from one load to the next: a pass measures
+    the pair ROW_PAIR_LOADS times, alternating, each a load of its own. The depth-0 prompt points and attention's
+    decode points (at depth, with calib-wide96's and calib-mha's depth-0 points) are measured in whole rounds, in
+    plan order, PROMPT_LOADS and DEPTH_LOADS of them, spread through the pass — the other points in parts between
+    them; nothing else repeats, and the order of the other points is the plan's."""
     planned = calibration.calibration_points()
     order = calibration.pass_order(planned)
     names = [cp.name for cp in order]
@@ -375,7 +374,7 @@ def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_dept
         rounds = [at[k * len(group):(k + 1) * len(group)] for k in range(loads)]
         for r in rounds:     # whole, in plan order (each contrast back to back)
             assert [names[i] for i in r] == group and r == list(range(r[0], r[0] + len(group)))
-        # spread: other points before the first round and between any two (the last may close the pass)
+        # spread: other points before the first of the rounds and between any two (the last may close the pass)
         assert rounds[0][0] >= 3 and all(b[0] - a[-1] > 3 for a, b in zip(rounds, rounds[1:]))
         assert rounds[-1][-1] >= len(names) - len(cheap) - len(deep) - 1
     # a plan without the pair, depth-0 prompt-only points and points at depth (a small calibration) is measured as
@@ -398,7 +397,7 @@ def test_spread_rounds_puts_whole_rounds_evenly_through_the_rest_of_a_pass():
 
 def test_calibration_builds_the_models_its_points_measure_and_not_the_retired_ones(monkeypatch):
     """calibrate() builds every model a point of calibration_points() loads, and not the narrow models no point
-    measures since the twelfth round (RETIRED_LABELS: about 380 MB on a fresh machine), which
+    measures (RETIRED_LABELS: about 380 MB on a fresh machine), which
     calibration_model_paths() still gives by default (refits of older calibrations read them)."""
     monkeypatch.setattr(calibration, "pure_quantized_synthetic", lambda synth, t: f"{synth.stem}-{t}")
     monkeypatch.setattr(calibration, "pure_quantized_path", lambda src, t: f"{src}-{t}")
@@ -413,9 +412,9 @@ def test_calibration_builds_the_models_its_points_measure_and_not_the_retired_on
 
 def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
     """The attention cost that predictions use comes from depth points on a rung whose weights stream from DRAM
-    (issue 18, sixth round): the narrow models' KV stayed partly in the cache and under-charged real models at
-    depth. The depth points are decode-only points on the DEPTH_TYPE rung itself, so its depth-0 point gives
-    their weights' cost; every token reads more weights than the deepest point's KV, so no KV survives a token."""
+    (a narrow model's KV stays partly in the cache and under-charges real models at depth). The depth points are
+    decode-only points on the DEPTH_TYPE rung itself, so its depth-0 point gives their weights' cost; every token
+    reads more weights than the deepest point's KV, so no KV survives a token."""
     cfg = RunConfig()
     pts = calibration.calibration_points()
     deep = [cp for cp in pts if cp.label == "calib-wide" and cp.depth]
@@ -432,7 +431,7 @@ def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
 
 
 def test_a_matrix_row_is_calibrated_on_a_rung_of_half_the_row_length_and_charged_in_predictions():
-    """The cost of a matrix row (issue 18, eighth round: one vec_dot call per row, whose setup and horizontal sum
+    """The cost of a matrix row (one vec_dot call per row, whose setup and horizontal sum
     a short row pays for with fewer weights): calib-wide512, CALIB_WIDE's layer at half the width, streams from
     DRAM in DEPTH_TYPE at depth 0 (decode only), with twice calib-wide's rows per weight; the work counts a row as
     ne[1..] of a matrix read (ne[0] its length); predictions charge rows × the fitted cost on top of the weights'."""
@@ -475,7 +474,7 @@ def test_a_matrix_row_is_calibrated_on_a_rung_of_half_the_row_length_and_charged
 @pytest.mark.parametrize("f16_step", [64, 32])
 def test_the_head_dim_tail_is_calibrated_on_a_rung_that_streams(monkeypatch, f16_step):
     """The head_dim tail comes from calib-wide96 (head_dim 96, Q4_0, 200 MB a token) at depth 0 and at depth, not
-    from narrow cache-resident models (issue 18, seventh round: calib-deep96's passes scattered 2x). On an AVX-512
+    from narrow cache-resident models (calib-deep96's passes scatter 2x). On an AVX-512
     build (f16 step 64) a third of its ops are in the tail; on AVX2 (step 32) none, and it is one more attention
     point. Its weights have a rate of their own (pinned by its depth-0 point, kept out of predictions), and no other
     point has tail ops."""
@@ -531,7 +530,7 @@ def test_the_cost_per_head_cell_is_the_contrast_of_two_head_dims_at_one_depth(mo
     assert fit["attn_s_per_head_cell"] == pytest.approx(_C_CELL, rel=0.02)
     assert fit["attn_s_per_op"] == pytest.approx(_C_ATTN, rel=0.02)
     assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 1e-3
-    # the model without the column (refit_speed.py --no-head-cells --no-spill: the misses' column, per head × cell
+    # the model without the column (head_cells=False, spill=False: the misses' column, per head × cell
     # past a small cache, would stand in for it in part) cannot describe these points
     off = calibration.fit_cpu(list(planned.values()), 30.0, threads=2, head_cells=False, spill=False)
     assert off["attn_s_per_head_cell"] == 0.0 and off["tg_parameters"] == fit["tg_parameters"] - 1
@@ -605,7 +604,7 @@ def test_prompt_attention_is_pinned_on_the_wide_matrices_and_split_per_head_cell
 def test_the_decode_fit_keeps_a_degree_of_freedom(threads, monkeypatch):
     """The decode fit has fewer parameters than points at every thread count (2 threads adds the split-KV cost), so
     its residuals can show a model that does not describe the machine: with calib-wide96 at one depth only, the
-    2-thread fit had exactly one point per parameter and residuals of 0 by construction (issue 18, seventh round)."""
+    2-thread fit would have exactly one point per parameter and residuals of 0 by construction."""
     from v100lab.predict import work
 
     planned = _planned_points()
@@ -664,7 +663,7 @@ def test_combine_passes_keeps_each_tests_median_pass_and_every_pass():
 
 
 def test_a_repetition_in_a_burst_does_not_set_the_figure():
-    # issue 18: a shared VM runs a cache-resident model 2-2.5x faster for a few seconds now and then; the
+    # a shared VM runs a cache-resident model 2-2.5x faster for a few seconds now and then; the
     # fastest repetition would take the burst, the median keeps what the other repetitions agree on
     t = calibration._timing([10_000_000, 4_000_000, 11_000_000], n_tokens=10)
     assert t.s_per_token == pytest.approx(0.0010)
@@ -776,7 +775,7 @@ def test_calibrate_batching_without_the_tool_is_one_line_exit_2(fresh_cache, tmp
     assert "V100LAB_LLAMA_BATCHED_BENCH" in r.stderr and "not an executable" in r.stderr
 
 
-# ---- settling: a point whose median is uncertain, or that the fit misses, is loaded again (issue 18, 17th round) ----
+# ---- settling: a point whose median is uncertain, or that the fit misses, is loaded again ---------------------------
 
 def _timing_of_loads(tps):
     per = tuple(1.0 / x for x in tps)

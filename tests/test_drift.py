@@ -1,4 +1,4 @@
-"""The drift check (issue 18, seventeenth round): calibration's own rungs decoded again, the machine's move from its
+"""The drift check: calibration's own rungs decoded again, the machine's move from its
 calibration measured, and the calibrated rates brought up to it — each weight type by its own rung.
 
 The arithmetic (:mod:`v100lab.predict.drift_scaling`) is tested on stored records; the measurement (:mod:`v100lab.measure.drift_check`, and

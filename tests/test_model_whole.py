@@ -15,7 +15,7 @@ import pytest
 from v100lab.base.errors import GGUFError
 from v100lab.gguf.header import read_header, read_spec
 
-CUT = 50_000_000   # the "default model cut to 50 MB"
+CUT = 50_000_000   # the default model cut to 50 MB
 
 
 @pytest.fixture(scope="module")

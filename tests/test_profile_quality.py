@@ -153,8 +153,8 @@ def test_quality_refusal_rule():
 
 
 def test_a_machine_that_moved_between_the_passes_is_refused():
-    """A calibration whose passes ran at different speeds is of no one moment: the twentieth round's AVX2 calibration
-    (its rungs 14 % faster in the first pass than in the other two) predicted the default model 20-25 % slow."""
+    """A calibration whose passes ran at different speeds is of no one moment: an AVX2 calibration whose rungs ran
+    14 % faster in the first pass than in the other two predicted the default model 20-25 % slow."""
     def point(name, th, loads, settling=0):
         return {"config": name, "threads": th, "tg_cv": 0.01, "tg_tps": loads[0], "tg_pass_tps": loads,
                 **({"settling_loads": settling} if settling else {})}
@@ -183,10 +183,9 @@ def test_a_machine_that_moved_between_the_passes_is_refused():
 
 def test_thread_counts_that_disagree_are_named_refused_and_warned(fresh_cache):
     """Two cores give at most twice one core's speed: a profile whose 2-thread decode rates are 2.7-4.2x its
-    1-thread ones (a real one of issue 18: calibration at 09:00 on 2026-12-01, the VM fast for the 2-thread
-    points) measured its thread counts in different phases of the machine. calibration_quality names the types,
-    calibrate refuses to store it, and every prediction from it carries a warning. Scaling at or under the thread
-    ratio (plus the tolerance) is not flagged."""
+    1-thread ones (as a real one did, the VM fast for the 2-thread points) measured its thread counts in different
+    phases of the machine. calibration_quality names the types, calibrate refuses to store it, and every prediction
+    from it carries a warning. Scaling at or under the thread ratio (plus the tolerance) is not flagged."""
     current = rates.current_build_facts()
     cal = _calibration(current)
     one = cal["threads"]["1"]
@@ -208,7 +207,7 @@ def test_thread_counts_that_disagree_are_named_refused_and_warned(fresh_cache):
     two["tg_s_per_weight"] = {t: c / 2.3 for t, c in one["tg_s_per_weight"].items()}
     assert rates.superlinear_scaling(cal) == []
     assert rates.superlinear_scaling({"threads": {"2": two}}) == []
-    # the row's cost is part of a weight's cost (issue 18, eighth round): a 2-thread fit that put more of the time
+    # the row's cost is part of a weight's cost: a 2-thread fit that put more of the time
     # in the row and less in the weights is not superlinear (a row of 1024 weights costs 1.8x less at 2 threads) ...
     c = one["tg_s_per_weight"]["Q4_0"]
     one_r = {**one, "tg_row_s": 0.0}
@@ -282,7 +281,7 @@ def test_calibrate_show_says_how_many_parameters_the_residuals_are_over(fresh_ca
     assert rates.calibration_quality(cal)["threads"]["2"]["tg_parameters"] == n
 
 
-# ---- a miss against the point's own noise (issue 18, sixteenth round) -------------------------------------------
+# ---- a miss against the point's own noise ------------------------------------------------------------------------
 
 def test_median_standard_error_is_of_the_loads_logs():
     """sqrt(pi/2) x the sd of the loads' logarithms / sqrt(n); None under three loads; loads that agree give 0."""

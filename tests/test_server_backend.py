@@ -129,7 +129,7 @@ def test_real_llama_bench_json_jsonl_csv(llama_bench_bin, default_model, tmp_pat
 
 
 def test_bench_speed_runs_llama_bench_in_passes_and_judges_their_median(llama_bench_bin, default_model):
-    """benchmarks/bench_speed.py's LlamaBenchPasses (issue 18, seventh round): each call runs one pass (nothing
+    """benchmarks/bench_speed.py's LlamaBenchPasses: each call runs one pass (nothing
     once ``passes`` have run), records when it started, and the prediction is judged against the passes' median."""
     import importlib.util
     import statistics

@@ -1,42 +1,17 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 20-70 minutes on a 2-core VM: 20 on a Zen 5, 39 on a Zen 2, 70 on a Zen 3 before depth
-fills were kept). On a small CPU, decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
-Calibration measures, with real llama.cpp (the isolated in-process backend of :mod:`v100lab.measure.harness`):
-
-* memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
-  the host profile stores (:func:`measure_host`);
-* decode and prompt time per token of *calibration models only*: a synthetic llama of n_embd 1024 in every type
-  of the ladder, pure — for decode deep enough to read 200 MB a token (:func:`wide_spec`: 8 layers in F16, 50 in
-  Q2_K), so that it streams from DRAM as real models do; for the prompt 8 layers (``calib-wide-pp``); a thin pair
-  (24 and 6 layers of n_embd 64, in Q4_0 so that they stay in the cache: :data:`NARROW_TYPE`); the Q4_0 decode
-  rung again at depths 1024, 2048 and 4096 (:data:`DEPTH_TYPE`); and a Q4_0 rung of head_dim 96 (``calib-wide96``,
-  n_embd 1536, 206 MB a token) at depths 0, 1024 and 2048. The wide rungs give each weight type its cost, the thin pair
-  the per-layer overhead, the Q4_0 rung's depths the cost of attention over a KV cache read from DRAM (as a real
-  model's is: its weights evict the cache between tokens), calib-wide96's the extra cost of a head_dim past the
-  SIMD step, ``calib-wide128`` (calib-wide's matrices, 8 query heads of 128) at depths 2048 and 4096 the cost per
-  query head × KV cell; and ``calib-wide512`` (CALIB_WIDE's layer at n_embd 512, in Q4_0 and Q4_1: :data:`ROW_PAIR_TYPES`) the cost of a
-  matrix row;
-* in :data:`CALIB_PASSES` passes over all points, minutes apart, keeping each point's median pass (a shared
-  VM moves a compute-bound kernel's speed by up to 2x, both ways, for tens of seconds: one pass is not
-  repeatable); each row pair (calib-wide512 and its type's rung) :data:`ROW_PAIR_LOADS` times a pass,
-  alternating, each prompt point at depth 0 :data:`PROMPT_LOADS` times a pass and attention's decode points
-  :data:`DEPTH_LOADS` times, spread through it (:func:`pass_order`) — a depth point's context filled once per
-  calibration and restored by its later loads;
-* a non-negative least-squares fit, per thread count, of
-  ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type + matrix_rows × cost_row
-  + attention_ops × cost_attention + head_cells × cost_cell + kv_bytes × cost_kv_byte + split_kv_layers × cost_split
-  + missed head_cells × cost_missed_cell`` (weighted by 1/t, i.e. relative error; ``head_cells``: query heads × KV
-  cells; ``kv_bytes``: the KV cells' bytes attention reads, whose cost per head × cell follows the GQA ratio and
-  which calib-mha, with no grouping, sets apart from the multiply-adds; ``missed head_cells``: the head × cells
-  whose reads miss an effective cache once a layer's KV cells outgrow it (:func:`v100lab.predict.work.attn_missed_head_cells`); ``split_kv_layers``: layers whose
-  decode attention spans 512 cells or more, where ggml-cpu's flash attention splits the cells across threads —
-  a barrier and a reduction per layer, fitted at 2 threads and more); for prompt processing per token
-  ``Σ_type weights_type × cost_type + attention_ops × cost_op + head_cells × cost_cell`` on calib-wide's matrices
-  only, its attention pinned by calib-wide-pp at depth :data:`PP_DEPTH` and by its 128- and 256-wide heads
-  (``calib-wide128-pp``, ``calib-wide256-pp``), the cells those of ggml-cpu's 64 × 64 tiles. The thin pair's
-  weights have a rate of their own (:data:`NARROW_RATE`: cache-resident matrices run up to 2x faster per
-  element), so it pins the per-layer overhead without bending calib-wide's per-type costs.
+``v100lab calibrate`` takes about 20-70 minutes on a 2-core VM. On a small CPU, decoding below 8 bits is bound by
+dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures memory bandwidth per
+thread count (:func:`measure_memory_bandwidth`) and, with real llama.cpp (the isolated in-process backend of
+:mod:`v100lab.measure.harness`), decode and prompt time per token of synthetic *calibration models only*
+(:func:`calibration_points`): a pure rung per weight type that streams from DRAM, a cache-resident thin pair for the
+per-layer overhead, rungs at depth and of other head shapes for attention, a half-width rung for a matrix row's cost.
+Each point is measured in :data:`CALIB_PASSES` passes minutes apart and its median kept (a shared VM moves a kernel's
+speed by up to 2x for tens of seconds); :func:`fit_cpu` then fits, per thread count, by non-negative least squares
+weighted by 1/t: ``t_token = overhead_layer × (layers + 1) + Σ_type weights_type × cost_type
++ matrix_rows × cost_row + attention_ops × cost_attention + head_cells × cost_cell + kv_bytes × cost_kv_byte +
+split_kv_layers × cost_split + missed head_cells × cost_missed_cell``, and the prompt's per-type and attention costs on
+calib-wide's matrices.
 
 The result is stored in the host profile (``host-profile.json`` in the cache directory, key
 ``speed_calibration``), from which :mod:`v100lab.predict.rates` reads the host's rates. The models the benchmark
@@ -91,13 +66,10 @@ CALIBRATION_VERSION = 1
 # ------------------------------------------------------------------------------------------------
 
 # Weight types: pure rungs of one layer shape (n_embd 1024, n_ff 2816, 16 query / 4 KV heads: 11.3 M weights a
-# layer, 50 M in the output matrix), each pure (every matrix, the output included, of one type) so that one
-# measurement gives one type's cost, and each deep enough to read WIDE_MIN_READ_BYTES a token (:func:`wide_spec`):
-# F16 in CALIB_WIDE's 8 layers, Q2_K in 50. The rungs must stream from DRAM, as real models' weights do. With 8
-# layers for every type the low-bit rungs read 44-60 MiB a token, and on a VM whose 300 MiB L3 is shared with its
-# neighbours they ran from the cache in bursts, up to 2.5x faster (calib-wide Q2_K at 2 threads: 204-309 tok/s),
-# which made their 2-thread rates grow faster than two cores allow (Q2_K 2.8x) and every calibration fail its
-# quality check; models reading 206 and 418 MB a token never did (benchmarks/RESULTS.md, issue 18, fourth round).
+# layer, 50 M in the output matrix), every matrix of one type so that one measurement gives one type's cost, each
+# deep enough to read WIDE_MIN_READ_BYTES a token (:func:`wide_spec`: F16 in 8 layers, Q2_K in 50). They must stream
+# from DRAM as real models' weights do: rungs of 44-60 MiB a token ran from a shared 300 MiB L3 in bursts, up to
+# 2.5x faster, and their 2-thread rates grew faster than two cores allow.
 CALIB_WIDE = zoo.SynthSpec(n_layer=8, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_ctx_train=4096, seed=5)
 #: the label of the prompt-only points (CALIB_WIDE's 8 layers in every type): :func:`calibration_points`
 PROMPT_LABEL = "calib-wide-pp"
@@ -105,14 +77,13 @@ PROMPT_LABEL = "calib-wide-pp"
 WIDE_MIN_READ_BYTES = 200e6
 #: the vocabulary every synthetic model carries (the default model's tokenizer: modelcache.tokenizer_vocab_size)
 WIDE_VOCAB = 49152
-# Narrow deep models (24 × n_embd 256, head_dim 64; the same with head_dim 96, n_embd 384): calibration's attention
-# models until issue 18's seventh round (at depths 0, 1024, 2048), kept for the benchmarks (bench_ops,
-# probe_split_kv). Their 17-27 MiB of weights and 13-38 MB of KV stay partly in the shared L3, and their depth
-# points scattered by up to 2x between passes on both builds (benchmarks/RESULTS.md, issue 18, sixth round):
-# calibration now measures attention on rungs that stream from DRAM only (DEPTH_TYPE, CALIB_WIDE96).
+# Narrow deep models (24 × n_embd 256, head_dim 64; the same with head_dim 96, n_embd 384): attention models of
+# older calibrations, kept for the benchmarks (bench_ops). Their 17-27 MiB of weights and 13-38 MB of KV stay partly
+# in a shared L3, so their depth points scatter by up to 2x between passes: calibration measures attention on rungs
+# that stream from DRAM (DEPTH_TYPE, CALIB_WIDE96).
 CALIB_DEEP = zoo.SynthSpec(n_layer=24, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 CALIB_DEEP96 = zoo.SynthSpec(n_layer=24, n_embd=384, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
-# The deep model's layers, 6 instead of 24: calibration's per-layer pair until issue 18's fourth round (their
+# The deep model's layers, 6 instead of 24: the per-layer pair of older calibrations (their
 # difference is 18 × (a layer's weights + its graph cost), the weights 786 k per layer); kept for the benchmarks.
 CALIB_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx_train=4096, seed=5)
 # The per-layer cost: a thin pair, 24 and 6 layers of n_embd 64 and one head. A layer holds 41 k weights, a few
@@ -125,115 +96,79 @@ CALIB_THIN_SHALLOW = zoo.SynthSpec(n_layer=6, n_embd=64, n_ff=128, n_head=1, n_h
 # ggml type → the llama.cpp file type whose default type it is (quantized with params.pure)
 CALIB_TYPES = {"F16": "F16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K": "Q5_K_M", "Q4_K": "Q4_K_M", "Q4_0": "Q4_0",
                "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q3_K": "Q3_K_M", "Q2_K": "Q2_K"}
-# The narrow models' weight type. Q4_0, not F16: they must stay in the cache whatever the VM's neighbours do.
-# In F16 calib-deep reads 60 MiB a token and decoded at 110-128 tok/s (1 thread) in four calibrations of this VM
-# and at 294 in a fifth, while calib-shallow F16 (33 MiB) ran at its cache-resident speed in all five: a model
-# near the cache size that the neighbours leave us changes speed with them, and its depth points then measure
-# the neighbours, not attention (benchmarks/RESULTS.md, issue 18, fourth round). In Q4_0 the thin pair reads under
-# 3 MiB a token.
+# The narrow models' weight type. Q4_0, not F16: they must stay in the cache whatever the VM's neighbours do. A
+# model near the cache size the neighbours leave changes speed with them (calib-deep in F16, 60 MiB a token: 110-128
+# tok/s at 1 thread in some calibrations, 294 in another), and its points then measure the neighbours. In Q4_0 the
+# thin pair reads under 3 MiB a token.
 NARROW_TYPE = "Q4_0"
 CALIB_DEPTHS = (1024, 2048, 4096)
 # Attention over a KV cache read from DRAM: the Q4_0 decode rung (28 layers, 16 query / 4 KV heads of 64: 28 KB of
-# KV a cell, 57 MB at depth 2048, 115 MB at 4096) at CALIB_DEPTHS. To 4096, the depth of the validation's deepest
-# rows and of the seed's contexts: on an AMD EPYC host attention's cost per multiply-add at 2 threads grew with
-# depth (~0.09 ns to 2048, 0.11-0.13 to 3072-4096), and a fit to 1024 and 2048 only predicted the default model
-# at 4096 22 % too fast (benchmarks/RESULTS.md, issue 18, ninth round); the fitted line now spans the range it
-# predicts. Its 206 MB of weights a token evict the KV between tokens, as a
-# real model's do. The narrow models' depths (17-27 MiB of weights, 13-38 MB of KV) keep much of their KV in the
-# shared L3 and gave attention a cache-resident cost: the default model at depth 4096 (94 MB of KV) came out 35 %
-# too fast on the AVX2 build in two calibrations, and their passes scattered by up to 2x (benchmarks/RESULTS.md,
-# issue 18, fifth and sixth rounds). Q4_0: the most layers for its 200 MB (attention 60 % of a token at 2048),
-# and the default model's head_dim and GQA group (64, 3-4) — at 1 thread a depth-2048 fill takes about 20 s.
+# KV a cell, 115 MB at 4096) at CALIB_DEPTHS, up to the depth of the validation's deepest rows and the seed's
+# contexts: attention's cost per multiply-add grows with depth (AMD EPYC, 2 threads: ~0.09 ns to 2048, 0.11-0.13 at
+# 3072-4096), so the fit spans the range it predicts. Its 206 MB of weights a token evict the KV between tokens, as a
+# real model's do (a cache-resident KV makes attention up to 35 % too cheap). Q4_0: the most layers for its 200 MB,
+# and the default model's head_dim and GQA group (64, 3-4).
 DEPTH_TYPE = "Q4_0"
-# The head_dim tail: ggml-cpu's f16 vector kernels, which the flash-attention kernel runs per KV cell, do SIMD over
-# the largest multiple of GGML_F16_STEP and a scalar loop over the rest (v100lab.predict.work.F16_SIMD_STEP: 64 on an
-# AVX-512 build, so a head_dim of 96 runs 32 elements scalar; 32 on AVX2, no tail). Measured on a second streaming
-# rung, CALIB_WIDE's layer with n_embd 1536 (16 query / 4 KV heads of 96, the head_dim of synth-750m and of many
-# real models), in DEPTH_TYPE with enough layers to read WIDE_MIN_READ_BYTES a token (15: 206 MB), at WIDE96_DEPTHS:
-# depth 0 pins its weights' cost (a rate of its own: _rate_key), 1024 and 2048 its attention (47 MB of KV a token
-# at 2048, a third of the multiply-adds in the tail on AVX-512). Two depths for the tail's one cost, so that a fit
-# at 2 threads keeps a degree of freedom: with one, every decode parameter had exactly one point to match and the
-# residuals were 0 by construction (benchmarks/RESULTS.md, issue 18, seventh round). Its KV comes from DRAM, as a
-# real model's does.
+# The head_dim tail: ggml-cpu's f16 vector kernels, which flash attention runs per KV cell, do SIMD over the largest
+# multiple of GGML_F16_STEP and a scalar loop over the rest (v100lab.predict.work.F16_SIMD_STEP: 64 on AVX-512, so a
+# head_dim of 96 runs 32 elements scalar; 32 on AVX2, no tail). Measured on CALIB_WIDE's layer at n_embd 1536 (heads
+# of 96, as synth-750m's and many real models'), DEPTH_TYPE, 15 layers (206 MB a token), at WIDE96_DEPTHS: depth 0
+# pins its weights (a rate of its own: _rate_key), 1024 and 2048 its attention — two depths for one cost, so that the
+# 2-thread fit keeps a degree of freedom and its residuals are not 0 by construction.
 CALIB_WIDE96 = dataclasses.replace(CALIB_WIDE, n_embd=1536)
 WIDE96_LABEL = "calib-wide96"
 WIDE96_DEPTHS = (0, 1024, 2048)
-# Attention's cost per query head × KV cell (issue 18, eleventh round): ggml-cpu's flash-attention kernel
-# (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) spends per cell and query head
-# a kq_vec_dot and a ggml_vec_mad_f16 of head_dim elements (the multiply-adds) and besides them a mask read, a
-# scale, one expf and the online softmax's bookkeeping, whatever head_dim is. A probe (benchmarks/probe_rungs.py
-# head-dim) on an AMD EPYC host put half or more of attention's time at head_dim 64 in that per-cell part: charged
-# per multiply-add only, gemma3-270m (head_dim 256) came out 11-29 % too slow at depth 4096. CALIB_WIDE's layer with
-# 8 query / 2 KV heads of 128: every matrix has calib-wide's shape (it shares calib-wide's DEPTH_TYPE rate, the same
-# 28 layers), and at every depth the same multiply-adds and KV bytes as calib-wide's DEPTH_TYPE rung, on half the
-# head × cells — measured right after that rung at WIDE128_DEPTHS, their difference is the per-cell cost. 128 has
-# no scalar tail on any build, so on AVX-512 the three attention costs (per cell, per multiply-add, per tail
-# multiply-add) come from three head_dims: 64, 96 and 128.
+# Attention's cost per query head × KV cell: ggml-cpu's flash-attention kernel (ggml/src/ggml-cpu/ops.cpp,
+# ggml_compute_forward_flash_attn_ext_f16_one_chunk) spends per cell and query head a kq_vec_dot and a
+# ggml_vec_mad_f16 of head_dim elements and, whatever head_dim is, a mask read, a scale, one expf and the online
+# softmax's bookkeeping — half or more of attention's time at head_dim 64. CALIB_WIDE's layer with 8 query / 2 KV
+# heads of 128 has calib-wide's matrices and rate and, at every depth, its multiply-adds and KV bytes on half the
+# head × cells: measured right after that rung at WIDE128_DEPTHS, their difference is the per-cell cost.
 CALIB_WIDE128 = dataclasses.replace(CALIB_WIDE, n_head=8, n_head_kv=2)
 WIDE128_LABEL = "calib-wide128"
 WIDE128_DEPTHS = (2048, 4096)
-# Attention's cost per KV byte, the GQA ratio (issue 18, nineteenth round). Every rung above groups 4 query heads on
-# a KV head, so a layer's KV bytes were a fixed multiple of its multiply-adds (2 bytes per element, (dk + dv) per
-# head × cell, ÷ 4) and the fit could not tell a cost per byte from one per multiply-add. On a Sapphire Rapids VM,
-# 16 query heads of 64 over 16 / 8 / 4 KV heads cost 70-111 / 52-96 / 16-37 ns per head × cell at 1 thread (both
-# builds; benchmarks/RESULTS.md): attention's time follows the KV bytes it reads, at 2-5 GB/s — the model charged
-# bytes only as a floor, at the stream bandwidth — and the default model (9 query heads on 3 KV heads, 4/3 the bytes
-# per head × cell) was predicted 30 % too fast at depth at 2 threads. CALIB_WIDE's layer with as many KV heads as
-# query heads (no grouping: 4x the KV bytes per head × cell of calib-wide's rung), in DEPTH_TYPE, streaming; depth 0
-# pins its weights (a rate of its own, as calib-wide96's), 1024 and 2048 its attention.
+# Attention's cost per KV byte, the GQA ratio. The rungs above all group 4 query heads on a KV head, so their KV bytes
+# are a fixed multiple of their multiply-adds and a fit cannot tell the two costs apart; yet attention's time follows
+# the KV bytes it reads, at 2-5 GB/s (16 query heads of 64 over 16 / 8 / 4 KV heads: 70-111 / 52-96 / 16-37 ns per
+# head × cell at 1 thread on a Sapphire Rapids VM). CALIB_WIDE's layer with as many KV heads as query heads (4x the KV
+# bytes per head × cell), DEPTH_TYPE, streaming: depth 0 pins its weights (a rate of its own), 1024 and 2048 attention.
 CALIB_MHA = dataclasses.replace(CALIB_WIDE, n_head_kv=CALIB_WIDE.n_head)
 MHA_LABEL = "calib-mha"
 MHA_DEPTHS = (0, 1024, 2048)
-# Prompt attention (issue 18, twelfth round). A prompt's attention is ggml-cpu's tiled flash attention
-# (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled; v100lab.gguf.llama_context.fa_prompt_cells), not
-# decode's one query at a time: per query head × KV cell a mask read, a scale and a softmax step, per multiply-add
-# the two F32 GEMMs and the tile's K and V conversion. Fitted before on depth-0 prompts whose attention costs
-# differed only through the narrow models (calib-deep, calib-deep96, the thin pair), their matmuls' own
-# inefficiency at n_embd 64-384 became attention: at 2 threads 0.10 ns per multiply-add, 73 % of calib-wide-pp's
-# Q6_K prompt, and every wide model's weights too cheap (synth-750m's prompts 15-35 % too fast). A probe
-# (benchmarks/probe_rungs.py pp-attn) on one set of matrices — CALIB_WIDE's 8 layers in Q4_0 with 16 heads of 64, 8
-# of 128 and 4 of 256 — put attention at 0.95 ms a token at 2 threads from depth 0 to 2048 where that fit said 3.3.
-# So the prompt's attention is now pinned on those wide matrices: calib-wide-pp's DEPTH_TYPE prompt at PP_DEPTH
-# (the depth contrast) and calib-wide128-pp and calib-wide256-pp (CALIB_WIDE with 8 query / 2 KV and 4 / 1 heads:
-# every matrix calib-wide's, so they share its rate) at 0 and PP_DEPTH, right after it (the head_dim contrast: the
-# same multiply-adds on 1/2 and 1/4 of the head × cells); the narrow models' prompts are no longer measured.
+# Prompt attention: ggml-cpu's tiled flash attention (ggml/src/ggml-cpu/ops.cpp,
+# ggml_compute_forward_flash_attn_ext_tiled; v100lab.gguf.llama_context.fa_prompt_cells), per query head × KV cell a
+# mask read, a scale and a softmax step, per multiply-add two F32 GEMMs and the tile's K and V conversion. Pinned on
+# one set of wide matrices, so that narrow matmuls' own inefficiency is not taken for attention: calib-wide-pp's
+# DEPTH_TYPE prompt at PP_DEPTH (the depth contrast), and calib-wide128-pp and calib-wide256-pp (8 / 2 and 4 / 1 heads,
+# calib-wide's matrices and rate) at 0 and PP_DEPTH right after it (the same multiply-adds on 1/2 and 1/4 the cells).
 PP_DEPTH = 2048
 CALIB_WIDE256 = dataclasses.replace(CALIB_WIDE, n_head=4, n_head_kv=1)
 WIDE128_PP_LABEL = "calib-wide128-pp"
 WIDE256_PP_LABEL = "calib-wide256-pp"
-# The cost of a matrix row (issue 18, eighth round): CALIB_WIDE's layer at half the width (rows of 512 weights,
-# ffn_down's of 1408), in DEPTH_TYPE, deep enough to stream (118 layers). A probe on an AMD EPYC host: per weight
-# 18 % (1 thread) and 55 % (2 threads) dearer than calib-wide's, where the per-type rates and the per-layer
-# overhead alone predicted 1-7 %.
+# The cost of a matrix row: CALIB_WIDE's layer at half the width (rows of 512 weights, ffn_down's of 1408), in
+# DEPTH_TYPE, deep enough to stream (118 layers). On an AMD EPYC host it runs per weight 18 % (1 thread) and 55 %
+# (2 threads) dearer than calib-wide, where the per-type rates and the per-layer overhead alone predict 1-7 %.
 CALIB_WIDE512 = dataclasses.replace(CALIB_WIDE, n_embd=512, n_ff=1408, n_head=8, n_head_kv=2)
 WIDE512_LABEL = "calib-wide512"
 # ... in two types: DEPTH_TYPE (Q4_0, repacked on x86: ggml-cpu/repack.cpp splits each matrix into 4 chunks a thread)
 # and Q4_1 (not repacked: ggml-cpu.c ggml_compute_forward_mul_mat takes 64-row chunks), so that the one row cost is a
-# contrast in both kernel families and not one pair's. With the Q4_0 pair alone, on a Zen 5 the 2-thread row cost came
-# out 15.9 ns in calibration 28 and 10.2 ns from the same pair 10 minutes later (a probe), and the default model
-# (Q4_1, rows of 576) was predicted 12 % too slow at 2 threads (benchmarks/RESULTS.md, issue 18, seventeenth round).
+# contrast in both kernel families and not one pair's (from the Q4_0 pair alone the 2-thread row cost moved from 15.9
+# to 10.2 ns within 10 minutes on a Zen 5, and a Q4_1 model with rows of 576 was predicted 12 % too slow).
 ROW_PAIR_TYPES = (DEPTH_TYPE, "Q4_1")
-# The row's cost is a contrast of 25-50 % between two rungs (calib-wide512 against calib-wide's DEPTH_TYPE rung),
-# and on a shared VM a rung's speed moves between loads of the model, not only between repetitions: within one
-# load the repetitions agree within a few %, from one load to the next the level moves by up to 25 % (calib-wide
-# Q4_0 at 1 thread: 84, 84, 66 tok/s in calibration 20's three passes, 66, 70, 65 in calibration 21's), so three
-# pairs a calibration put the 1-thread row cost at 0 in two calibrations of four (issue 18, ninth round). The pair
-# is therefore measured this many times a pass, alternating (:func:`pass_order`), each load a pass of its own
-# for :func:`combine_passes`: the median of nine loads, not three. Each load costs a few seconds (decode only).
+# The row's cost is a contrast of 25-50 % between two rungs, and on a shared VM a rung's speed moves by up to 25 %
+# from one load of the model to the next (within a load its repetitions agree within a few %): three pairs a
+# calibration can put the row cost at 0. The pair is measured this many times a pass, alternating (:func:`pass_order`),
+# each load a pass of its own for :func:`combine_passes`: the median of nine loads, each a few seconds of decode.
 ROW_PAIR_LOADS = 3
 # A prompt point at depth 0 (pp512 on 8 layers, seconds a load) sets its type's prompt rate alone, and its loads
-# spread 13-62 % within one calibration (issue 18, twelfth round): each is measured this many times a pass, the
-# extra loads in rounds spread evenly through the pass (:func:`pass_order`), so that its median is of nine loads
-# over the pass's minutes, not of three. The two extra loads cost about 10 minutes of a 70-minute calibration on
-# a 2-core Zen 3, and halved the prompt fit's residuals there (benchmarks/RESULTS.md, issue 18, thirteenth round).
+# spread 13-62 % within one calibration: each is measured this many times a pass, in rounds spread through the pass
+# (:func:`pass_order`), so that its median is of nine loads over the pass's minutes. On a 2-core Zen 3 this adds about
+# 10 minutes to a 70-minute calibration and halves the prompt fit's residuals.
 PROMPT_LOADS = 3
-# A decode point at depth — and calib-wide96's depth-0 point, the other side of its attention's contrast — is
-# measured this many times a pass too, in whole rounds of those points spread through the pass before them
-# (:func:`pass_order`): with one load a pass, the depth points were the calibrations' largest residuals on two AVX2
-# hosts (the Q4_0 rung at 1024-2048 cells and calib-wide96 at 2048: +15.6 / -17.1 % on a Zen 3, their three passes
-# up to 35 % apart; benchmarks/RESULTS.md, issue 18, thirteenth round). A load restores its filled context from a
-# file the first load of that point wrote (``depth_states``, :func:`calibrate`), so the extra loads cost their
-# decodes, not the fills — which, once per calibration instead of once per pass and thread count, pay for them.
+# A decode point at depth — and the depth-0 side of calib-wide96's and calib-mha's contrasts — is measured this many
+# times a pass too, in rounds spread through the pass (:func:`pass_order`): at one load a pass these points carry the
+# largest residuals (up to ±17 %, passes 35 % apart). A load restores its filled context from a file the point's first
+# load wrote (``depth_states``, :func:`calibrate`), so the extra loads cost their decodes, not the fills.
 DEPTH_LOADS = 3
 CALIB_N_GEN = 16
 CALIB_N_PROMPT = 512        # llama-bench's pp512: per-token prompt cost falls with the batch size
@@ -247,17 +182,12 @@ MAX_RERUNS = 2
 # once more and the quieter run kept: a retry threshold for the fit's inputs, looser than the harness's
 # display flag (harness.NOISY_CV, the ±5 % band within which two measurements are called the same).
 RERUN_ABOVE_CV = 0.10
-# After the passes, a point whose loads leave their median uncertain by more than SETTLE_SE (the relative standard error
-# of the median of its loads, rates.median_standard_error), or that the fit misses by more than rates.RESIDUAL_TARGET,
-# is loaded again — every such point once a round, in plan order, thread counts in turn — for at most SETTLE_ROUNDS
-# rounds, the fit redone after each (:func:`settle`); a miss beyond NOISE_Z of its loads' standard errors is the model's
-# and is not loaded again. A settling load is of one point, not of its contrast's pair (pass_order keeps those back to
-# back): the fit takes each point's median over all its loads, and more loads of one side move its median towards
-# the machine's typical speed whatever phase the other side's loads met. Why 3 %: a point's residual is its median's error plus the
-# model's, so a model that is right misses a point whose median is known to ±3 % by about 2 × 3 = 6 % at most, inside
-# the 10 % target, and a miss past 10 % is then the model's. On a 2-core Zen 3 VM the loads of one point moved with an
-# sd of 5-10 % (benchmarks/RESULTS.md, issue 18, sixteenth round): with the three loads of three passes their median is
-# known to ±4-7 %, and the repetitions' cv, which sees one moment of the machine, rarely said so (RERUN_ABOVE_CV).
+# After the passes, a point whose median is uncertain by more than SETTLE_SE (relative standard error of the median of
+# its loads, rates.median_standard_error), or that the fit misses by more than rates.RESIDUAL_TARGET, is loaded again
+# (one point, not its contrast's pair), once a round for at most SETTLE_ROUNDS rounds, the fit redone after each
+# (:func:`settle`); a miss beyond NOISE_Z of its loads' standard errors is the model's and is not loaded again. Why 3 %:
+# a right model then misses a point by about 2 × 3 = 6 % at most, inside the 10 % target. A 2-core VM moves a point's
+# loads with an sd of 5-10 %, which the repetitions' cv, seeing one moment of the machine, rarely shows.
 SETTLE_SE = 0.03
 SETTLE_ROUNDS = 3
 # A calibration whose points still leave their median uncertain by more than rates.NOISY_MACHINE_SE (5 %) after
@@ -268,7 +198,7 @@ SETTLE_ROUNDS = 3
 MAX_NOISY_SHARE = 0.25
 # ... or a fit that misses one of its own points by more than this (|relative residual|, decode or prompt).
 # The speed model's target against llama-bench is a worst error of 15 % and quiet calibrations fit their own
-# points within 2–11 % (benchmarks/RESULTS.md); a point missed by more than 25 % means the fitted costs absorbed
+# points within 2–11 %; a point missed by more than 25 % means the fitted costs absorbed
 # noise or the model does not describe this machine, and every prediction from them would carry that error
 # into choices (tune's) between configurations that differ by less.
 MAX_FIT_RESIDUAL = 0.25
@@ -309,7 +239,7 @@ def calibration_points() -> list[CalPoint]:
     """What calibration measures, per thread count. Decode and prompt of each weight type on separate models where
     they differ: decode on the rung that streams from DRAM (:func:`wide_spec`), prompt on CALIB_WIDE's 8 layers
     (``calib-wide-pp``) — a prompt of 512 tokens reuses each matrix 512 times, so the cache does not set its speed,
-    and on the deep low-bit rungs it took 2-5x as long (calibration 9: 19.5 minutes instead of 8-10). Attention:
+    and on the deep low-bit rungs it takes 2-5x as long. Attention:
     the :data:`DEPTH_TYPE` rung at :data:`CALIB_DEPTHS` (KV read from DRAM) and calib-wide96 at
     :data:`WIDE96_DEPTHS` (the head_dim tail), calib-wide128 at :data:`WIDE128_DEPTHS` (the cost per head × cell),
     calib-mha at :data:`MHA_DEPTHS` (the cost per KV byte: no GQA grouping);
@@ -322,8 +252,8 @@ def calibration_points() -> list[CalPoint]:
                    else CalPoint("calib-wide", wide_spec(t), t, prompt=False))
         if t in ROW_PAIR_TYPES:
             # the row cost is a contrast between two rungs (calib-wide512 against calib-wide's rung of that type):
-            # measured back to back, both see the same phase of a shared VM (issue 18, ninth round); pass_order
-            # alternates the two ROW_PAIR_LOADS times a pass (tenth round)
+            # measured back to back, both see the same phase of a shared VM; pass_order alternates the two
+            # ROW_PAIR_LOADS times a pass
             pts.append(CalPoint(WIDE512_LABEL, wide_spec(t, CALIB_WIDE512), t, prompt=False))
         if not shared:
             pts.append(CalPoint(PROMPT_LABEL, CALIB_WIDE, t, decode=False))
@@ -392,7 +322,7 @@ def spread_rounds(order: Sequence, extra: Sequence, rounds: int, start: int = 0)
     rounds, one a third and one two thirds of the way. The extra loads of a cheap measurement (calibration's
     prompt points, the validation's prompts) then sample the pass's minutes, not one moment of them."""
     out, n = list(order), len(order) - start
-    for j in range(rounds, 0, -1):               # last round first: the earlier positions do not move
+    for j in range(rounds, 0, -1):               # from the end: the earlier positions do not move
         at = start + round(j * n / (rounds + 1))
         out[at:at] = extra
     return out
@@ -448,8 +378,8 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
     return zoo.build_atomically(path, recipe, write)
 
 
-#: narrow models calibration measured until the twelfth round of issue 18 (:data:`NARROW_LABELS`, but the thin pair):
-#: no point of :func:`calibration_points` uses them; calibrations stored before then do (benchmarks/refit_speed.py)
+#: narrow models older calibrations measured (:data:`NARROW_LABELS`, but the thin pair): no point of
+#: :func:`calibration_points` uses them; stored calibrations may
 RETIRED_LABELS = ("calib-deep", "calib-deep96", "calib-shallow")
 
 
@@ -539,7 +469,7 @@ def combine_passes(old: Mapping[str, Timing] | None, new: Mapping[str, Timing]) 
     to minutes, in both directions — a neighbour slows a compute-bound kernel by up to 2x, and the same 2-thread
     test also ran 1.5x *faster* than usual for a pass (calib-wide Q4_1 at 2 threads: 166, 95 and 111 tok/s in
     three passes; 49-52 at 1 thread). Within a pass the median repetition is kept (:func:`_timing`); across
-    passes the median is what the machine typically does, the figure llama-bench's mean tracks (issue 18)."""
+    passes the median is what the machine typically does, the figure llama-bench's mean tracks."""
     out = {}
     for key, t in new.items():
         o = (old or {}).get(key)
@@ -575,11 +505,9 @@ def wait_for_quiet(max_wait_s: float = 30.0, busy_frac: float = 0.25) -> float:
 def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timing:
     """The **median** of the repetitions (the CV says how noisy they were).
 
-    Not the fastest: on a shared VM a repetition is not only ever slowed. ``benchmarks/probe_drift.py``
-    (benchmarks/RESULTS.md, issue 18, fourth round) found short bursts at 2 threads in which a cache-resident
-    model decodes 2-2.5x faster than in the minutes around them (calib-wide Q4_K: 117-145 tok/s, bursts of 264,
-    302 and 305) — the fastest repetition picks such a burst whenever one repetition meets it, and the fit then
-    carries it into every prediction. The median ignores one outlier of three either way, and tracks the mean
+    Not the fastest: on a shared VM a repetition is not only ever slowed. At 2 threads a cache-resident model
+    has short bursts 2-2.5x faster than the minutes around them; the fastest repetition would pick such a burst
+    and carry it into every prediction. The median ignores one outlier of three either way, and tracks the mean
     that llama-bench reports."""
     per = [ns / 1e9 / n_tokens for ns in samples_ns]
     med = statistics.median(per)
@@ -681,14 +609,10 @@ def _pp_depth(point: Mapping[str, Any]) -> int:
 
 
 def _rate_key(point: Mapping[str, Any], type_name: str) -> str:
-    """The fit's column for ``type_name``'s weights in ``point``: the type for calib-wide (a point without a label
-    is calib-wide) and calib-wide512, whose rows of half the length pin the cost of a matrix row (issue 18, eighth
-    round); for the other models the type + OWN_RATE + what sets them apart, a rate only they use: calib-wide96 its
-    own (its depth-0 point pins it, so that its depth points give attention and the head_dim tail and nothing
-    else — per weight its 1536-element rows came out 25 % dearer to 14 % cheaper than calib-wide's 1024 from one
-    calibration to the next, too noisy to pin the row's cost), calib-mha its own too (its depth-0 point pins it, its
-    depth points give attention's cost per KV byte); the narrow models NARROW_RATE + their width, one rate
-    per matrix width (calib-thin and calib-thin-shallow share theirs, which is what identifies the per-layer
+    """The fit's column for ``type_name``'s weights in ``point``: the type itself for calib-wide (a point without a
+    label), calib-wide512 and calib-wide128, which share its rate; for calib-wide96 and calib-mha the type + OWN_RATE +
+    label, a rate their depth-0 points pin so that their depth points give attention alone; for the narrow models
+    NARROW_RATE + their width, one rate per matrix width (the thin pair shares one: that identifies the per-layer
     overhead)."""
     label = point.get("label") or WIDE_LABELS[0]
     if label in (WIDE_LABELS[0], WIDE512_LABEL, WIDE128_LABEL):
@@ -724,13 +648,12 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     generated tokens; None for a prompt-only point), optionally ``pp`` (s/token for ``n_prompt`` tokens).
     ``threads``: the thread count the points were measured at — at 1 thread the flash-attention split-KV path has
     no barrier and one partial per head, so its per-layer cost is not fitted there (0). ``head_cells=False`` leaves
-    attention's cost per query head × KV cell out (0; the tenth round's model, for benchmarks/refit_speed.py's
-    comparisons on the same measurements). ``spill=False`` leaves out the query heads × cells whose reads miss an
-    effective cache (:func:`v100lab.predict.work.attn_missed_head_cells`; the seventeenth round's model): with it, the
-    capacity is chosen from :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, the cost of a miss by the
-    least squares. ``kv_bytes=False`` leaves out attention's cost per KV byte read (the eighteenth round's model;
-    fitted only when calib-mha's depth points, whose GQA ratio differs, were measured). Returns the JSON-able
-    parameters stored in the host profile."""
+    attention's cost per query head × KV cell out (0: attention per multiply-add only, for comparisons on the same
+    measurements). ``spill=False`` leaves out the query heads × cells whose reads miss an effective cache
+    (:func:`v100lab.predict.work.attn_missed_head_cells`): with it, the capacity is chosen from
+    :data:`ATTN_CACHE_GRID_BYTES` by the fit's own residuals, the cost of a miss by the least squares.
+    ``kv_bytes=False`` leaves out attention's cost per KV byte read (fitted only when calib-mha's depth points, whose
+    GQA ratio differs, were measured). Returns the JSON-able parameters stored in the host profile."""
     import numpy as np   # heavy: only the fits need it
 
     cfg = RunConfig(flash_attn="auto")
@@ -738,7 +661,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     if head_cells and not any(p.get("label") == WIDE128_LABEL for p in points):
         # without calib-wide128 (it crashed, or an older calibration's points) the per-cell column is a combination
         # of the per-op and tail columns at head_dims 64 and 96: the fit would split attention between them at
-        # random, and predictions for other head_dims with it. The tenth round's model instead.
+        # random, and predictions for other head_dims with it. Attention per multiply-add only instead.
         log.warning("no %s point measured: attention fitted per multiply-add only", WIDE128_LABEL)
         head_cells = False
     kv_bytes = kv_bytes and any(p.get("label") == MHA_LABEL and p.get("depth", 0) > CALIB_N_GEN for p in points)
@@ -747,21 +670,13 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         # of the multiply-adds, and the fit would split attention between the two columns at random
         log.warning("no %s point at depth measured: attention's cost per KV byte not fitted (0)", MHA_LABEL)
     types = sorted({_rate_key(p, t) for p in points for t in _single_device_work(p["spec"], cfg, p["depth"]).weights})
-    # decode: t = o_layer (L + 1) + Σ n_T c_T + rows c_row + attn c_attn + (other bytes) / bandwidth. A separate
-    # per-token constant is not identifiable from two model shapes; graph and sync costs grow with the
-    # number of layers, so the overhead is per layer (the output layer counting as one). The narrow models'
-    # weights (a few MiB per type, cache-resident) get rates of their own (NARROW_RATE): they run up to 2x
-    # faster per weight than calib-wide's, and one shared rate made the fit miss both by 30-50 % (issue 18).
-    # calib-wide96's weights have a rate of their own too (_rate_key). Every matrix row costs c_row besides its
-    # weights (one vec_dot call each: setup and horizontal sum; more ops of less work each for the threads to
-    # share), the same for every type: calib-wide512's rows of 512 against calib-wide's 1024 pin it (issue 18,
-    # eighth round: the models predicted have rows of 576-2048). The thin pair's rows are not counted: their rate,
-    # one per width, holds them (counted, their 49 k output rows of 64 capped the row's cost far below what
-    # calib-wide512 costs, and its residual stayed at 11.5 %). Attention is measured on the wide rungs only
-    # (their KV read from DRAM); the tail column (head_dim past the SIMD step) is calib-wide96's, on builds whose
-    # step leaves one; the per-cell column (query heads × KV cells) is pinned by calib-wide128 against calib-wide; the
-    # per-KV-byte column (the bytes of the cells read) by calib-mha, whose query
-    # heads are not grouped (4x calib-wide's KV bytes per head × cell).
+    # decode: t = o_layer (L + 1) + Σ n_T c_T + rows c_row + attn c_attn + (other bytes) / bandwidth. The overhead
+    # is per layer (the output layer counting as one): a per-token constant is not identifiable from two model shapes,
+    # and graph and sync costs grow with the layers. The narrow models' cache-resident weights run up to 2x faster per
+    # weight and get rates of their own (NARROW_RATE, one per width, which also holds their rows' cost), as do
+    # calib-wide96's and calib-mha's (_rate_key). Every matrix row costs c_row besides its weights (one vec_dot call:
+    # setup and horizontal sum), pinned by calib-wide512 against calib-wide; attention's tail, per-cell and per-KV-byte
+    # columns by calib-wide96, calib-wide128 and calib-mha against calib-wide's rung, all with their KV read from DRAM.
     rows, y, wts, sweeps = [], [], [], []
     rows_per_weight: dict[str, float] = {}      # calib-wide's, per type (for the efficiency below)
     for p in points:
@@ -814,7 +729,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     }
     # prompt: t_pp(per token) = Σ n_T p_T + attention's multiply-adds c_op + its head × cells c_cell, on the wide
     # matrices only: the narrow models' matmuls run at a speed of their own, and fitted with them, their
-    # inefficiency became attention (issue 18, twelfth round). Every point is a pp512, so a per-ubatch overhead
+    # inefficiency would be taken for attention. Every point is a pp512, so a per-ubatch overhead
     # is not identifiable (pp_overhead_s stays 0); the depth contrast pins attention, the head_dim contrast splits it.
     pp_pts = [p for p in measured if p.get("pp") and (p.get("label") or WIDE_LABELS[0]) not in NARROW_LABELS]
     if pp_pts:
@@ -823,7 +738,7 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         depths = {_pp_depth(p) for p in pp_pts}
         pp_cells = any(p.get("label") in (WIDE128_PP_LABEL, WIDE256_PP_LABEL) for p in pp_pts)
         if len(depths) < 2:
-            # a calibration stored before the twelfth round: nothing pins attention apart from the weights
+            # an older calibration, its prompts at depth 0 only: nothing pins attention apart from the weights
             log.warning("no prompt point at a second depth: prompt attention not fitted (0)")
         rows, y, wts = [], [], []
         for p in pp_pts:
@@ -977,9 +892,9 @@ def _fit_points(th: int, planned: Sequence[CalPoint], best: Mapping, specs: Mapp
 
 def _loads_se(t: Timing | None) -> float | None:
     """The standard error of the median of a test's loads (:func:`v100lab.predict.rates.median_standard_error`), from two
-    loads on: two that disagree say the machine moved between them, and a third decides (issue 18, nineteenth round:
-    CI's calibration, two passes of one load each, kept 5 of 39 points whose passes differed by more than 10 %, and
-    predicted the default model 21 % slow); None under two loads, or unmeasured."""
+    loads on: two that disagree say the machine moved between them, and a third decides (a calibration of two passes
+    that kept 5 of 39 points whose passes differed by more than 10 % predicted the default model 21 % slow); None
+    under two loads, or unmeasured."""
     return median_standard_error([1.0 / x for x in t.pass_best if x > 0], min_loads=2) if t and t.pass_best else None
 
 
@@ -1141,8 +1056,8 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
         update: dict[str, Any] = {PROFILE_KEY: result}
         if last_bw is not None:
             # the device's bandwidth (ceilings, the roofline's floor) is the one just measured on all cores,
-            # with the kernel of this version — not an older figure left in the profile (issue 18: a 128 MiB sum
-            # in a 300 MiB L3 had stored 8 GB/s where llama.cpp streamed 16)
+            # with the kernel of this version — not an older figure left in the profile (an older kernel's 128 MiB
+            # sum in a 300 MiB L3 stored 8 GB/s where llama.cpp streamed 16)
             update.update({"bandwidth_gbs": last_bw["bandwidth_gbs"], "bandwidth_measurement": last_bw})
         devices.write_host_profile(update)
     return result

@@ -30,8 +30,8 @@ from v100lab.predict.rates import PROFILE_KEY, median_standard_error, stored_cal
 log = logging.getLogger(__name__)
 
 #: loads of each rung a check: three give each ratio a standard error (the median of a point's loads', as
-#: calibration's points are judged) — on a 2-core Zen 3 VM a load's speed moved with an sd of 5-10 % from one
-#: few-second moment to the next (benchmarks/RESULTS.md, issue 18, sixteenth round)
+#: calibration's points are judged) — on a 2-core VM a load's speed moves with an sd of 5-10 % from one
+#: few-second moment to the next
 LOADS = 3
 #: the prompt's reference: calib-wide-pp in the base type at depth 0 (pp512 on 8 layers, a few seconds a load)
 PROMPT_POINT = calibration.CalPoint(calibration.PROMPT_LABEL, calibration.CALIB_WIDE, drift_scaling.BASE_TYPE, decode=False)

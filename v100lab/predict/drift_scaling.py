@@ -1,11 +1,10 @@
 """A drift check: how far this machine has moved from its calibration, and the calibrated rates brought up to now.
 
-On a shared VM the host's speed moves in phases: on a 2-core Zen 3 calibration's own rungs ran 5-31 % slower than
-calibration had measured them 35-100 minutes later, and 16-55 % faster three hours later, every type by its own
-factor (benchmarks/RESULTS.md, issue 18, fifteenth and sixteenth rounds). A calibration is 20-70 minutes of
-measuring; a drift check decodes calibration's own rungs again, a few loads each (:mod:`v100lab.measure.drift_check`,
-``v100lab calibrate --check``), and stores what it found beside the calibration (key :data:`DRIFT_KEY`). This
-module is the record's arithmetic, no measuring:
+On a shared VM the host's speed moves in phases: on a 2-core Zen 3 calibration's own rungs ran 5-31 % slower 35-100
+minutes after calibration, and 16-55 % faster three hours later, every type by its own factor. A calibration is
+20-70 minutes of measuring; a drift check decodes calibration's own rungs again, a few loads each
+(:mod:`v100lab.measure.drift_check`, ``v100lab calibrate --check``), and stores what it found beside the calibration
+(key :data:`DRIFT_KEY`). This module is the record's arithmetic, no measuring:
 
 * :func:`ratios` — per thread count, each weight type's decode ratio (the rung's median tok/s now over the figure
   calibration stored for it; 1.0 for a rung that has not moved beyond 10 % and its loads' noise, :func:`has_moved`),
@@ -13,9 +12,8 @@ module is the record's arithmetic, no measuring:
 * :func:`scaled_fit` — one thread count's fitted costs with each type's decode cost (its weights and its rows)
   divided by that type's ratio, everything else decode costs (attention, the per-layer overheads) by the
   :data:`BASE_TYPE` rung's, the prompt costs by the prompt rung's, and the bandwidth replaced by the one measured
-  now. Its decode part was first judged in the sixteenth round, on the predicted time alone (the benchmark's "by
-  type" correction): on a VM in a phase 16-55 % faster than its calibration, the decode median error on rows
-  calibration never saw went from 27.0 % to 6.0 %; ``benchmarks/bench_speed.py`` now judges this function itself;
+  now (on a VM in a phase 16-55 % faster than its calibration, it took the decode median error on rows calibration
+  never saw from 27.0 % to 6.0 %; ``benchmarks/bench_speed.py`` judges it);
 * :func:`describe` — the clause every host prediction carries about it.
 
 A check is applied (``applied``: predictions use the scaled costs) or only recorded; a new calibration drops it.
@@ -59,10 +57,9 @@ def ratios(record: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
     GB/s or None, "moved": how many rungs moved}`` (empty ``tg`` when the record has no rung at that thread count).
 
     A rung that has not moved (:func:`has_moved`) counts as 1.0, and the bandwidth measured with the check is taken
-    only when a decode rung moved: a check's few loads see a few moments of the machine, and on a quiet Zen 5 VM
-    applying them as measured moved the default model's 1-thread prediction from +2.6 % to +11 % against llama-bench
-    while no rung had moved beyond its noise, and its STREAM figure read 36.7 and 62.8 GB/s two hours apart
-    (benchmarks/RESULTS.md, issue 18, seventeenth round). A machine that has not moved keeps its calibration."""
+    only when a decode rung moved: a check's few loads see a few moments of the machine (applied as measured on a
+    quiet VM, they moved a 1-thread prediction from +2.6 % to +11 % against llama-bench while no rung had moved beyond
+    its noise). A machine that has not moved keeps its calibration."""
     out: dict[str, Any] = {"tg": {}, "pp": None, "bandwidth_gbs": None, "moved": 0}
     tg_moved = False
     for r in (record or {}).get("rungs") or ():

@@ -248,55 +248,24 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
                            kv_cells_swa: int | None = None) -> dict[str, int]:
     """Peak bytes of the worst-case graph's intermediate tensors, phase by phase, on one device.
 
-    llama.cpp reserves its compute buffer by building the graph for a full physical batch (n_ubatch tokens,
-    every token an output; n_seq_max sequences) and letting ggml-alloc place every intermediate tensor; the
-    buffer is the allocator's high-water mark. Tensors die after their last use, so the peak is reached in one
-    of four phases, each a sum of what is alive at that moment (F32 activations, u = n_ubatch):
-
-    * ``logits`` (device holding the output layer): logits ``n_vocab × u`` plus the final norm's input and
-      output ``2 × n_embd × u`` (one more ``n_embd × u`` without flash attention or with a quantized cache —
-      measured, a fragment the allocator cannot reuse; one more for qwen35-style models, which gather the
-      output rows after the final norm; five more for deepseek2, measured);
-    * ``attention`` (each device with layers): without flash attention the scores ``KQ = n_kv × u × n_head``
-      (soft_max runs in place) plus the F32 mask ``n_kv × u`` of each cache (full and SWA); with flash
-      attention no scores are materialised and the F16 masks ``n_kv × u × 2`` are all that scales with n_ctx;
-      plus per-token activations: residual, normed input, Q, K, V, attention output
-      ``(3·n_embd + n_head·d_k + 2·(n_kv_heads·d_k + n_kv_heads·d_v)) × u`` (qwen35: plus the query gate
-      ``n_head·d_k``);
-    * ``ffn``: residual, normed input and FFN input ``3 × n_embd × u`` (gemma2/3: 4) plus gate, up and their
-      product ``3 × n_ff × u``; MoE (src/llama-graph.cpp build_moe_ffn): ``(4·n_embd + 2·n_expert +
-      3·n_ff_exp·n_expert_used) × u`` — router logits and probabilities, and the up, gate and SwiGLU outputs of
-      the selected experts (qwen35moe: plus ``n_embd·n_expert_used``); a model with leading dense layers
-      (deepseek2) takes the larger of its dense and MoE FFNs;
-    * ``recurrent`` (gated delta net, src/models/qwen35.cpp build_layer_attn_linear with the fused
-      GATED_DELTA_NET op): per token the gate z (d_inner), the conv input and output (2 × conv channels,
-      conv channels = d_inner + 2·key dim) and the normalised q and k ``(d_inner + 2·conv + 2·key + 4·n_embd)
-      × u``; plus, per sequence, two copies of the layer's state (the S rows read by build_rs and the state
-      written by the op) and of its conv state — unless both fit in the hole the conv input leaves
-      (``conv × u`` floats), which ggml-alloc reuses.
-
-    * MLA (deepseek2, src/models/deepseek2.cpp graph with ``is_mla()``): per token and head the query ``q``
-      (key_length_mla), the absorbed ``q_nope·k_b`` (kv_lora_rank), the rotated ``q_pe`` (n_rot) and their
-      concatenation ``Qcur`` (kv_lora_rank + n_rot) — the graph reads ``q`` last for ``q_pe``, so ``Qcur`` is
-      placed above the hole ``q`` leaves: ``(3·n_embd + q_lora_rank + n_head·(k_mla + 2·kv_lora_rank + 2·n_rot))
-      × u``. Without flash attention the scores are ``n_kv × u × n_head`` over the one MQA head, and the V view of
-      the K cache is made contiguous (``ggml_cont(ggml_transpose(v))`` in build_attn_mha: kv_lora_rank × n_kv
-      in the cache's type, per stream), which counts unless it fits in the hole the query tensors leave.
-
-    The masks are graph inputs, alive in every layer: they count in the ffn and recurrent phases too (in the
-    last layer's FFN the mask is dead, but its hole at the bottom of the buffer is where it was).
-    ``n_kv`` is the cache size one sequence sees in the reserve graph (cells per stream). The constants were
-    pinned on llama.cpp's own compute buffer sizes (benchmarks/bench_memory.py, RESULTS.md)."""
+    llama.cpp reserves its compute buffer by building the graph for a full physical batch (n_ubatch tokens, every
+    token an output; n_seq_max sequences) and letting ggml-alloc place every tensor: the buffer is the allocator's
+    high-water mark, reached in one phase (logits, attention, ffn, recurrent: see the comments below), each the F32
+    activations alive then (u = n_ubatch). The graph's masks are alive in every layer's phase. Constants pinned on
+    llama.cpp's own buffer sizes (bench_memory)."""
     u = context_sizes(spec, cfg).n_ubatch
     n_seq = max(1, cfg.n_parallel)
     E = spec.n_embd
     gated = spec.architecture in GATED_ATTN_ARCHS
     phases: dict[str, int] = {}
+    # logits: n_vocab × u plus the final norm's input and output, 2 × n_embd × u (one more without flash attention or
+    # with a quantized cache: a fragment the allocator cannot reuse; one more where the output rows are gathered after
+    # the final norm, qwen35-style)
     if has_output:
         plain_cache = cfg.cache_type_k in ("f16", "bf16", "f32") and cfg.cache_type_v in ("f16", "bf16", "f32")
         # deepseek2 (MLA): 5 more — measured, not derived: llama.cpp's buffer leaves 4-6 n_embd × u of the last
         # layer's fragments under the logits (n_embd 256 and 1024, flash attention on and off, f16 and quantized
-        # caches; benchmarks/RESULTS.md, the MLA section)
+        # caches)
         n_e = (2 if flash_attn and plain_cache else 3) + (1 if gated else 0) + (5 if spec.is_mla else 0)
         phases["logits"] = (spec.n_vocab * u + n_e * E * u) * F32
     if attn_layers:
@@ -308,11 +277,17 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
         has_full = any(spec.has_kv(il) and not spec.is_swa(il) for il in layers)
         has_swa = any(spec.has_kv(il) and spec.is_swa(il) for il in layers)
         mask_cells = (full if has_full else 0) + (swa if has_swa else 0)
+        # attention: without flash attention the scores n_kv × u × n_head (soft_max runs in place) and each cache's
+        # F32 mask n_kv × u; with it only the F16 masks; plus residual, normed input, Q (qwen35: and its gate), K, V
+        # and the output. n_kv: the cells one sequence sees in the reserve graph (per stream)
         masks = mask_cells * u * (2 if flash_attn else F32)
         n_kv = full if has_full else swa
         q_width = n_head * spec.head_dim_k * (2 if gated else 1)
         extra = 0
         if spec.is_mla:
+            # MLA (src/models/deepseek2.cpp, is_mla()): per head q, q_nope·k_b, q_pe and Qcur (placed above q's hole);
+            # without flash attention build_attn_mha's ggml_cont(ggml_transpose(v)) of the cache, unless it fits in
+            # the hole the query tensors leave
             r, rope = spec.kv_lora_rank or 0, spec.rope_dimension_count or 0
             k_mla = spec.key_length_mla or 0
             act = (3 * E + (spec.q_lora_rank or 0) + n_head * (k_mla + 2 * r + 2 * rope)) * u * F32
@@ -327,6 +302,9 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
             phases["attention"] = masks + act
         else:
             phases["attention"] = n_kv * u * n_head * F32 + masks + act + extra
+        # ffn: residual, normed input and FFN input (gemma2/3: 4 × n_embd) plus gate, up and their product 3 × n_ff;
+        # MoE (src/llama-graph.cpp build_moe_ffn): router logits and probabilities, the selected experts' up, gate and
+        # SwiGLU outputs; leading dense layers (deepseek2) take the larger of the two
         moe_layers = [il for il in layers if spec.is_moe_layer(il)]
         dense_layers = [il for il in layers if not spec.is_moe_layer(il)]
         ffn = []
@@ -342,6 +320,9 @@ def compute_bytes_by_phase(spec: ModelSpec, cfg: RunConfig, flash_attn: bool, *,
             n_e = 4 if spec.architecture in ("gemma2", "gemma3") else 3
             ffn.append((n_e * E + 3 * n_ff) * u * F32 + masks)
         phases["ffn"] = max(ffn, default=masks)
+        # recurrent (src/models/qwen35.cpp build_layer_attn_linear, fused GATED_DELTA_NET): per token z, the conv
+        # input and output, normalised q and k; per sequence two copies of the layer's state and conv state, unless
+        # both fit in the hole the conv input leaves
         if spec.recurrent_layers and spec.ssm_inner_size:
             d_inner = spec.ssm_inner_size
             key = (spec.ssm_group_count or 0) * (spec.ssm_state_size or 0)
@@ -644,7 +625,7 @@ def margin_bytes(device: Device | int) -> int:
     """The free memory a configuration must leave on a device (a Device, or its capacity in bytes): 3 % of it,
     at least 256 MiB — on every GPU and on the host alike. Why: weights and KV in the plan are exact to
     llama.cpp's printed MiB, but the compute buffer is an estimate (within 5 % on the CPU, not validated on
-    CUDA), the runtime overhead is a typical figure, not a measurement (benchmarks/RESULTS.md), and the host's
+    CUDA), the runtime overhead is a typical figure, not a measurement, and the host's
     RAM is shared with the operating system and whatever else runs there."""
     cap = device if isinstance(device, int) else device.capacity_bytes
     return max(MIN_MARGIN_MIB * 2**20, int(MARGIN_FRACTION * cap))

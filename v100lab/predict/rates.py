@@ -261,7 +261,7 @@ def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLER
     thread counts ("Q4_K 4.2x from 1 to 2 threads"). n threads on n cores give at most n times one thread's
     speed (less where they share a core's caches or a memory channel), so a faster growth says the two thread
     counts were measured in different phases of the machine — on a shared VM, one of them while a neighbour was
-    quiet — and the profile's rates at one of them are not the machine's usual (issue 18)."""
+    quiet — and the profile's rates at one of them are not the machine's usual."""
     # a weight's cost on a row of SCALING_ROW weights, its share of the row's own cost included (tg_row_s: one figure
     # for all types, which may move between thread counts; the per-weight rates alone would then look superlinear)
     per = {int(k): {t: c + float(v.get("tg_row_s") or 0.0) / SCALING_ROW
@@ -278,7 +278,7 @@ def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLER
     return out
 
 
-#: the residual every calibration point should keep (issue 18: a fit within 10 % of each of its own points)
+#: the residual every calibration point should keep: a fit within 10 % of each of its own points
 RESIDUAL_TARGET = 0.10
 #: a point missed by more than this many standard errors of its own loads' median is a miss of the model; within
 #: them, the point's loads disagree as much as the miss, and the machine's noise can account for it (the drift
@@ -297,10 +297,9 @@ def median_standard_error(tps, min_loads: int = 3) -> float | None:
     machine's typical speed by chance alone. None under ``min_loads`` loads (at two, it is their gap: the
     settling rounds load a third when two disagree, :func:`v100lab.measure.calibration.to_settle`).
 
-    Why the loads and not the repetitions: on a 2-core Zen 3 VM the repetitions of one load (about a second,
-    back to back) agreed within 1-3 %, while runs of that same load a few seconds apart moved with a standard
-    deviation of 4-10 %, as much as separate loads did, with no steal time (benchmarks/RESULTS.md, issue 18,
-    sixteenth round): a load's cv sees one moment of the machine, its loads' spread sees the machine."""
+    Why the loads and not the repetitions: on a 2-core VM the repetitions of one load (about a second, back to
+    back) agree within 1-3 %, while runs a few seconds apart move with a standard deviation of 4-10 %, as much as
+    separate loads do: a load's cv sees one moment of the machine, its loads' spread sees the machine."""
     xs = [math.log(float(x)) for x in tps or () if isinstance(x, (int, float)) and x > 0]
     if len(xs) < max(2, min_loads):
         return None
@@ -318,7 +317,7 @@ def point_misses(cal: Mapping[str, Any], target: float = RESIDUAL_TARGET, z: flo
         errs = fit.get("tg_fit_rel_err") or []
         pts = [pt for pt in cal.get("points") or [] if str(pt.get("threads")) == str(th) and pt.get("tg_tps")]
         names = fit.get("tg_fit_points")
-        if names and all(names) and len(names) == len(errs):   # fits since issue 18, 17th round, name their points
+        if names and all(names) and len(names) == len(errs):   # fits that name their points
             by_name = {pt.get("config"): pt for pt in pts}
             pts = [by_name.get(n, {"config": n}) for n in names]
         if len(pts) != len(errs):
@@ -336,7 +335,7 @@ def point_misses(cal: Mapping[str, Any], target: float = RESIDUAL_TARGET, z: flo
 
 def stored_misses(cal: Mapping[str, Any]) -> list[dict]:
     """A calibration's :func:`point_misses`: from its quality record, or computed from its points for a profile
-    stored before issue 18's sixteenth round (its quality record has none)."""
+    stored without them in its quality record."""
     q = cal.get("quality") or {}
     return q["misses"] if "misses" in q else point_misses(cal)
 
@@ -363,9 +362,8 @@ def describe_misses(misses, z: float = NOISE_Z) -> str:
 
 
 #: a calibration whose passes ran more than this apart (:func:`pass_drift`) was made while the machine's speed moved
-#: under it: on the 2-vCPU Sapphire-Rapids VM of issue 18 four calibrations moved 2-6 % (the two of them judged on
-#: their own validation predicted the default model within 10 % of llama-bench), the two made while it slowed 12 and
-#: 14 % — and predicted the default model 19-25 % slow an hour later (benchmarks/RESULTS.md, twentieth round)
+#: under it: on a 2-vCPU Sapphire Rapids VM calibrations whose passes moved 2-6 % predicted the default model
+#: within 10 % of llama-bench, two made while it slowed 12 and 14 % predicted it 19-25 % slow an hour later
 MAX_PASS_DRIFT = 0.10
 #: the passes of a calibration stored before it recorded their number (calibration.CALIB_PASSES then)
 STORED_PASSES = 3
@@ -415,7 +413,7 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
                 q[f"{kind}_max_residual"] = round(max(errs), 4)
                 q[f"{kind}_median_residual"] = round(statistics.median(errs), 4)
                 q[f"{kind}_points"] = len(errs)
-                if p.get(f"{kind}_parameters") is not None:     # calibrations from issue 18's seventh round on
+                if p.get(f"{kind}_parameters") is not None:     # calibrations that store their parameters
                     q[f"{kind}_parameters"] = int(p[f"{kind}_parameters"])
                 if max(errs) > worst[0]:
                     worst = (max(errs), kind, int(th))
@@ -427,7 +425,7 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
     unsettled = [pt for pt in measured if _pass_gap(pt.get("tg_pass_tps")) > noisy_cv
                  or _pass_gap(pt.get("pp_pass_tps")) > noisy_cv]
     misses = point_misses(cal)
-    # how well each point's loads pin its median (issue 18, seventeenth round: calibration settles them to 3 %)
+    # how well each point's loads pin its median (calibration settles them to 3 %)
     per_point = [[se for se in (median_standard_error(pt.get(f"{test}_pass_tps")) for test in ("tg", "pp"))
                   if se is not None] for pt in measured]
     ses = [se for point in per_point for se in point]

@@ -281,11 +281,9 @@ def attn_missed_head_cells(sweeps, capacity_bytes: float) -> float:
     (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk: ``ik2 = iq2 / rk2``), one K row
     and one V row a cell. While a layer's cells fit in the cache those reads hit it; beyond, the share
     1 − capacity / the layer's KV bytes of every head × cell misses (random replacement), and a miss costs about the
-    same whatever the row's length (issue 18, nineteenth round: on a Sapphire Rapids VM, CALIB_WIDE's layer with
-    8 query / 2 KV heads of 128 cost what 16 / 4 heads of 64 cost a head × cell, at depths 2048 and 4096 — twice the
-    bytes and multiply-adds a head × cell, the same KV bytes a layer — and a price per missed head × cell fitted both
-    builds' calibrations within 6-9 %, where a price per re-read byte left 10-12 %). The capacity is fitted per host
-    and thread count (:func:`v100lab.measure.calibration.fit_cpu`): an effective figure, not the L2's nominal size."""
+    same whatever the row's length (heads of 128 cost what heads of 64 cost a head × cell, at twice the bytes). The
+    capacity is fitted per host and thread count (:func:`v100lab.measure.calibration.fit_cpu`): an effective figure,
+    not the L2's nominal size."""
     if not capacity_bytes:
         return 0.0
     return sum(hc * max(0.0, 1.0 - capacity_bytes / foot) for hc, foot in sweeps if foot > 0)
