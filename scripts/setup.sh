@@ -51,16 +51,17 @@ recorded() { "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.
 recorded_args() { recorded cmake_args; }
 safe_args="$("$py" -m v100lab.buildflags)"
 cuda=0; cuda_args=""; cuda_reason=""; cuda_install=""; cuda_env=""; cuda_toolkit_source=""
+note=""   # recorded with the build: why it is not the CUDA one (V100LAB_GPU=0, a fallback); kept on later runs
 gpu_plan() { eval "$("$py" -m v100lab.cudabuild --shell --prefix .venv --cpu-args "$safe_args")"; }
 if [ -n "${CMAKE_ARGS:-}" ]; then
   args="$CMAKE_ARGS"; source=user
 elif [ "${V100LAB_NATIVE:-0}" = 1 ]; then
   args="-DGGML_NATIVE=ON"; source=native
 elif [ "${V100LAB_GPU:-}" = 0 ]; then
-  args="$safe_args"; source=safe; cuda_reason="V100LAB_GPU=0: the CPU build"
+  args="$safe_args"; source=safe; cuda_reason="V100LAB_GPU=0: the CPU build"; note="$cuda_reason"
 elif [ -f "$rec" ] && { [ "$(recorded source)" != safe ] || { [ -n "$(recorded gpu)" ] && [ "${V100LAB_GPU:-}" != 1 ]; }; }; then
   # keep the build already made: yours, the CUDA one, or the CPU one a failed CUDA attempt fell back to
-  args="$(recorded cmake_args)"; source="$(recorded source)"; cuda_reason="$(recorded gpu)"
+  args="$(recorded cmake_args)"; source="$(recorded source)"; cuda_reason="$(recorded gpu)"; note="$cuda_reason"
 else
   gpu_plan
   if [ "$cuda" = 1 ]; then
@@ -150,7 +151,7 @@ new_cuda=0
 if [ "$source" = cuda ] && { [ "$(recorded_args)" != "$args" ] || [ "$dry" = 1 ]; }; then
   new_cuda=1; cuda_build
 else
-  install_llama "$args" "$source" "$cuda_reason"
+  install_llama "$args" "$source" "$note"
 fi
 if [ "$dry" != 1 ]; then
   "$vpy" -m pip install -q -e ".${extras:+[$extras]}"
