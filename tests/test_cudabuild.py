@@ -229,3 +229,26 @@ def test_setup_plan_gpu_0_and_cmake_args_win(tmp_path):
     assert "build: safe" in setup_plan(tmp_path, "t4.csv", V100LAB_GPU="0")
     out = setup_plan(tmp_path, "t4.csv", CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=75")
     assert "build: user" in out and "cmake_args: -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=75\n" in out
+
+
+def test_setup_dry_run_on_a_t4_falls_back_to_the_cpu_build_with_the_reason(tmp_path):
+    """setup.sh's whole CUDA path on this machine, compiling nothing: the recorded T4 answer makes the plan
+    CUDA; the GPU self-test then runs against the llama.cpp installed here (a CPU build), fails, and setup
+    says why on one line and goes for the safe CPU build."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp has GPU offload: its self-test on the card is not a failure to show")
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout (scripts/setup.sh makes it)")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=600,
+                       env=env_for(tmp_path, "t4.csv", V100LAB_SETUP_DRY_RUN="1"))
+    assert p.returncode == 0, p.stderr
+    err = p.stderr
+    assert "(dry run) would install the CUDA toolkit wheels: nvidia-cuda-nvcc==" in err
+    assert "would build and install llama.cpp with: -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=75 " in err
+    (line,) = [x for x in err.splitlines() if "building for the CPU instead" in x]
+    assert line.startswith("setup: the CUDA build (CUDA build for Tesla T4 (sm_75)")
+    assert "failed its self-test on the card: this llama.cpp was built without GPU offload" in line
+    safe = subprocess.run([sys.executable, "-m", "v100lab.buildflags"], capture_output=True, text=True, check=True,
+                          cwd=ROOT).stdout.strip()
+    assert err.rstrip().endswith(f"(dry run) the build: safe: {safe}")

@@ -60,3 +60,29 @@ def test_a_log_captured_now_with_every_layer_asked_for(default_model):
         pytest.skip("this llama.cpp has a GPU backend: the log shows a GPU buffer")
     f = diagnose(text, source="live", host_gpus=V100).finding("cpu-only-build")
     assert f is not None and "Tesla V100-SXM2-16GB" in f.title
+
+
+# ---- the GPU self-test setup.sh runs after a CUDA build
+def test_gpu_selftest_on_this_llama_cpp(default_model):
+    import llama_cpp
+    import pytest
+
+    from v100lab.selftest import run_gpu_selftest
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp has GPU offload")
+    r = run_gpu_selftest(default_model, timeout=120)
+    assert not r.passed and r.gpu_offload is False and "built without GPU offload" in r.message
+    assert r.format().endswith("FAIL: " + r.message)
+
+
+def test_judging_the_gpu_probe():
+    from v100lab.selftest import judge_gpu_probe
+
+    full = {"gpu_offload": True, "offloaded": 31, "offloadable": 31,
+            "buffers": {"host": {"model": 28.1}, "CUDA0": {"model": 92.1, "KV": 5.6}}}
+    assert judge_gpu_probe(full) == (True, "31/31 layers offloaded; model buffer on CUDA0")
+    ok, why = judge_gpu_probe({**full, "offloaded": 20})
+    assert not ok and "only 20/31 layers" in why
+    ok, why = judge_gpu_probe({**full, "buffers": {"host": {"model": 120.0}}})
+    assert not ok and "no model buffer on a GPU device" in why

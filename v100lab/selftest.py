@@ -26,7 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from v100lab import buildflags, harness, zoo
+from v100lab import buildflags, harness, loadlog, zoo
 from v100lab.backends.isolated import IsolatedBackend, llama_build
 from v100lab.backends.server import SERVER_ENV
 from v100lab.backends.types import (
@@ -206,8 +206,6 @@ class GpuSelfTest:
 def _gpu_probe_here(model_path: str) -> dict[str, Any]:
     """In a worker: does this llama.cpp offload, and where do the default model's buffers go at -ngl all?"""
     import llama_cpp  # heavy: the compiled library (a CUDA build without libcuda.so.1 fails right here)
-
-    from v100lab import loadlog
 
     if not llama_cpp.llama_supports_gpu_offload():
         return {"gpu_offload": False}
