@@ -26,8 +26,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from v100lab import buildflags, harness, loadlog, zoo
-from v100lab.backends.isolated import IsolatedBackend, llama_build
+from v100lab import buildflags, harness, zoo
+from v100lab.backends.isolated import IsolatedBackend, gpu_probe, llama_build
 from v100lab.backends.server import SERVER_ENV
 from v100lab.backends.types import (
     BATCHED_BENCH_ENV,
@@ -38,7 +38,6 @@ from v100lab.backends.types import (
 from v100lab.config import RunConfig
 from v100lab.errors import RunFailed, V100labError
 from v100lab.llamabench import BENCH_ENV
-from v100lab.worker import call_isolated
 
 log = logging.getLogger(__name__)
 
@@ -203,20 +202,9 @@ class GpuSelfTest:
         return "\n".join(lines)
 
 
-def _gpu_probe_here(model_path: str) -> dict[str, Any]:
-    """In a worker: does this llama.cpp offload, and where do the default model's buffers go at -ngl all?"""
-    import llama_cpp  # heavy: the compiled library (a CUDA build without libcuda.so.1 fails right here)
-
-    if not llama_cpp.llama_supports_gpu_offload():
-        return {"gpu_offload": False}
-    facts, _ = loadlog.load_and_capture(model_path, RunConfig(n_ctx=256))
-    return {"gpu_offload": True, "offloaded": facts.offloaded_layers, "offloadable": facts.offloadable_layers,
-            "buffers": facts.by_device()}
-
-
 def judge_gpu_probe(probe: dict[str, Any]) -> tuple[bool, str]:
-    """Pass/fail and one line for :func:`_gpu_probe_here`'s answer: offload compiled in, every layer
-    offloaded, and a model buffer on a GPU device (CUDA0, …)."""
+    """Pass/fail and one line for :func:`v100lab.backends.isolated.gpu_probe`'s answer: offload compiled in,
+    every layer offloaded, and a model buffer on a GPU device (CUDA0, …)."""
     if not probe.get("gpu_offload"):
         return False, "this llama.cpp was built without GPU offload (llama_supports_gpu_offload() is false)"
     n, m = probe.get("offloaded"), probe.get("offloadable")
@@ -235,7 +223,7 @@ def run_gpu_selftest(model: str | os.PathLike | None = None, *, timeout: float =
     the load log, then pp``n_prompt``/tg``n_gen`` at all layers — each in a worker under ``timeout``."""
     path = zoo.resolve(model or "default")
     try:
-        probe = call_isolated(_gpu_probe_here, str(path), timeout=timeout, what="loading on the GPU")
+        probe = gpu_probe(path, timeout=timeout)
     except (RunFailed, OSError, ImportError, RuntimeError) as exc:  # RuntimeError: llama_cpp's "Failed to load"
         return GpuSelfTest(False, f"llama.cpp does not load here: {' '.join(str(exc).split())[:300]}", None)
     ok, message = judge_gpu_probe(probe)
