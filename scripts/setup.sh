@@ -123,6 +123,7 @@ cuda_build() {
       if ! out="$("$vpy" -m pip install -q $cuda_install 2>&1)"; then
         cuda_fallback install "$(echo "$out" | tail -n 1)"; return 0
       fi
+      "$vpy" -m v100lab.cudabuild --prepare-toolkit --prefix .venv >&2 || true
       gpu_plan                          # again: the toolkit is now in .venv (its nvcc, its root)
       [ "$cuda" = 1 ] || { cuda_fallback install "$cuda_reason"; return 0; }
       args="$cuda_args"

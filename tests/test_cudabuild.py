@@ -252,3 +252,22 @@ def test_setup_dry_run_on_a_t4_falls_back_to_the_cpu_build_with_the_reason(tmp_p
     safe = subprocess.run([sys.executable, "-m", "v100lab.buildflags"], capture_output=True, text=True, check=True,
                           cwd=ROOT).stdout.strip()
     assert err.rstrip().endswith(f"(dry run) the build: safe: {safe}")
+
+
+def test_prepare_toolkit_gives_cmake_the_names_it_looks_for(tmp_path):
+    lib = tmp_path / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    for name in ("libcudart.so.13", "libcublas.so.13", "libnvrtc-builtins.so.13.5"):
+        (lib / name).write_text("")
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    (driver / "libcuda.so.1").write_text("")
+    made = cudabuild.prepare_toolkit(str(tmp_path / "cu13"), (str(tmp_path / "nowhere"), str(driver)))
+    assert sorted(Path(m).name for m in made) == ["libcublas.so", "libcuda.so", "libcudart.so"]
+    assert os.readlink(lib / "libcudart.so") == "libcudart.so.13"
+    assert (lib / "stubs" / "libcuda.so").resolve() == (driver / "libcuda.so.1").resolve()
+    assert cudabuild.prepare_toolkit(str(tmp_path / "cu13"), (str(driver),)) == []   # idempotent
+    # no driver here: no stub, and CMake will say that CUDA::cuda_driver is missing (the compile stage's fallback)
+    other = tmp_path / "other" / "lib"
+    other.mkdir(parents=True)
+    assert cudabuild.prepare_toolkit(str(other.parent), (str(tmp_path / "nowhere"),)) == []

@@ -316,6 +316,34 @@ def link_runtime(toolkit_root: str, llama_lib: str) -> list[str]:
     return made
 
 
+#: where the NVIDIA driver's libcuda.so.1 usually is (Debian/Ubuntu, RHEL, WSL)
+DRIVER_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib/wsl/lib",
+                   "/usr/local/nvidia/lib64")
+
+
+def prepare_toolkit(root: str, driver_lib_dirs: tuple[str, ...] = DRIVER_LIB_DIRS) -> list[str]:
+    """Make the registry's wheels a toolkit CMake's FindCUDAToolkit accepts: the wheels ship ``libcudart.so.13``
+    but not the ``libcudart.so`` it looks for, and no ``lib/stubs/libcuda.so`` (ggml-cuda links the driver
+    for its VMM pool): link both, the latter to the driver's ``libcuda.so.1`` where there is one. Idempotent;
+    returns the links made."""
+    lib = os.path.join(root, "lib")
+    made = []
+    for versioned in sorted(glob.glob(os.path.join(lib, "lib*.so.*"))):
+        m = re.match(r"(lib[\w+-]+\.so)\.\d+$", os.path.basename(versioned))
+        dev = os.path.join(lib, m.group(1)) if m else None
+        if dev and not os.path.lexists(dev):
+            os.symlink(os.path.basename(versioned), dev)
+            made.append(dev)
+    stub = os.path.join(lib, "stubs", "libcuda.so")
+    driver = next((os.path.join(d, "libcuda.so.1") for d in driver_lib_dirs
+                   if os.path.exists(os.path.join(d, "libcuda.so.1"))), None)
+    if driver and not os.path.lexists(stub):
+        os.makedirs(os.path.dirname(stub), exist_ok=True)
+        os.symlink(driver, stub)
+        made.append(stub)
+    return made
+
+
 STAGES = {"install": "could not install the registry's CUDA toolkit", "compile": "failed to compile",
           "load": "does not load here", "selftest": "failed its self-test on the card"}
 
@@ -341,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fallback", metavar="STAGE", choices=tuple(STAGES),
                     help="print the one-line reason for falling back to the CPU build after STAGE failed")
     ap.add_argument("--detail", default="", help="with --fallback: what failed")
+    ap.add_argument("--prepare-toolkit", action="store_true",
+                    help="give the registry's toolkit in the venv the library links CMake looks for")
     ap.add_argument("--link-runtime", action="store_true",
                     help="link the chosen toolkit's CUDA runtime libraries beside llama-cpp-python's")
     ap.add_argument("--plan-reason", default="", help="with --fallback: the plan's reason")
@@ -349,6 +379,14 @@ def main(argv: list[str] | None = None) -> int:
         print(fallback_reason(a.fallback, a.detail, a.plan_reason))
         return 0
     plan = host_plan(a.prefix, a.cpu_args.split() if a.cpu_args is not None else None)
+    if a.prepare_toolkit:
+        tk = registry_toolkit(site_packages(a.prefix or sys.prefix))
+        if not tk.root:
+            print("prepare-toolkit: the registry's CUDA toolkit is not installed in this venv", file=sys.stderr)
+            return 1
+        made = prepare_toolkit(tk.root)
+        print(f"prepare-toolkit: {len(made)} links made under {tk.root}", file=sys.stderr)
+        return 0
     if a.link_runtime:
         sp = site_packages(a.prefix or sys.prefix)
         if not (plan.cuda and plan.toolkit and plan.toolkit.root and sp):
