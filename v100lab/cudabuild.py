@@ -174,7 +174,7 @@ def _serves(tk: Toolkit, archs: tuple[int, ...], driver: tuple[int, int] | None)
 
 def registry_toolkit(site_packages: str | None = None) -> Toolkit:
     """The registry's toolkit: installed where its nvcc is under ``site_packages``, else still to install."""
-    nvcc = Path(site_packages) / REGISTRY_NVCC if site_packages else None
+    nvcc = Path(site_packages).absolute() / REGISTRY_NVCC if site_packages else None   # the build runs elsewhere
     major, minor = (int(x) for x in REGISTRY_VERSION.split("."))
     if nvcc is not None and nvcc.is_file():
         return Toolkit((major, minor), str(nvcc), str(nvcc.parent.parent), "registry")
