@@ -93,7 +93,11 @@ install_llama() {
   if [ "$(recorded_args)" = "$a" ] && "$vpy" -c 'import llama_cpp' >/dev/null 2>&1; then
     return 0
   fi
-  say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time"
+  if [ "$s" = cuda ]; then
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: $a [cuda]; compiling ggml-cuda's 144 kernel files takes far longer than the CPU build the first time (tens of seconds to minutes per file and core, per architecture)"
+  else
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time"
+  fi
   whl="$( [ -z "$cuda_env" ] || [ "$s" != cuda ] || eval "export $cuda_env"
           PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")" || return 1
   "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
