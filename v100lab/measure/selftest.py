@@ -10,7 +10,8 @@ would use (where from, the commit their ``--version`` names, and whether it is t
 fail with one line saying why and how to rebuild (the tools do not decide pass or fail).
 
 ``scripts/setup.sh`` runs it after installing (``python -m v100lab.measure.selftest``) and falls back to the safe
-build once when it fails; ``v100lab selftest`` runs it on demand.
+build once when it fails; ``v100lab selftest`` runs it on demand. ``--gpu`` checks a CUDA build on the card
+instead (:func:`run_gpu_selftest`): GPU offload compiled in, every layer offloaded, a model buffer on a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from v100lab.base import buildflags
 from v100lab.measure import harness
 from v100lab.models import zoo
-from v100lab.measure.backends.isolated import IsolatedBackend, llama_build
+from v100lab.measure.backends.isolated import IsolatedBackend, gpu_probe, llama_build
 from v100lab.measure.backends.server import SERVER_ENV
 from v100lab.measure.backends.types import (
     BATCHED_BENCH_ENV,
@@ -37,7 +38,7 @@ from v100lab.measure.backends.types import (
     tool_version,
 )
 from v100lab.facts.config import RunConfig
-from v100lab.base.errors import V100labError
+from v100lab.base.errors import RunFailed, V100labError
 from v100lab.measure.llamabench import BENCH_ENV
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
         raise V100labError(f"--timeout must be a positive number of seconds, got {timeout}")
     if n_prompt < 2:
         raise V100labError(f"the self-test needs a prompt of at least 2 tokens (a batched decode), got {n_prompt}")
-    path = zoo.model_path(model or "default")
+    path = zoo.resolve(model or "default")
     ncpu = os.cpu_count() or 1
     threads = tuple(sorted(set(threads or (1, ncpu))))
     backend = IsolatedBackend(timeout=timeout)
@@ -176,14 +177,82 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
                           tools=tools_report(build.get("build_commit")))
 
 
+@dataclass(frozen=True)
+class GpuSelfTest:
+    """The build on the card: offload compiled in, layers offloaded, buffers per device, pp/tg at all layers."""
+
+    passed: bool
+    message: str                             # one line: what runs on the card, or what failed
+    gpu_offload: bool | None                 # llama_supports_gpu_offload(); None: the library did not load
+    offloaded_layers: int | None = None
+    offloadable_layers: int | None = None
+    buffers_mib: dict[str, dict[str, float]] = field(default_factory=dict)   # device → kind → MiB
+    steps: tuple[Step, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        lines = [f"GPU offload:     {self.gpu_offload}",
+                 f"offloaded:       {self.offloaded_layers}/{self.offloadable_layers} layers"]
+        for dev, kinds in self.buffers_mib.items():
+            lines.append(f"  {dev:14s} " + ", ".join(f"{k} {v:.1f} MiB" for k, v in kinds.items()))
+        for s in self.steps:
+            speed = f"{s.tokens_per_s:8.1f} tok/s" if s.tokens_per_s else ""
+            lines.append(f"  {s.status:8s} {s.name:6s} all layers on the GPU {speed} {s.detail}".rstrip())
+        lines.append(("PASS: " if self.passed else "FAIL: ") + self.message)
+        return "\n".join(lines)
+
+
+def judge_gpu_probe(probe: dict[str, Any]) -> tuple[bool, str]:
+    """Pass/fail and one line for :func:`v100lab.measure.backends.isolated.gpu_probe`'s answer: offload compiled in,
+    every layer offloaded, and a model buffer on a GPU device (CUDA0, …)."""
+    if not probe.get("gpu_offload"):
+        return False, "this llama.cpp was built without GPU offload (llama_supports_gpu_offload() is false)"
+    n, m = probe.get("offloaded"), probe.get("offloadable")
+    if n is None or m is None or n < m:
+        return False, f"only {n}/{m} layers were offloaded with -ngl all"
+    gpu = [d for d, kinds in (probe.get("buffers") or {}).items()
+           if d != "host" and kinds.get("model") and not d.upper().startswith("CPU")]
+    if not gpu:
+        return False, f"{n}/{m} layers offloaded but no model buffer on a GPU device in the load log"
+    return True, f"{n}/{m} layers offloaded; model buffer on {', '.join(gpu)}"
+
+
+def run_gpu_selftest(model: str | os.PathLike | None = None, *, timeout: float = SELFTEST_TIMEOUT_S,
+                     n_prompt: int = SELFTEST_PROMPT, n_gen: int = SELFTEST_GEN) -> GpuSelfTest:
+    """The GPU build's self-test: load ``model`` (default: the default model) with every layer offloaded, read
+    the load log, then pp``n_prompt``/tg``n_gen`` at all layers — each in a worker under ``timeout``."""
+    path = zoo.resolve(model or "default")
+    try:
+        probe = gpu_probe(path, timeout=timeout)
+    except (RunFailed, OSError, ImportError, RuntimeError) as exc:  # RuntimeError: llama_cpp's "Failed to load"
+        return GpuSelfTest(False, f"llama.cpp does not load here: {' '.join(str(exc).split())[:300]}", None)
+    ok, message = judge_gpu_probe(probe)
+    common = dict(gpu_offload=probe.get("gpu_offload"), offloaded_layers=probe.get("offloaded"),
+                  offloadable_layers=probe.get("offloadable"), buffers_mib=probe.get("buffers") or {})
+    if not ok:
+        return GpuSelfTest(False, message, **common)
+    cfg = RunConfig(n_ctx=max(256, n_prompt + n_gen + 1), n_threads=os.cpu_count() or 1)
+    rows = harness.run_tests(path, cfg, [f"pp{n_prompt}", f"tg{n_gen}"], (0,), 1,
+                             backend=IsolatedBackend(timeout=timeout), monitor=False)
+    steps = tuple(Step(name=r["test"], threads=cfg.n_threads, status=r["status"], tokens_per_s=r.get("avg_ts"),
+                       detail="" if r["status"] == "ok" else str(r.get("reason") or "")) for r in rows)
+    bad = [s for s in steps if s.status != "ok"]
+    if bad:
+        return GpuSelfTest(False, f"{bad[0].name} on the GPU {bad[0].status}: {bad[0].detail}", steps=steps, **common)
+    return GpuSelfTest(True, f"{message}; pp{n_prompt} and tg{n_gen} run on the card", steps=steps, **common)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v100lab.measure.selftest", description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=SELFTEST_TIMEOUT_S, help="seconds per configuration")
+    ap.add_argument("--gpu", action="store_true", help="check the GPU build on the card (every layer offloaded)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        report = run_selftest(timeout=args.timeout)
+        report = run_gpu_selftest(timeout=args.timeout) if args.gpu else run_selftest(timeout=args.timeout)
     except V100labError as exc:
         print(f"selftest: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""``v100lab doctor LOGFILE [--device D] [--json]``: diagnose a llama.cpp log, item by item.
+"""``v100lab doctor LOGFILE [--device D] [--no-host-gpus] [--json]``: diagnose a llama.cpp log, item by item.
 
 LOGFILE is what llama-server, llama-cli or llama-bench printed (stderr and stdout together; for llama-server
 ``-lv 4`` adds the load lines), or one of v100lab's raw logs. Each finding gives the numbers from the log,
@@ -16,6 +16,7 @@ import json
 import math
 import sys
 
+from v100lab.base.cudabuild import detect_gpus
 from v100lab.advise.doctor import diagnose_file
 from v100lab.base.errors import ConfigError
 
@@ -30,6 +31,8 @@ def add_arguments(p):
                         "(default: the GPU the log names, when the catalog knows it)")
     p.add_argument("--free-ram-gib", type=float, default=None,
                    help="free host RAM when the log does not say (llama-server -lv 4 does)")
+    p.add_argument("--no-host-gpus", action="store_true",
+                   help="do not ask nvidia-smi for this machine's GPUs (a log made on another machine)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -46,7 +49,9 @@ def _free_ram_bytes(gib: float | None) -> int | None:
 
 def run(args) -> int:
     free = _free_ram_bytes(args.free_ram_gib)
-    d = diagnose_file(args.logfile, args.device, free_ram_bytes=free)
+    # the cards here: a GPU in the machine and a log without one is llama.cpp built without CUDA
+    host_gpus = () if args.no_host_gpus else detect_gpus()[0]
+    d = diagnose_file(args.logfile, args.device, free_ram_bytes=free, host_gpus=host_gpus)
     if args.json:
         json.dump(d.as_dict(), sys.stdout, indent=2, allow_nan=False)
         print()

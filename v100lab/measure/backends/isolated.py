@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from v100lab.facts import loadlog
 from v100lab.measure.backends.inprocess import InProcessBackend, build_info, cpu_gpu_info
 from v100lab.measure.backends.types import BenchTest, Measurement
 from v100lab.facts.config import RunConfig
@@ -62,6 +63,22 @@ def _build_info_here() -> dict[str, Any]:
     info = build_info()
     info["cpu_info"], info["gpu_info"] = cpu_gpu_info()
     return info
+
+
+def _gpu_probe_here(model_path: str) -> dict[str, Any]:
+    """In a worker: does this llama.cpp offload, and where do the model's buffers go with every layer asked for?"""
+    import llama_cpp  # heavy: the compiled library (a CUDA build without libcuda.so.1 fails right here)
+
+    if not llama_cpp.llama_supports_gpu_offload():
+        return {"gpu_offload": False}
+    facts, _ = loadlog.load_and_capture(model_path, RunConfig(n_ctx=256))
+    return {"gpu_offload": True, "offloaded": facts.offloaded_layers, "offloadable": facts.offloadable_layers,
+            "buffers": facts.by_device()}
+
+
+def gpu_probe(model_path: str | os.PathLike, timeout: float | None = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """:func:`_gpu_probe_here` in a fresh worker (a library that does not load raises, it does not kill us)."""
+    return call_isolated(_gpu_probe_here, str(model_path), timeout=timeout, what="loading on the GPU")
 
 
 @lru_cache(maxsize=1)
