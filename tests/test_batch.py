@@ -138,7 +138,7 @@ def test_inputs_digest_tracks_params_notebook_and_version(tmp_path, monkeypatch)
     d1 = runner.inputs_digest(p, nb)
     nb.write_text(nb.read_text().replace("plumbing only", "plumbing"))
     d2 = runner.inputs_digest(p, nb)
-    monkeypatch.setattr(batch_runner, "__version__", "99.0")
+    monkeypatch.setattr(runner, "__version__", "99.0")
     d3 = runner.inputs_digest(p, nb)
     assert len({d0, d1, d2, d3}) == 4
 
