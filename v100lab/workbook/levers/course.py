@@ -51,7 +51,7 @@ LESSONS = (
     Lesson("07_flash_attention", "-fa off vs on at depth: what flash attention changes, measured vs predicted.",
            "flash_attn"),
     Lesson("08_batch_size", "-b/-ub: prompt processing over the micro-batch size, with a prompt longer than the "
-                            "largest.", "batch"),
+                            "largest.", "batch_size"),
     Lesson("09_threads", "-t: prompt processing and decode over CPU threads.", "threads"),
     Lesson("10_parallel_slots", "--parallel: llama-server's slots under load, total vs per-stream decode, latency "
                                 "percentiles, one user, the context per slot.", "parallel"),
