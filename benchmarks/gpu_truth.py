@@ -34,7 +34,7 @@ def models() -> list[tuple[str, Path, int, int]]:
     """(name, path, half of the layers, n_layer) of each model gpu_truth.sh benches (built or assembled once)."""
     out = []
     for name in MODELS:
-        path = zoo.resolve(name)
+        path = zoo.model_path(name)
         n = read_spec(path).n_layer
         out.append((name, path, n // 2, n))
     return out

@@ -147,7 +147,7 @@ def run_selftest(model: str | os.PathLike | None = None, *, threads: tuple[int, 
         raise V100labError(f"--timeout must be a positive number of seconds, got {timeout}")
     if n_prompt < 2:
         raise V100labError(f"the self-test needs a prompt of at least 2 tokens (a batched decode), got {n_prompt}")
-    path = zoo.resolve(model or "default")
+    path = zoo.model_path(model or "default")
     ncpu = os.cpu_count() or 1
     threads = tuple(sorted(set(threads or (1, ncpu))))
     backend = IsolatedBackend(timeout=timeout)
@@ -223,7 +223,7 @@ def run_gpu_selftest(model: str | os.PathLike | None = None, *, timeout: float =
                      n_prompt: int = SELFTEST_PROMPT, n_gen: int = SELFTEST_GEN) -> GpuSelfTest:
     """The GPU build's self-test: load ``model`` (default: the default model) with every layer offloaded, read
     the load log, then pp``n_prompt``/tg``n_gen`` at all layers — each in a worker under ``timeout``."""
-    path = zoo.resolve(model or "default")
+    path = zoo.model_path(model or "default")
     try:
         probe = gpu_probe(path, timeout=timeout)
     except (RunFailed, OSError, ImportError, RuntimeError) as exc:  # RuntimeError: llama_cpp's "Failed to load"
