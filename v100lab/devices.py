@@ -371,7 +371,8 @@ def _class_of(cc: str | None, refs: list[Device]) -> tuple[list[Device], str]:
         if same:
             return same, f"compute capability {major}.x (no catalog card of {cc})"
     tensor = [d for d in refs if _cc_text(d) not in FP16_PER_FP32_BY_CC]
-    return tensor or refs, "the catalog's GPUs (compute capability not given)"
+    why = "compute capability not given" if cc is None else f"no catalog card of compute capability {cc}"
+    return tensor or refs, f"the catalog's GPUs ({why})"
 
 
 def complete_gpu(device: Device, reference=None) -> tuple[Device, tuple[Assumption, ...]]:
