@@ -274,8 +274,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             notes.append(f"{k}: {r.profile_note}")      # the host profile's age and quality
         if k in active:
             notes += [f"{k}: warning: {w}" for w in r.profile_warnings]
-        if k in active:
-            notes += [f"{k}: {a.line}" for a in r.assumptions]
+            notes += [f"{k}: {a.line}" for a in r.assumptions]     # a device file's missing fields, as inferred
         if k in active and r.source.startswith("uncalibrated"):
             notes.append(f"{k}: {r.source}")
         elif k in active and r.threads_note:
