@@ -133,3 +133,55 @@ def test_host_profile_from_another_machine_is_ignored(fresh_cache):
     assert h.extra["fingerprint"]["hostname"] != "elsewhere" and h.extra["measured"] is False
     assert not devices.host_measured()
     assert calibration.measured_host().extra["fingerprint"]["hostname"] != "elsewhere"
+
+
+# ---- a sparse device file: the speed fields it lacks inferred from the catalog, and named ----------------
+
+def _sparse(tmp_path, text):
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: My card\nkind: gpu\nmemory_gib: 24\n" + text)
+    return devices.get_device(path)
+
+
+def test_a_headline_device_file_is_completed_from_its_class_and_says_so(tmp_path):
+    dev = _sparse(tmp_path, "bandwidth_gbs: 936\nfp16_tflops: 71\ncompute_capability: \"8.6\"\n")
+    full, assumed = devices.complete_gpu(dev)
+    assert {a.field for a in assumed} == {"fp32_tflops", "board_power_w", "host_link_gbs"}
+    # a GeForce board's FP16 tensor rate is half a workstation board's: the ratio comes from its own kind
+    assert full.fp32_tflops == pytest.approx(devices.get_device("rtx-3090").fp32_tflops, rel=0.05)
+    assert full.board_power_w and full.host_link_gbs and full.fp16_tflops == 71
+    for a in assumed:
+        assert "compute capability 8.6" in a.line and a.line.startswith(f"{a.field} assumed ")
+        assert a.low <= a.value <= a.high
+    assert dev.fp32_tflops is None          # the device itself is not changed
+
+
+def test_catalog_devices_and_complete_files_assume_nothing(tmp_path):
+    for d in devices.catalog().values():
+        full, assumed = devices.complete_gpu(d)
+        assert full is d and assumed == ()
+    dev = _sparse(tmp_path, "bandwidth_gbs: 936\nfp16_tflops: 71\nfp32_tflops: 35.6\nboard_power_w: 350\n"
+                            "host_link_gbs: 31.5\ncompute_capability: \"8.6\"\n")
+    assert devices.complete_gpu(dev) == (dev, ())
+
+
+def test_inference_uses_only_the_reference_it_is_given(tmp_path):
+    dev = _sparse(tmp_path, "bandwidth_gbs: 936\nfp16_tflops: 71\ncompute_capability: \"8.6\"\n")
+    others = [d for d in devices.catalog().values() if d.id not in ("rtx-3090", "rtx-3090-ti")]
+    _, assumed = devices.complete_gpu(dev, others)
+    assert not any("rtx-3090" in a.line for a in assumed)
+    _, with_all = devices.complete_gpu(dev)
+    assert any("rtx-3090" in a.line for a in with_all)
+
+
+def test_pascal_fp32_comes_from_the_architecture_and_no_capability_is_named(tmp_path):
+    p40 = devices.get_device("p40")
+    dev = _sparse(tmp_path, f"bandwidth_gbs: 346\nfp16_tflops: {p40.fp16_tflops}\ncompute_capability: \"6.1\"\n")
+    others = [d for d in devices.catalog().values() if d.id != "p40"]
+    full, assumed = devices.complete_gpu(dev, others)
+    assert full.fp32_tflops == pytest.approx(p40.fp32_tflops, rel=0.05)
+    assert "architecture" in next(a.line for a in assumed if a.field == "fp32_tflops")
+    nocc = _sparse(tmp_path, "bandwidth_gbs: 936\nfp16_tflops: 71\n")
+    _, assumed = devices.complete_gpu(nocc)
+    cc = next(a for a in assumed if a.field == "compute_capability")
+    assert cc.value is None and "not given" in cc.line and "kernel family" in cc.line

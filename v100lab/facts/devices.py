@@ -19,7 +19,7 @@ import os
 import platform
 import socket
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -312,3 +312,123 @@ def host_device() -> Device:
                   kind="cpu", memory_gib=round(fp["ram_bytes"] / 2**30, 3), bandwidth_gbs=UNMEASURED_HOST_BANDWIDTH_GBS,
                   source_url="not measured: run `v100lab calibrate` (or v100lab.measure.calibration.measure_host)",
                   extra={"measured": False, "fingerprint": fp})
+
+
+# ------------------------------------------------------------------------------------------------
+# a sparse device file: the fields the speed model needs, inferred from the catalog
+# ------------------------------------------------------------------------------------------------
+
+#: FP16 / FP32 ALU rate of architectures without tensor cores, where the ratio is the architecture's, not the
+#: SKU's: CUDA C++ Programming Guide, "Arithmetic Instructions" (results per clock per multiprocessor: 16-bit vs
+#: 32-bit floating-point multiply-add). GP100 (6.0) and Tegra (5.3, 6.2) run FP16 at twice FP32; the GP10x cards
+#: (6.1: P40, GTX 10x0) at 1/64.
+FP16_PER_FP32_BY_CC = {"5.3": 2.0, "6.0": 2.0, "6.1": 1.0 / 64.0, "6.2": 2.0}
+_SPEED_FIELDS = ("fp16_tflops", "fp32_tflops", "board_power_w", "host_link_gbs")
+_UNITS = {"board_power_w": " W", "fp32_tflops": " TFLOP/s", "fp16_tflops": " TFLOP/s", "host_link_gbs": " GB/s"}
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """One field a device lacked, the value the speed model uses instead, and why.
+
+    ``low``/``high``: the field's range among the catalog cards it was inferred from (what it could be), for
+    judging how much a prediction depends on it; None for a field without a number (compute capability)."""
+
+    field: str
+    value: float | None
+    basis: str
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def line(self) -> str:
+        if self.value is None:
+            return f"{self.field} not given: {self.basis}; add it from the card's spec sheet"
+        return (f"{self.field} assumed {self.value:.4g}{_UNITS.get(self.field, '')} from {self.basis}; "
+                "add it from the card's spec sheet")
+
+
+def _cc_text(dev: Device) -> str | None:
+    return str(dev.compute_capability).strip() if dev.compute_capability else None
+
+
+def _reference_gpus(reference) -> list[Device]:
+    """The catalog GPUs that have every field an inference reads."""
+    refs = catalog().values() if reference is None else reference
+    return [d for d in refs if d.kind == "gpu" and d.compute_capability and d.fp16_tflops and d.fp32_tflops
+            and d.board_power_w and d.host_link_gbs]
+
+
+def _class_of(cc: str | None, refs: list[Device]) -> tuple[list[Device], str]:
+    """The reference cards of ``cc`` (else of its major version, else all with tensor cores), and the words
+    that say which."""
+    if cc is not None:
+        same = [d for d in refs if _cc_text(d) == cc]
+        if same:
+            return same, f"compute capability {cc}"
+        major = cc.split(".")[0]
+        same = [d for d in refs if _cc_text(d).split(".")[0] == major]
+        if same:
+            return same, f"compute capability {major}.x (no catalog card of {cc})"
+    tensor = [d for d in refs if _cc_text(d) not in FP16_PER_FP32_BY_CC]
+    why = "compute capability not given" if cc is None else f"no catalog card of compute capability {cc}"
+    return tensor or refs, f"the catalog's GPUs ({why})"
+
+
+def complete_gpu(device: Device, reference=None) -> tuple[Device, tuple[Assumption, ...]]:
+    """A CUDA device with the speed model's fields filled in where a device file left them out, and what was assumed.
+
+    Compute capability picks the class: the reference cards of that capability. In it, the card nearest in
+    bandwidth per TFLOP/s gives the FP16:FP32 ratio (a consumer and a workstation board of one chip differ 2x
+    there; without tensor cores the architecture's ratio) and the board power per FP32 TFLOP/s; the host link
+    is the class's most common. ``reference``: the cards to infer from (default: the catalog)."""
+    cc = _cc_text(device)
+    if device.kind != "gpu" or (cc is not None and all(getattr(device, f) for f in _SPEED_FIELDS)):
+        return device, ()        # a field of 0 counts as missing, as the speed model reads it
+    refs = [d for d in _reference_gpus(reference) if d.id != device.id]
+    t16, t32 = device.fp16_tflops or None, device.fp32_tflops or None
+    given = t16 if t16 is not None else t32
+    if not refs:
+        return device, ()
+    group, basis = _class_of(cc, refs)
+    out: list[Assumption] = []
+    if cc is None:
+        out.append(Assumption("compute_capability", None, "llama.cpp's kernel family is not known (predicted as "
+                              "Turing or later, int8 tensor cores) and the other fields come from all catalog GPUs"))
+    fills: dict[str, float] = {}
+    if given is not None:
+        # the class card nearest in bandwidth per given TFLOP/s: a consumer board (FP16 tensor rate halved) sits
+        # far from a workstation board of the same chip there
+        peak = "fp16_tflops" if t16 is not None else "fp32_tflops"
+        mine = device.bandwidth_gbs / given
+        near = min(group, key=lambda d: (abs(math.log(d.bandwidth_gbs / getattr(d, peak) / mine)), d.id))
+        if t16 is None or t32 is None:
+            fixed = FP16_PER_FP32_BY_CC.get(cc) if cc is not None else None
+            if fixed is not None:
+                ratio = lo = hi = fixed
+                why = f"compute capability {cc} (FP16 at {fixed:.3g}x FP32, the architecture's ratio)"
+            else:
+                ratios = [d.fp16_tflops / d.fp32_tflops for d in group]
+                ratio, lo, hi = near.fp16_tflops / near.fp32_tflops, min(ratios), max(ratios)
+                why = f"{basis}: FP16:FP32 {ratio:.3g} of {near.id}, the nearest in bandwidth per TFLOP/s"
+            if t32 is None:
+                fills["fp32_tflops"] = t32 = round(given / ratio, 3)
+                out.append(Assumption("fp32_tflops", t32, why, given / hi, given / lo))
+            else:
+                fills["fp16_tflops"] = t16 = round(given * ratio, 3)
+                out.append(Assumption("fp16_tflops", t16, why, given * lo, given * hi))
+        if not device.board_power_w:
+            w_per = [d.board_power_w / d.fp32_tflops for d in group]
+            near_w = near.board_power_w / near.fp32_tflops
+            fills["board_power_w"] = w = float(round(t32 * near_w))
+            out.append(Assumption("board_power_w", w, f"{basis}: {near_w:.3g} W per FP32 TFLOP/s of {near.id}",
+                                  t32 * min(w_per), t32 * max(w_per)))
+    if not device.host_link_gbs:
+        links = [d.host_link_gbs for d in group]
+        link = max(sorted(set(links)), key=links.count)
+        fills["host_link_gbs"] = link
+        out.append(Assumption("host_link_gbs", link, f"{basis}: the most common host link there",
+                              min(links), max(links)))
+    if fills:   # an inference from an extreme given figure stays within what a device may hold
+        device = replace(device, **{k: min(v, _RANGES[k][1]) for k, v in fills.items()})
+    return device, tuple(out)

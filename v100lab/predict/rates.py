@@ -34,7 +34,7 @@ from v100lab.base import buildflags
 from v100lab.predict import drift_scaling, memory
 from v100lab.base.clock import age_text, parse_utc
 from v100lab.facts.config import RunConfig
-from v100lab.facts.devices import Device, get_device, host_fingerprint, read_host_profile
+from v100lab.facts.devices import Assumption, Device, complete_gpu, get_device, host_fingerprint, read_host_profile
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.gguf.llama_context import causal_cells, nearest_type, resolve_flash_attn
 from v100lab.gguf.skeleton import skeleton_spec
@@ -90,6 +90,7 @@ class DeviceRates:
     attn_s_per_kv_byte: float = 0.0           # CPU: per byte of the KV cells attention reads (what makes its cost per
                                               # head × cell follow the GQA ratio: calibration's calib-mha)
     threads: int = 1                          # CPU: the threads sharing each matrix product (work.busiest_share)
+    assumptions: tuple[Assumption, ...] = ()  # GPUs: fields the device file lacked and the values used instead
 
     @property
     def peak_bandwidth(self) -> float:
@@ -152,7 +153,8 @@ class DeviceRates:
 
 def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) -> DeviceRates:
     """How fast ``device`` is for ``cfg``: the host's calibration for a calibrated CPU, the fitted
-    device-class parameters for GPUs and Apple chips, stated assumptions otherwise."""
+    device-class parameters for GPUs and Apple chips, stated assumptions otherwise. A CUDA device file's missing
+    fields are inferred from the catalog (:func:`v100lab.facts.devices.complete_gpu`) and named in ``assumptions``."""
     if device.kind == "cpu":
         cal = None
         if profile is not None:
@@ -168,7 +170,9 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
             hp = describe_host_rates(cal, device=device, stored=False)
             r = replace(r, profile_note=hp.line, profile_warnings=hp.warnings)
         return replace(r, source=f"{r.source}; {note}", threads_note=note) if note else r
-    return gpu_rates(device, gpu_class_fit(device.kind), cfg)
+    device, assumed = complete_gpu(device)      # a sparse device file: its missing fields inferred, and named
+    r = gpu_rates(device, gpu_class_fit(device.kind), cfg)
+    return replace(r, assumptions=assumed) if assumed else r
 
 
 def effective_threads(cfg: RunConfig, device, profile: Mapping[str, Any] | None = None) -> tuple[int, str]:

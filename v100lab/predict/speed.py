@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from v100lab.predict import memory
 from v100lab.facts.config import RunConfig
-from v100lab.facts.devices import Device, get_device
+from v100lab.facts.devices import Device, catalog, complete_gpu, get_device
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.gguf.llama_context import causal_cells, fa_prompt_cells, kv_cells, n_kv_cells, resolve_flash_attn
 from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
@@ -274,6 +274,7 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
             notes.append(f"{k}: {r.profile_note}")      # the host profile's age and quality
         if k in active:
             notes += [f"{k}: warning: {w}" for w in r.profile_warnings]
+            notes += [f"{k}: {a.line}" for a in r.assumptions]     # a device file's missing fields, as inferred
         if k in active and r.source.startswith("uncalibrated"):
             notes.append(f"{k}: {r.source}")
         elif k in active and r.threads_note:
@@ -284,6 +285,47 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         physical_ceiling_tg_tps=1.0 / t_strict if t_strict else math.inf,
         bound=bound, pp_bound=pp_bound, by_device=MappingProxyType(by), depth=depth, n_prompt=n_prompt,
         t_link_s=t_link, t_overhead_token_s=t_tok, notes=tuple(dict.fromkeys(notes)))
+
+
+#: a field a device file lacks is worth a warning when its range moves the prediction by more than this
+ASSUMPTION_WARN_CHANGE = 0.10
+
+
+def assumption_warnings(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig, depth: int = 0,
+                        n_prompt: int = 512, threshold: float = ASSUMPTION_WARN_CHANGE) -> list[str]:
+    """One line per field a device file lacked (:func:`v100lab.facts.devices.complete_gpu`) that matters here: set to the
+    lowest and the highest value among the catalog cards it was inferred from, it moves tg or pp by more than
+    ``threshold``. A missing compute capability always warns (it picks llama.cpp's kernel family)."""
+    rates = {k: rates_for(p.device, cfg) for k, p in placement.items() if p.device.kind == "gpu"}
+    if not any(r.assumptions for r in rates.values()):
+        return []
+    devices = [p.device for p in placement.values()]
+    base = predict(spec, devices, cfg, depth=depth, n_prompt=n_prompt, placement=placement, rates=rates)
+    out = []
+    for k, r in rates.items():
+        full, _ = complete_gpu(placement[k].device)
+        for a in r.assumptions:
+            if a.field == "compute_capability":
+                out.append(f"{k}: the device file lacks compute_capability, which picks llama.cpp's kernel family "
+                           "and the catalog cards its other fields are inferred from; add it (nvidia-smi "
+                           "--query-gpu=compute_cap --format=csv)")
+                continue
+            worst, what = 0.0, ""
+            for v in (a.low, a.high):
+                alt = replace(full, **{a.field: float(v)})
+                q = predict(spec, devices, cfg, depth=depth, n_prompt=n_prompt,
+                            placement={**placement, k: replace(placement[k], device=alt)},
+                            rates={**rates, k: rates_for(alt, cfg)})
+                for name, new, old in (("tg", q.tg_tps, base.tg_tps), (f"pp{n_prompt}", q.pp_tps, base.pp_tps)):
+                    if not (0 < old < math.inf and 0 < new < math.inf):
+                        continue
+                    if abs(new / old - 1.0) > abs(worst):
+                        worst, what = new / old - 1.0, name
+            if abs(worst) > threshold:
+                out.append(f"{k}: the device file lacks {a.field}; over its range among the catalog cards it was "
+                           f"inferred from ({a.low:.3g}-{a.high:.3g}) it moves the {what} prediction by up to "
+                           f"{100 * abs(worst):.0f} % (assumed {a.value:.4g}): add it from the card's spec sheet")
+    return out
 
 
 def _link_gbs(rates: Mapping[str, DeviceRates]) -> float | None:
@@ -450,22 +492,49 @@ def apple_rows(split: str = "leave-one-chip-out"):
     return pd.DataFrame(out)
 
 
-def cuda_rows(split: str = "leave-one-card-out"):
+CUDA_SPLITS = ("leave-one-card-out", "none", "device-file")
+#: what a device file from a spec sheet's headline figures holds (the README's example); the rest is inferred
+SPARSE_DEVICE_FIELDS = ("bandwidth_gbs", "fp16_tflops", "compute_capability")
+
+
+def sparse_device(dev: Device, keep: Sequence[str] = SPARSE_DEVICE_FIELDS) -> Device:
+    """``dev`` as a user's device file gives it: of its speed fields only ``keep`` (default: the headline three)."""
+    return Device(id=dev.id, name=dev.name, kind=dev.kind, memory_gib=dev.memory_gib,
+                  bandwidth_gbs=dev.bandwidth_gbs, runtime_overhead_mib=dev.runtime_overhead_mib,
+                  **{f: getattr(dev, f) for f in keep if f != "bandwidth_gbs"})
+
+
+def held_out_reference(dev: Device) -> list[Device]:
+    """The catalog GPUs a held-out card's fields may be inferred from: all but the card and its spec twins (a
+    second memory size of the same board: same bandwidth, peaks, power and compute capability)."""
+    key = lambda d: (d.bandwidth_gbs, d.fp16_tflops, d.fp32_tflops, d.board_power_w, d.compute_capability)
+    return [d for d in catalog().values() if d.kind == "gpu" and d.id != dev.id and key(d) != key(dev)]
+
+
+def cuda_rows(split: str = "leave-one-card-out", infer: bool = True, keep: Sequence[str] = SPARSE_DEVICE_FIELDS):
     """Predicted vs published CUDA rows (``data/cuda_llama7b.csv``), one row per published row.
 
     ``split="leave-one-card-out"``: each card's rows are predicted by a CUDA-class fit on every other card's
-    rows (:func:`v100lab.predict.rates.fit_cuda_rows`) — the honest figure. ``split="none"``: one fit on every row
-    (in-sample; shown only to size the optimism)."""
+    rows (:func:`v100lab.predict.rates.fit_cuda_rows`) — the honest figure. ``split="device-file"``: the same, with the
+    card given as a device file with only the fields ``keep`` (:func:`sparse_device`), the others inferred from the
+    other catalog cards (:func:`held_out_reference`; ``infer=False``: left missing). ``split="none"``: one fit on every
+    row (in-sample; shown only to size the optimism)."""
     import pandas as pd  # heavy: only this table needs it
 
-    if split not in ("leave-one-card-out", "none"):
-        raise ConfigError(f"cuda_rows: split must be 'leave-one-card-out' or 'none', got '{split}'")
+    if split not in CUDA_SPLITS:
+        raise ConfigError(f"cuda_rows: split must be one of {', '.join(CUDA_SPLITS)}, got '{split}'")
     df = load_cuda_table()
     full = fit_cuda_rows(df) if split == "none" else None
     out = []
     for card, rows in df.groupby("device", sort=False):
         fit = full or fit_cuda_rows(df[df["device"] != card])
         dev = get_device(str(card))
+        assumed, reference = (), []
+        if split == "device-file":
+            reference = held_out_reference(dev)
+            dev = sparse_device(dev, keep)
+            if infer:
+                dev, assumed = complete_gpu(dev, reference)
         for _, row in rows.iterrows():
             spec = arch_spec(str(row["arch"]), str(row["quant"]))
             cfg, depth, n_prompt = cuda_bench_config(str(row["test"]), int(row["fa"]))
@@ -477,5 +546,7 @@ def cuda_rows(split: str = "leave-one-card-out"):
                         "published": float(row["tps"]), "predicted": float(pred),
                         "error": float(pred) / float(row["tps"]) - 1.0, "build": row["build"],
                         "above_ceiling": bool(row["test"] == "tg128" and float(row["tps"]) > p.physical_ceiling_tg_tps),
-                        "fit_on": "all rows" if full else f"all cards but {dev.id}", "source": row["source_url"]})
+                        "fit_on": "all rows" if full else f"all cards but {dev.id}", "source": row["source_url"],
+                        "assumed": ", ".join(f"{a.field} {a.value:.4g}" for a in assumed if a.value is not None),
+                        "inferred_from": ",".join(d.id for d in reference)})
     return pd.DataFrame(out)
