@@ -159,3 +159,74 @@ def test_from_mapping_and_flags():
     assert (cfg.spec_type, cfg.draft_model, cfg.draft_max) == ("draft-simple", "small.gguf", 3)
     with pytest.raises(ConfigError, match="server backend"):
         RunConfig(spec_type="ngram-mod").to_llama_kwargs()
+
+
+def test_tps_from_counts():
+    t = {1: 0.010, 5: 0.013}.__getitem__
+    # nothing drafted: plain decode, n_gen tokens over n_gen − 1 passes
+    assert sp.tps_from_counts(65, 0, 0, 4, t) == pytest.approx(65 / (64 * 0.010))
+    # every pass drafted 4 and kept 2: 3 tokens a pass, as E says for that acceptance
+    tps = sp.tps_from_counts(64 * 3 + 1, 64 * 4, 64 * 2, 4, t)
+    assert tps == pytest.approx((64 * 3 + 1) / (64 * 0.013))
+    with pytest.raises(ConfigError, match="do not add up"):
+        sp.tps_from_counts(10, 4, 5, 4, t)
+
+
+# ---- llama-server's timings ------------------------------------------------------------------
+
+def test_draft_counts_from_timings():
+    from v100lab.loadgen.client import draft_counts
+
+    assert draft_counts({"predicted_n": 64, "draft_n": 40, "draft_n_accepted": 31}) == (40, 31)
+    assert draft_counts({"predicted_n": 64}) == (None, None)            # the server omits them without drafts
+    assert draft_counts(None) == (None, None)
+    for bad in ({"draft_n": 4, "draft_n_accepted": 5}, {"draft_n": -1, "draft_n_accepted": 0},
+                {"draft_n": "4", "draft_n_accepted": 1}, {"draft_n": 4}):
+        assert draft_counts(bad) == (None, None)
+
+
+def test_level_sums_drafts():
+    from v100lab.loadgen.metrics import server_side_by_side
+    from v100lab.loadgen.request import RequestResult
+
+    rs = []
+    for i, (n, acc) in enumerate(((10, 5), (30, 27), (None, None))):
+        r = RequestResult(level="c1", level_index=0, index=i, max_tokens=8, prompt_tokens_sent=4, status="ok",
+                          ttft_s=0.1, e2el_s=0.5, n_gen=8, server_timings={"predicted_n": 8, "prompt_n": 4},
+                          draft_n=n, draft_n_accepted=acc)
+        rs.append(r)
+    assert rs[0].draft_acceptance == 0.5 and rs[2].draft_acceptance is None
+    assert rs[1].as_dict()["draft_n_accepted"] == 27
+    out = server_side_by_side(rs, 1.0, None, None)
+    assert (out["server_draft_n"], out["server_draft_n_accepted"]) == (40, 32)
+    assert out["draft_acceptance"] == pytest.approx(0.8)
+    assert "server_draft_n" not in server_side_by_side(rs[2:], 1.0, None, None)
+
+
+# ---- a real llama-server -----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_real_llama_server_ngram_self_speculation(llama_server, default_model, tmp_path):
+    """serve-bench against llama-server with n-gram self-speculation on the default model: the flags are
+    accepted, every request records the server's drafted/accepted counts, and a prompt that repeats itself
+    gets drafts accepted."""
+    from v100lab import loadgen
+    from v100lab.backends.server import ServerBackend
+    from v100lab.loadgen.workload import SLO, Workload
+
+    cfg = RunConfig(n_ctx=1024, n_threads=1, spec_type="ngram-simple", draft_max=4, ngram_size_n=2)
+    wl = Workload(levels=loadgen.parse_concurrency("1"), requests=2, prompt_tokens=32, max_tokens=48,
+                  slo=SLO(ttft_ms=60_000, tpot_ms=60_000), timeout_s=120)
+    run = loadgen.serve_bench(default_model, wl, cfg, results=tmp_path / "r.jsonl", progress=False)
+    assert [r.status for r in run.requests] == ["ok", "ok"], [r.reason for r in run.requests]
+    assert "--spec-ngram-simple-size-m" in run.server["argv"]
+    for r in run.requests:
+        assert (r.draft_n is None) == ("draft_n" not in r.server_timings)
+        if r.draft_n is not None:
+            assert 0 <= r.draft_n_accepted <= r.draft_n and r.draft_n == r.server_timings["draft_n"]
+    # the same server flags, a prompt that repeats: drafts proposed and some accepted
+    text = "def add(a, b):\n    return a + b\n\n" * 12
+    with ServerBackend().open(default_model, cfg) as s:
+        tm = s.complete(text, 48)["timings"]
+    assert tm["predicted_n"] == 48 and tm["draft_n"] > 0 and 0 < tm["draft_n_accepted"] <= tm["draft_n"]

@@ -80,6 +80,23 @@ def alpha_from_rate(rate: float, n: int) -> float:
     return (lo + hi) / 2
 
 
+def tps_from_counts(n_gen: int, draft_n: int, accepted: int, n_draft: int,
+                    verify_s: Callable[[int], float]) -> float:
+    """tok/s of a generation llama-server reports as ``n_gen`` tokens with ``draft_n`` drafted and ``accepted``
+    kept: each pass yields 1 + its accepted tokens, so ``n_gen − 1 − accepted`` passes (the first token comes
+    from the prompt's step); ``draft_n / n_draft`` of them verified a full draft (``verify_s(n_draft + 1)``),
+    the rest found nothing to draft (``verify_s(1)``). Every pass drafting gives E / verify_s(n + 1) again."""
+    for name, v in (("n_gen", n_gen), ("draft_n", draft_n), ("accepted", accepted), ("n_draft", n_draft)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"{name} must be a whole number >= 0, got {v!r}")
+    if accepted > draft_n or n_gen < 2 or n_draft < 1:
+        raise ConfigError(f"counts do not add up: {n_gen} generated, {draft_n} drafted, {accepted} accepted, "
+                          f"draft length {n_draft}")
+    passes = max(1.0, n_gen - 1 - accepted)
+    drafting = min(passes, draft_n / n_draft)
+    return n_gen / (drafting * verify_s(n_draft + 1) + (passes - drafting) * verify_s(1))
+
+
 def speculative_ceiling(plain_ceiling_tps: float, alpha: float, n: int) -> float:
     """The ceiling for speculative decode: the plain ceiling × E(α, n) (weights read once per pass)."""
     if not (plain_ceiling_tps and plain_ceiling_tps > 0):
