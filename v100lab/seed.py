@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from v100lab import memory
+from v100lab import memory, speculative
 from v100lab.config import RunConfig
 from v100lab.devices import device_from_mapping, get_device
 from v100lab.rates import arch_spec, data_text
@@ -112,3 +112,32 @@ def parallel_claim_rows(model: str, quant: str, device: str, slots: int | None =
                         metric=c["metric"], result=c["below"], unit="×", source="claimed",
                         group="concurrency 1",
                         note=f"claimed: below {c['below']:g} (the seed gives no figure): '{c['advice']}'{where}")]
+
+
+MTP_DRAFT = 2    # the draft length published V100 sweeps of MTP found best
+
+
+def seed_mtp_stage(device: str = "v100-16gb", arch: str | None = None, claims_file=None, n_draft: int = MTP_DRAFT,
+                   alpha: float | None = None) -> list:
+    """A predicted stage after the seed's last: its configuration with an MTP head drafting ``n_draft`` tokens
+    (``--spec-type draft-mtp``) at per-token acceptance ``alpha`` (None: :func:`v100lab.speculative.assumed_alpha`,
+    said in the note) — the stage's tok/s, and the plain and speculative ceilings (plain × tokens per pass)."""
+    claims = load_seed_claims(claims_file)
+    arch = arch or claims["model"]["arch"]
+    stage = claims["stages"][-1] if claims["stages"][-1]["quant"] != "Q3_K_M" else claims["stages"][-2]
+    spec = arch_spec(arch, stage["quant"])
+    devs = [get_device(device), seed_host_device(claims)]
+    cfg, fit_note = memory.fit_gpu_layers(spec, devs, RunConfig.from_mapping(stage.get("config") or {}))
+    p = speculative.predict(spec, devs, cfg, spec_type="draft-mtp", n_draft=n_draft, alpha=alpha,
+                            depth=int(stage.get("depth", 0)))
+    label = f"{stage['id']}+ with MTP (draft {n_draft}, predicted)"
+    note = "; ".join(x for x in (*p.notes, fit_note, f"{p.speedup:.2f}× the same stage without MTP") if x)
+    base = dict(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage", value=label,
+                unit="tok/s", source="predicted")
+    return [Observation(metric="tg_tps", result=p.tps, note=note, bound="speculative", **base),
+            Observation(metric="tg_tps_without_mtp", result=p.plain_tps, note=f"stage {stage['id']} as predicted",
+                        **base),
+            Observation(metric="weights_ceiling_tg_tps", result=p.plain_ceiling_tps, note="seed's plain ceiling",
+                        **base),
+            Observation(metric="speculative_ceiling_tg_tps", result=p.ceiling_tps,
+                        note=f"plain ceiling × {p.tokens_per_pass:.2f} tokens per pass", **base)]
