@@ -230,3 +230,45 @@ def test_real_llama_server_ngram_self_speculation(llama_server, default_model, t
     with ServerBackend().open(default_model, cfg) as s:
         tm = s.complete(text, 48)["timings"]
     assert tm["predicted_n"] == 48 and tm["draft_n"] > 0 and 0 < tm["draft_n_accepted"] <= tm["draft_n"]
+
+
+# ---- plan and tune -----------------------------------------------------------------------------
+
+def test_plan_counts_the_draft_model(capsys):
+    import json
+
+    from v100lab.cli import main
+
+    argv = ["plan", "skeleton:llama2-7b:Q4_0", "-d", "v100-16gb", "--spec-type", "draft-simple",
+            "-md", "skeleton:llama2-7b:Q2_K", "--draft-max", "3", "--alpha", "0.6", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    s = doc["speculative"]
+    gpu_t, gpu_d = doc["devices"]["v100-16gb"], s["draft_devices"]["v100-16gb"]
+    assert gpu_d["weights_bytes"] > 0 and gpu_d["kv_cache_bytes"] > 0
+    assert s["total_with_draft_bytes"]["v100-16gb"] == gpu_t["total_bytes"] + gpu_d["total_bytes"]
+    assert s["predicted"]["alpha"] == 0.6 and s["predicted"]["alpha_source"] == "given"
+    assert s["predicted"]["draft_max"] == 3 and s["predicted"]["t_draft_ms"] > 0
+    assert main(argv[:-1]) == 0
+    assert "α 0.6 (given)" in capsys.readouterr().out
+    # a draft model too large for the card beside the target: does not fit
+    assert main(["plan", "skeleton:llama2-7b:Q8_0", "-d", "v100-16gb", "--spec-type", "draft-simple",
+                 "-md", "skeleton:llama2-7b:Q8_0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["speculative"]["fits_with_draft"] is False and doc["fits"] is False
+    assert main(["plan", "skeleton:llama2-7b:Q4_0", "-d", "v100-16gb", "--alpha", "0.5"]) == 2
+    assert "--alpha" in capsys.readouterr().err
+
+
+def test_tune_says_whether_speculation_pays_for_one_user():
+    from v100lab.advisor import speculation_advice
+
+    spec = skeleton_spec("llama2-7b", "Q4_0")
+    cfg = RunConfig(n_ctx=4096, flash_attn="on")
+    yes = speculation_advice(spec, ["v100-16gb"], cfg, 0, "m.gguf", alpha=0.8)
+    assert yes["verdict"] == "recommended" and yes["speedup"] >= 1.05 and "0.8 given" in yes["why"]
+    assert yes["command"].endswith(yes["flags"]) and "--spec-type ngram-mod" in yes["flags"]
+    RunConfig(spec_type="ngram-mod", draft_max=yes["draft_max"], draft_min=1)      # a valid configuration
+    no = speculation_advice(spec, ["v100-16gb"], cfg, 0, "m.gguf", alpha=0.0)
+    assert no["verdict"] == "not recommended" and no["command"] is None
+    assert speculation_advice(spec, ["v100-16gb"], cfg, 0, "m.gguf")["alpha_source"] == "assumed"
