@@ -232,6 +232,8 @@ class RunConfig:
 
     def apply_to_context_params(self, cparams) -> None:
         """Set a ``llama_context_params`` struct (llama_cpp.llama_context_default_params())."""
+        if self.spec_type != "none":
+            raise ConfigError("spec_type: speculative decoding runs in llama-server only; use the server backend")
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_ubatch
