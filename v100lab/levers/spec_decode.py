@@ -36,11 +36,13 @@ PARAMETERS = parameters("n_ctx", "n_threads", "repetitions")
 LEVER = "draft_max"
 SPEC_TYPE = "ngram-simple"
 DRAFT_LENGTHS = (1, 2, 4, 8)
-NGRAM_SIZE_N = 1          # lookup length: ngram-simple never drafts fewer tokens than it (common/ngram-map.cpp)
+NGRAM_SIZE_N = 2          # lookup length (1 at draft length 1: ngram-simple never drafts fewer tokens than it,
+                          # common/ngram-map.cpp); one token matches too many places to draft well
 N_GEN = 64                # tokens generated per completion
 MAX_REPETITIONS = 3       # per prompt and draft length: the whole sweep stays within about a minute here
 
-# A prompt whose answer repeats it (a code block to edit) and one whose answer does not (an open question).
+# A prompt whose answer repeats it (a code block to edit, shown twice so that a small model copies it) and one
+# whose answer does not (a story).
 _CODE = '''def mean(values):
     total = 0
     for v in values:
@@ -56,8 +58,8 @@ def variance(values):
     return total / len(values)
 '''
 PROMPTS = {
-    "repetitive": ("Rename the variable `total` to `acc` in this code and print the whole code again.\n\n```python\n"
-                   + _CODE + "```\n\nThe code with `acc`:\n\n```python\n"),
+    "repetitive": ("```python\n" + _CODE + "```\n\nThe same code again, unchanged:\n\n```python\n" + _CODE
+                   + "```\n\nThe same code again, with `total` renamed to `acc`:\n\n```python\n"),
     "non-repetitive": "Write a short story about a lighthouse keeper who finds a map in a bottle. Once upon a time,",
 }
 
@@ -161,7 +163,8 @@ def spec_sweep(sc: Scenario):
                                     note="from the measured acceptance and speed without speculation", **common))
     return lever_frame(rows, failures, why_not_measured=why,
                        conditions=conditions(config_for(sc, 0), label, depth=f"prompt + {N_GEN} generated",
-                                             extra=[f"--spec-type {SPEC_TYPE}, lookup length {NGRAM_SIZE_N}"]))
+                                             extra=[f"--spec-type {SPEC_TYPE}, lookup length {NGRAM_SIZE_N} "
+                                                    "(1 at draft length 1)"]))
 
 
 def best_draft_rows(df) -> dict[str, Any]:
