@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from v100lab.advise.tune import Candidate, ModelChoice, TuneResult, evaluate, signed_tps_delta, tune
 from v100lab.gguf import skeleton
-from v100lab.predict import memory
+from v100lab.predict import memory, speculative
 from v100lab.facts.config import RunConfig, add_flag_arguments, from_flag_args
 from v100lab.facts.devices import device_from_mapping, get_device
 from v100lab.predict.rates import arch_spec, data_text
@@ -133,6 +133,7 @@ SEED_CLAIMED_TPS = (63.0, 65.0)   # the tok/s the post claims for that command (
 def seed_config() -> RunConfig:
     """The seed's final command as a RunConfig (llama.cpp's own flag parser spellings; -fa left off)."""
     p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-m", "--model")      # taken here, or argparse reads -m as short for -md (the draft model)
     add_flag_arguments(p)
     args, _ = p.parse_known_args(list(SEED_ARGV[1:]))
     return from_flag_args(args).with_(flash_attn="off")
@@ -228,3 +229,32 @@ def seed_verdict(device: str = "v100-16gb", arch: str = "qwen35-27b", min_ctx: i
             "every layer is on the GPU: only token_embd stays in host memory, so locking it buys no decode speed")
     return SeedVerdict(device=dev.id, arch=arch, seed_argv=SEED_ARGV, seed_config=scfg, seed_candidate=seed_c,
                        seed_runs=runs, seed_problem=problem, tuned=tuned, rows=tuple(rows))
+
+
+MTP_DRAFT = 2    # the draft length published V100 sweeps of MTP found best
+
+
+def seed_mtp_stage(device: str = "v100-16gb", arch: str | None = None, claims_file=None, n_draft: int = MTP_DRAFT,
+                   alpha: float | None = None) -> list:
+    """A predicted stage after the seed's last: its configuration with an MTP head drafting ``n_draft`` tokens
+    (``--spec-type draft-mtp``) at per-token acceptance ``alpha`` (None: :func:`v100lab.predict.speculative.assumed_alpha`,
+    said in the note) — the stage's tok/s, and the plain and speculative ceilings (plain × tokens per pass)."""
+    claims = load_seed_claims(claims_file)
+    arch = arch or claims["model"]["arch"]
+    stage = claims["stages"][-1] if claims["stages"][-1]["quant"] != "Q3_K_M" else claims["stages"][-2]
+    spec = arch_spec(arch, stage["quant"])
+    devs = [get_device(device), seed_host_device(claims)]
+    cfg, fit_note = memory.fit_gpu_layers(spec, devs, RunConfig.from_mapping(stage.get("config") or {}))
+    p = speculative.predict(spec, devs, cfg, spec_type="draft-mtp", n_draft=n_draft, alpha=alpha,
+                            depth=int(stage.get("depth", 0)))
+    label = f"{stage['id']}+ with MTP (draft {n_draft}, predicted)"
+    note = "; ".join(x for x in (*p.notes, fit_note, f"{p.speedup:.2f}× the same stage without MTP") if x)
+    base = dict(model=claims["model"]["label"], quant=stage["quant"], device=device, lever="stage", value=label,
+                unit="tok/s", source="predicted")
+    return [Observation(metric="tg_tps", result=p.tps, note=note, bound="speculative", **base),
+            Observation(metric="tg_tps_without_mtp", result=p.plain_tps, note=f"stage {stage['id']} as predicted",
+                        **base),
+            Observation(metric="weights_ceiling_tg_tps", result=p.plain_ceiling_tps, note="seed's plain ceiling",
+                        **base),
+            Observation(metric="speculative_ceiling_tg_tps", result=p.ceiling_tps,
+                        note=f"plain ceiling × {p.tokens_per_pass:.2f} tokens per pass", **base)]

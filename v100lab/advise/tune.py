@@ -41,8 +41,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab.measure import harness
 from v100lab.gguf import llama_context, skeleton
-from v100lab.predict import memory, rates, speed
+from v100lab.predict import memory, rates, speculative, speed
 from v100lab.models import zoo
+from v100lab.facts import config as config_mod
 from v100lab.facts.config import ALL_LAYERS, RunConfig
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError, V100labError
@@ -148,6 +149,7 @@ class TuneResult:
     min_ctx: int
     measured: bool = False
     notes: tuple[str, ...] = ()
+    speculation: Mapping[str, Any] | None = None   # :func:`speculation_advice` (one user only)
 
     @property
     def command(self) -> str:
@@ -199,7 +201,8 @@ class TuneResult:
                 "weights_ceiling_tg_tps": _r(self.best.weights_ceiling_tg_tps), "measured_tg_tps": _r(self.best.measured_tg_tps),
                 "config": self.best.config.as_dict(), "argv": list(self.argv), "command": self.command,
                 "reasons": [asdict(r) for r in self.reasons], "best": self.best.as_dict(),
-                "candidates": [c.as_dict() for c in self.candidates], "notes": list(self.notes)}
+                "candidates": [c.as_dict() for c in self.candidates], "notes": list(self.notes),
+                "speculation": dict(self.speculation) if self.speculation else None}
 
     def format_text(self) -> str:
         b = self.best
@@ -215,8 +218,48 @@ class TuneResult:
         for c in fitting[:5]:
             m = f", measured {c.measured_tg_tps:.1f}" if c.measured_tg_tps is not None else ""
             lines.append(f"  {c.tg_tps:7.2f} tok/s{m}  {c.label}  ({c.margin_bytes / 2**20:.0f} MiB left)")
+        sp = self.speculation
+        if sp:
+            lines += ["", f"speculative decoding ({sp['verdict']}): {sp['why']}"]
+            if sp.get("flags"):
+                lines += [f"  add to the command: {sp['flags']}"]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+# a gain smaller than this is within the prediction's error: speculation is not recommended for it
+SPEC_MIN_GAIN = 1.05
+SPEC_MAX_DRAFT = 16
+
+
+def speculation_advice(spec, devices, cfg: RunConfig, depth: int, file_arg: str,
+                       alpha: float | None = None) -> dict[str, Any]:
+    """Whether speculative decoding is predicted to speed up one user's decode with ``cfg``: the model's own
+    MTP layers when it has them (draft-mtp), else n-gram self-speculation (ngram-mod, no draft model); α
+    assumed unless given (said in ``why``); the best draft length up to :data:`SPEC_MAX_DRAFT`; the command."""
+    kind = "draft-mtp" if spec.nextn_layers else "ngram-mod"
+    probe = speculative.predict(spec, devices, cfg, spec_type=kind, n_draft=1, alpha=alpha, depth=depth,
+                                n_max=SPEC_MAX_DRAFT)
+    n = max(1, probe.best_n)
+    p = speculative.predict(spec, devices, cfg, spec_type=kind, n_draft=n, alpha=alpha, depth=depth,
+                            n_max=SPEC_MAX_DRAFT)
+    base = {"spec_type": kind, "draft_max": n, "alpha": p.alpha, "alpha_source": p.alpha_source,
+            "predicted_tg_tps": _r(p.tps), "plain_tg_tps": _r(p.plain_tps), "speedup": _r(p.speedup),
+            "tokens_per_pass": _r(p.tokens_per_pass)}
+    a = f"α {p.alpha:g} {p.alpha_source}"
+    if probe.best_n == 0 or p.speedup < SPEC_MIN_GAIN:
+        return {**base, "verdict": "not recommended", "command": None, "flags": None,
+                "why": f"at {a}, no draft length gains {100 * (SPEC_MIN_GAIN - 1):.0f} % or more "
+                       f"(best {p.speedup:.2f}× at {n} drafted): verifying several tokens costs about as much as "
+                       "decoding them here"}
+    scfg = cfg.with_(spec_type=kind, draft_max=n, draft_min=1 if kind == "ngram-mod" else 0)
+    what = "the model's MTP layers" if kind == "draft-mtp" else "n-gram lookup in the text so far (no draft model)"
+    return {**base, "verdict": "recommended",
+            "command": " ".join(("llama-server", "-m", file_arg, *scfg.to_server_argv())),
+            "flags": " ".join(config_mod.spec_argv(scfg)),
+            "why": f"{what}, {n} drafted per pass at {a}: {p.tps:.1f} tok/s predicted vs {p.plain_tps:.1f} "
+                   f"({p.speedup:.2f}×); the gain is only as good as α — text that repeats itself (code edits, "
+                   "quoting) accepts more, free prose less"}
 
 
 def _r(x, nd: int = 3):
@@ -534,9 +577,12 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     argv = ("llama-server", "-m", m_best.file_arg, *best.config.to_server_argv())
     reasons = _reasons(best, m_best, models, devices, dev, ranked, depth, bpw)
     ordered = [best] + [c for c in ranked if c is not best and c.label != best.label]
+    spec_advice = None
+    if parallel == 1:      # speculation speeds one stream; with several users the batch already fills the pass
+        spec_advice = speculation_advice(m_best.spec, devices, best.config, depth, m_best.file_arg)
     return TuneResult(model=str(model), device=dev.id, quant=best.quant, best=best, argv=argv,
                       reasons=tuple(reasons), candidates=tuple(ordered), margin_bytes=margin_bytes(dev),
-                      min_ctx=min_ctx, measured=measured, notes=tuple(notes))
+                      min_ctx=min_ctx, measured=measured, notes=tuple(notes), speculation=spec_advice)
 
 
 def _no_fit(model, dev, devices, models, cands, min_ctx, notes) -> NoFit:

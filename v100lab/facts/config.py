@@ -49,6 +49,21 @@ LOAD_MODE_CONSTANTS = {"none": "LLAMA_LOAD_MODE_NONE", "mmap": "LLAMA_LOAD_MODE_
 LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 CPU_BUFT = "CPU"
 
+# common/speculative.cpp common_speculative_type_from_name: the values --spec-type accepts
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+              "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# the types that need a draft model file (-md); the other draft-* read extra layers of the target itself
+SPEC_TYPES_WITH_MODEL = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+# common/common.h common_params_speculative_ngram_map: size_n (lookup length) default, and
+# common/ngram-map.cpp common_ngram_simple_draft: a draft shorter than size_n is never proposed
+NGRAM_SIZE_N_DEFAULT = 12
+# common/arg.cpp: the flag that sets the draft length, per --spec-type (draft-* share --spec-draft-n-max;
+# ngram-cache has a fixed length of 8, common_speculative_n_max)
+SPEC_DRAFT_MAX_FLAG = {"ngram-simple": "--spec-ngram-simple-size-m", "ngram-map-k": "--spec-ngram-map-k-size-m",
+                       "ngram-map-k4v": "--spec-ngram-map-k4v-size-m", "ngram-mod": "--spec-ngram-mod-n-max"}
+SPEC_SIZE_N_FLAG = {"ngram-simple": "--spec-ngram-simple-size-n", "ngram-map-k": "--spec-ngram-map-k-size-n",
+                    "ngram-map-k4v": "--spec-ngram-map-k4v-size-n", "ngram-mod": "--spec-ngram-mod-n-match"}
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -71,6 +86,13 @@ class RunConfig:
     n_cpu_moe: int = 0               # -ncmoe/--n-cpu-moe (experts of the first N layers kept on the CPU)
     cpu_moe: bool = False            # -cmoe/--cpu-moe (every layer's experts kept on the CPU)
     override_tensor: tuple[str, ...] = ()  # -ot/--override-tensor PATTERN=BUFFER_TYPE entries
+    # speculative decoding (common_params_speculative); 0 / "" = llama.cpp's default for the type
+    spec_type: str = "none"          # --spec-type
+    draft_max: int = 0               # --spec-draft-n-max, or the n-gram type's size-m / n-max (tokens drafted)
+    draft_min: int = 0               # --spec-draft-n-min (--spec-ngram-mod-n-min for ngram-mod)
+    draft_p_min: float = 0.0         # --spec-draft-p-min (stop drafting below this probability)
+    draft_model: str = ""            # -md/--spec-draft-model (draft-simple's smaller model)
+    ngram_size_n: int = 0            # --spec-ngram-*-size-n / --spec-ngram-mod-n-match (lookup length)
 
     def __post_init__(self):
         if isinstance(self.flash_attn, str):
@@ -124,6 +146,10 @@ class RunConfig:
             elif isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+            elif isinstance(default, float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
+                value = float(value)
             elif isinstance(default, int):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
@@ -158,7 +184,7 @@ class RunConfig:
             argv += ["--threads", str(self.n_threads)]
         if self.tensor_split:
             argv += ["--tensor-split", ",".join(f"{x:g}" for x in self.tensor_split)]
-        return argv + moe_offload_argv(self)
+        return argv + moe_offload_argv(self) + spec_argv(self)
 
     def to_llama_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``llama_cpp.Llama`` (llama-cpp-python's high-level class).
@@ -171,6 +197,8 @@ class RunConfig:
         if self.n_parallel != 1 or self.kv_unified:
             raise ConfigError("n_parallel/kv_unified: llama_cpp.Llama() cannot set them; "
                               "use the harness's in-process backend or the server backend")
+        if self.spec_type != "none":
+            raise ConfigError("spec_type: speculative decoding runs in llama-server only; use the server backend")
         if tensor_overrides(self):   # llama_cpp/llama.py Llama(): kv_overrides only, no tensor_buft_overrides
             raise ConfigError("n_cpu_moe/cpu_moe/override_tensor: llama_cpp.Llama() cannot place tensors; "
                               "use the harness's in-process backend or the llama-server backend")
@@ -204,6 +232,8 @@ class RunConfig:
 
     def apply_to_context_params(self, cparams) -> None:
         """Set a ``llama_context_params`` struct (llama_cpp.llama_context_default_params())."""
+        if self.spec_type != "none":
+            raise ConfigError("spec_type: speculative decoding runs in llama-server only; use the server backend")
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_ubatch
@@ -328,6 +358,7 @@ _INT_RANGES = {
     "n_threads": (0, INT32_MAX, "int32"),
     "n_cpu_moe": (0, INT32_MAX, "int32"),
 }
+SPEC_MAX_TOKENS = 1024   # common/arg.cpp: the n-gram sizes' upper bound; a draft longer than this is no use either
 
 
 def _check_types(cfg: RunConfig) -> None:
@@ -338,6 +369,8 @@ def _check_types(cfg: RunConfig) -> None:
             ok = isinstance(v, tuple)
         elif isinstance(f.default, bool):
             ok = isinstance(v, bool) or type(v).__name__ == "bool_"    # numpy's bool too
+        elif isinstance(f.default, float):
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
         elif isinstance(f.default, int):
             ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
         else:
@@ -386,6 +419,61 @@ def validate(cfg: RunConfig) -> None:
     if cfg.n_threads < 0:
         raise ConfigError(f"n_threads: must be >= 0, got {cfg.n_threads}")
     tensor_overrides(cfg)    # n_cpu_moe >= 0, each override_tensor entry PATTERN=BUFFER_TYPE with a regex
+    _check_speculative(cfg)
+
+
+def _check_speculative(cfg) -> None:
+    """The speculative-decoding fields agree with each other and with what llama-server accepts."""
+    t = cfg.spec_type
+    if t not in SPEC_TYPES:
+        raise ConfigError(f"spec_type: unknown --spec-type '{t}' (allowed: {', '.join(SPEC_TYPES)})")
+    for name in ("draft_max", "draft_min", "ngram_size_n"):
+        if not 0 <= getattr(cfg, name) <= SPEC_MAX_TOKENS:
+            raise ConfigError(f"{name}: must be in 0..{SPEC_MAX_TOKENS}, got {getattr(cfg, name)}")
+    if not (math.isfinite(cfg.draft_p_min) and 0.0 <= cfg.draft_p_min <= 1.0):
+        raise ConfigError(f"draft_p_min: a probability in [0, 1], got {cfg.draft_p_min}")
+    if cfg.draft_max and cfg.draft_min > cfg.draft_max:
+        raise ConfigError(f"draft_min: {cfg.draft_min} is larger than draft_max {cfg.draft_max}")
+    if t == "none":
+        if cfg.draft_model or cfg.draft_max or cfg.draft_min or cfg.ngram_size_n or cfg.draft_p_min:
+            raise ConfigError("draft_model/draft_max/draft_min/draft_p_min/ngram_size_n need --spec-type "
+                              f"(one of {', '.join(SPEC_TYPES[1:])})")
+        return
+    if t in SPEC_TYPES_WITH_MODEL and not cfg.draft_model:
+        raise ConfigError(f"spec_type {t} needs a draft model (-md/--spec-draft-model FILE)")
+    if cfg.draft_model and t not in SPEC_TYPES_WITH_MODEL:
+        raise ConfigError(f"draft_model: --spec-type {t} does not use a draft model "
+                          f"(those that do: {', '.join(SPEC_TYPES_WITH_MODEL)})")
+    if cfg.ngram_size_n and t not in SPEC_SIZE_N_FLAG:
+        raise ConfigError(f"ngram_size_n: --spec-type {t} has no n-gram lookup length "
+                          f"(those that do: {', '.join(SPEC_SIZE_N_FLAG)})")
+    if t == "ngram-cache" and cfg.draft_max:
+        raise ConfigError("draft_max: ngram-cache drafts a fixed 8 tokens (common_speculative_n_max); leave it 0")
+    if t in ("ngram-simple", "ngram-map-k", "ngram-map-k4v") and cfg.draft_max:
+        size_n = cfg.ngram_size_n or NGRAM_SIZE_N_DEFAULT
+        if cfg.draft_max < size_n:   # common/ngram-map.cpp: copy_max < n_draft_min → no draft, ever
+            raise ConfigError(f"draft_max: {t} never drafts fewer tokens than its lookup length "
+                              f"(ngram_size_n {size_n}); set ngram_size_n <= {cfg.draft_max}")
+
+
+def spec_argv(cfg) -> list[str]:
+    """llama-server's speculative-decoding flags for a configuration (common/arg.cpp spellings; the draft length
+    goes to the flag of its --spec-type, :data:`SPEC_DRAFT_MAX_FLAG`)."""
+    t = getattr(cfg, "spec_type", "none")
+    if t == "none":
+        return []
+    argv = ["--spec-type", t]
+    if cfg.draft_model:
+        argv += ["--spec-draft-model", str(cfg.draft_model)]
+    if cfg.draft_max:
+        argv += [SPEC_DRAFT_MAX_FLAG.get(t, "--spec-draft-n-max"), str(cfg.draft_max)]
+    if cfg.draft_min:
+        argv += ["--spec-ngram-mod-n-min" if t == "ngram-mod" else "--spec-draft-n-min", str(cfg.draft_min)]
+    if cfg.draft_p_min:
+        argv += ["--spec-draft-p-min", f"{cfg.draft_p_min:g}"]
+    if cfg.ngram_size_n:
+        argv += [SPEC_SIZE_N_FLAG[t], str(cfg.ngram_size_n)]
+    return argv
 
 
 def add_flag_arguments(parser) -> None:
@@ -418,6 +506,19 @@ def add_flag_arguments(parser) -> None:
                    help="keep every layer's MoE expert weights on the CPU")
     g.add_argument("-ot", "--override-tensor", dest="override_tensor", action="append", default=[],
                    metavar="PATTERN=BUFFER_TYPE,...", help="tensor buffer-type overrides (repeatable), e.g. exps=CPU")
+    s = parser.add_argument_group("speculative decoding (llama-server)")
+    s.add_argument("--spec-type", dest="spec_type", default=d.spec_type,
+                   help="none, draft-simple (with -md), draft-mtp, ngram-simple, ngram-mod, ... (llama.cpp's names)")
+    s.add_argument("--spec-draft-n-max", "--draft-max", "--draft", dest="draft_max", type=int, default=d.draft_max,
+                   help="tokens drafted per pass (0 = llama.cpp's default for the type)")
+    s.add_argument("--spec-draft-n-min", "--draft-min", dest="draft_min", type=int, default=d.draft_min,
+                   help="fewest tokens to draft")
+    s.add_argument("--spec-draft-p-min", "--draft-p-min", dest="draft_p_min", type=float, default=d.draft_p_min,
+                   help="stop drafting below this probability (draft models)")
+    s.add_argument("-md", "--spec-draft-model", "--model-draft", dest="draft_model", default=d.draft_model,
+                   metavar="FILE", help="draft model GGUF for --spec-type draft-simple")
+    s.add_argument("--spec-ngram-size-n", dest="ngram_size_n", type=int, default=d.ngram_size_n,
+                   help="n-gram lookup length (0 = llama.cpp's default for the type)")
 
 
 def parse_tensor_split(text: str) -> tuple[float, ...]:
@@ -446,4 +547,7 @@ def from_flag_args(args) -> RunConfig:
                      n_parallel=args.n_parallel, kv_unified=args.kv_unified, swa_full=args.swa_full,
                      use_mmap=args.use_mmap, use_mlock=args.use_mlock, n_threads=args.n_threads, tensor_split=split,
                      n_cpu_moe=getattr(args, "n_cpu_moe", 0), cpu_moe=getattr(args, "cpu_moe", False),
-                     override_tensor=parse_override_tensor(getattr(args, "override_tensor", None) or ()))
+                     override_tensor=parse_override_tensor(getattr(args, "override_tensor", None) or ()),
+                     spec_type=getattr(args, "spec_type", "none"), draft_max=getattr(args, "draft_max", 0),
+                     draft_min=getattr(args, "draft_min", 0), draft_p_min=getattr(args, "draft_p_min", 0.0),
+                     draft_model=getattr(args, "draft_model", ""), ngram_size_n=getattr(args, "ngram_size_n", 0))

@@ -855,3 +855,58 @@ def load_times(df):
     _suptitle(fig, "mmap vs --no-mmap vs --mlock: measured here (no prediction: loading is not modelled)", df,
               fontsize=11)
     return fig
+
+
+def speculative(df):
+    """Speculative decoding over the draft length, one panel per prompt (``group``): decode tok/s measured
+    (± sd) and predicted from the measured acceptance, and the measured acceptance on a second axis."""
+    d = df[df["lever"] == "draft_max"]
+    groups = list(dict.fromkeys(d["group"])) or [""]
+    fig, axes = _figure(ncols=len(groups), width=5.6, height=4.2)
+    for ax, name in zip(axes[0], groups):
+        g = d[d["group"] == name]
+        if not len(g):
+            _empty(ax, _not_measured_note(df) or "nothing measured in this run")
+            continue
+        for source, what in (("measured", "measured (llama-server)"), ("predicted", "predicted from measured α")):
+            s = g[(g["metric"] == "tg_tps") & (g["source"] == source)]
+            if not len(s):
+                continue
+            agg = _with_spread(s.assign(x=s["value"].astype(float)))
+            yerr = agg["sd"] if source == "measured" and (agg["sd"] > 0).any() else None
+            ax.errorbar(agg["x"], agg["result"], yerr=yerr, fmt=SOURCE_LINES[source], marker=SOURCE_MARKERS[source],
+                        color=SOURCE_COLORS[source], capsize=3 if yerr is not None else 0, label=what)
+        acc = g[g["metric"] == "acceptance"]
+        if len(acc):
+            ax2 = ax.twinx()
+            a = acc.assign(x=acc["value"].astype(float)).sort_values("x")
+            ax2.bar(a["x"], a["result"], width=0.35, color="#999", alpha=0.35, label="acceptance (accepted ÷ drafted)")
+            ax2.set_ylim(0, 1.05)
+            ax2.set_ylabel("accepted ÷ drafted")
+            ax2.grid(False)
+            ax2.legend(loc="lower right", fontsize=8)
+        ax.set_xlabel("draft length (0 = no speculation)")
+        ax.set_ylabel(METRIC_LABELS["tg_tps"])
+        ax.set_ylim(bottom=0)
+        ax.set_title(mpl_text(f"{name} prompt"))
+        _dedupe_legend(ax, loc="lower left", fontsize=8)
+    _suptitle(fig, "n-gram self-speculation: decode speed and acceptance over the draft length", df,
+              _not_measured_note(df))
+    return fig
+
+
+def speculative_what_if(df):
+    """Predicted decode tok/s over the draft length for a few acceptances α (``group``), best length marked."""
+    fig, axes = _figure(width=6.4, height=4.2)
+    ax = axes[0][0]
+    for name, g in df.groupby("group", sort=False):
+        g = g.assign(x=g["value"].astype(float)).sort_values("x")
+        line = ax.plot(g["x"], g["result"], marker="o", label=mpl_text(name))[0]
+        best = g.loc[g["result"].idxmax()]
+        ax.scatter([best["x"]], [best["result"]], s=120, facecolors="none", edgecolors=line.get_color(), zorder=5)
+    ax.set_xlabel("draft length (0 = no speculation)")
+    ax.set_ylabel("predicted decode, tok/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(title="per-token acceptance", fontsize=8)
+    _suptitle(fig, "Predicted: where a longer draft stops paying (circled: the best length)", df)
+    return fig

@@ -61,7 +61,7 @@ CORPORA = ("pydoc_data.topics",)
 
 
 def _key(default, help: str, group: str, *, choices: tuple | None = None, min: int | None = None,
-         check: Callable[[Any], None] | None = None):
+         check: Callable[[Any], None] | None = None, empty: bool = False):
     """A scenario key: default value plus the metadata the validators and the cell generator read.
 
     ``help`` must not contain "=": papermill's parameter parser skips any line with two of them.
@@ -70,15 +70,16 @@ def _key(default, help: str, group: str, *, choices: tuple | None = None, min: i
     V100labError, whose message is reported under the key's name."""
     if "=" in help:
         raise ValueError(f"scenario key help must not contain '=': {help!r}")
-    meta = {"help": help, "group": group, "choices": choices, "min": min, "check": check}
+    meta = {"help": help, "group": group, "choices": choices, "min": min, "check": check, "empty": empty}
     if isinstance(default, dict):   # a mapping key: each Scenario gets its own copy
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def _flag(name: str, help: str):
-    """A key that is a RunConfig field: its default is RunConfig's (llama.cpp's), never restated."""
-    return _key(getattr(RunConfig, name), help, "flags")
+def _flag(name: str, help: str, empty: bool = False):
+    """A key that is a RunConfig field: its default is RunConfig's (llama.cpp's), never restated. ``empty``:
+    an empty string is a value (a flag that is not given)."""
+    return _key(getattr(RunConfig, name), help, "flags", empty=empty)
 
 
 NO_GPU = "none"
@@ -174,6 +175,13 @@ class Scenario:
     cpu_moe: bool = _flag("cpu_moe", "-cmoe: every layer's MoE experts kept on the CPU")
     override_tensor: tuple[str, ...] = _flag("override_tensor", "-ot: tensor overrides, each a name "
                                              "pattern, an equals sign, a buffer type (CPU, CUDA0)")
+    spec_type: str = _flag("spec_type", "--spec-type: speculative decoding (none, draft-simple, draft-mtp, "
+                           "ngram-simple, ngram-mod, ...; llama-server only)")
+    draft_max: int = _flag("draft_max", "--spec-draft-n-max: tokens drafted per pass (0: the type's default)")
+    draft_min: int = _flag("draft_min", "--spec-draft-n-min: fewest tokens drafted")
+    draft_p_min: float = _flag("draft_p_min", "--spec-draft-p-min: stop drafting below this probability")
+    draft_model: str = _flag("draft_model", "-md: draft model file for draft-simple (empty: none)", empty=True)
+    ngram_size_n: int = _flag("ngram_size_n", "--spec-ngram-*-size-n: n-gram lookup length (0: the type's default)")
 
     # ---- levers swept by the notebooks --------------------------------------------------------
     quants: tuple[str, ...] = _key(LADDER, "quant ladder: predicted for `model`, measured on "
@@ -355,7 +363,7 @@ def _check(name: str, value, annotation, meta: Mapping[str, Any]):
     if annotation is float:
         value = _as_float(name, value)
     _check_limits(name, value, meta)
-    if annotation is str and not value.strip():
+    if annotation is str and not value.strip() and not (meta or {}).get("empty"):
         raise ConfigError(f"{name}: must not be empty")
     return value
 

@@ -14,6 +14,7 @@ import sys
 from v100lab.measure import harness
 from v100lab.models import zoo
 from v100lab.facts.config import add_flag_arguments, from_flag_args
+from v100lab.base.errors import ConfigError
 
 NAME = "bench"
 HELP = "measure llama.cpp speed llama-bench style (in-process, or through llama-server)"
@@ -40,6 +41,9 @@ def add_arguments(p):
 
 def run(args) -> int:
     cfg = from_flag_args(args)
+    if cfg.spec_type != "none" and not str(args.backend).startswith("server"):
+        raise ConfigError(f"--spec-type {cfg.spec_type}: speculative decoding runs in llama-server only "
+                          "(--backend server-bin or server:URL)")
     path = zoo.model_path(args.model)                       # bad model → ModelNotFoundError (exit 2)
     tests = harness.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)
     rows = harness.run_tests(path, cfg, tests, (0,), args.repetitions, warmup=args.warmup, backend=args.backend,

@@ -12,7 +12,9 @@ JSON keys (a contract): devices (name → weights_bytes, kv_cache_bytes, recurre
 output_bytes, overhead_bytes, total_bytes, capacity_bytes), fits, offloaded_layers, n_layer_total,
 max_ctx, warnings; plus model, quant, device, n_ctx, n_ctx_seq, n_ubatch, flash_attn, config, feasibility
 (fits, blockers, smallest_blocker, margin_bytes), within_capacity (every device within its capacity,
-without the margin).
+without the margin). With ``--spec-type``: speculative (spec_type, draft_max, the draft model's memory per
+device and the totals with it, and :class:`v100lab.predict.speculative.SpecPrediction`'s figures at ``--alpha``, or
+an assumed α said as such).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import sys
 
 from v100lab.facts import config as config_mod
-from v100lab.predict import speed
+from v100lab.predict import speculative, speed
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError
 from v100lab.predict.memory import feasibility, fmt_bytes, max_ctx, plan
@@ -40,6 +42,8 @@ def add_arguments(p):
     config_mod.add_flag_arguments(p)
     p.add_argument("--depth", type=int, default=0, help="tokens already in the context (for the speed prediction)")
     p.add_argument("--n-prompt", type=int, default=512, help="prompt tokens (for the speed prediction)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="per-token acceptance of drafted tokens for --spec-type (default: an assumed value, said)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -86,7 +90,58 @@ def _human(doc: dict) -> str:
                      f"{p['physical_ceiling_tg_tps']} for the bytes a token reads, the seed's {p['weights_ceiling_tg_tps']} for "
                      f"the weights), pp{p['n_prompt']} {p['pp_tps']} tok/s")
         lines += [f"note: {n}" for n in p.get("notes", [])]
+    if doc.get("speculative"):
+        lines += _human_speculative(doc["speculative"])
     return "\n".join(lines)
+
+
+# common/common.h common_params_speculative: the draft length each --spec-type drafts when none is given
+DEFAULT_DRAFT = {"ngram-simple": 48, "ngram-map-k": 48, "ngram-map-k4v": 48, "ngram-mod": 64, "ngram-cache": 8}
+DEFAULT_DRAFT_MODEL_N = 3
+
+
+def speculative_document(spec, devices, cfg, mplan, args) -> dict | None:
+    """Speculative decoding's part of the plan: the draft model's memory (it shares -c and -np with the target,
+    its KV cache f16, common_base_params_to_speculative) per device and the totals with it, and the speed."""
+    if cfg.spec_type == "none":
+        return None
+    draft_spec = resolve(cfg.draft_model, build=True).spec if cfg.draft_model else None
+    n = cfg.draft_max or DEFAULT_DRAFT.get(cfg.spec_type, DEFAULT_DRAFT_MODEL_N)
+    doc: dict = {"spec_type": cfg.spec_type, "draft_max": n, "draft_model": cfg.draft_model or None}
+    if draft_spec is not None:
+        dcfg = cfg.with_(spec_type="none", draft_max=0, draft_min=0, draft_p_min=0.0, draft_model="",
+                         ngram_size_n=0, cache_type_k="f16", cache_type_v="f16")
+        dplan = plan(draft_spec, devices, dcfg, with_max_ctx=False)
+        doc["draft_devices"] = {k: {"weights_bytes": d.weights_bytes, "kv_cache_bytes": d.kv_cache_bytes,
+                                    "total_bytes": d.total_bytes} for k, d in dplan.devices.items()}
+        doc["total_with_draft_bytes"] = {k: d.total_bytes + (dplan.devices[k].total_bytes if k in dplan.devices else 0)
+                                         for k, d in mplan.devices.items()}
+        doc["fits_with_draft"] = all(doc["total_with_draft_bytes"][k] <= d.capacity_bytes
+                                     for k, d in mplan.devices.items())
+    elif cfg.spec_type.startswith("draft-") and spec.nextn_layers:
+        doc["mtp_layers"] = spec.nextn_layers      # in the model file: already among its weights
+    pred = speculative.predict(spec, devices, cfg, spec_type=cfg.spec_type, n_draft=n, alpha=args.alpha,
+                               draft_spec=draft_spec, depth=args.depth)
+    doc["predicted"] = pred.as_dict()
+    return doc
+
+
+def _human_speculative(s: dict) -> list[str]:
+    gib = 2**30
+    p = s["predicted"]
+    lines = ["", f"speculative decoding: --spec-type {s['spec_type']}, {s['draft_max']} drafted per pass, "
+                 f"α {p['alpha']} ({p['alpha_source']})"]
+    for name, d in (s.get("draft_devices") or {}).items():
+        lines.append(f"  draft model on {name}: weights {d['weights_bytes'] / gib:.2f} GiB + KV "
+                     f"{d['kv_cache_bytes'] / gib:.2f} GiB = {d['total_bytes'] / gib:.2f} GiB; with the target "
+                     f"{s['total_with_draft_bytes'][name] / gib:.2f} GiB")
+    if "fits_with_draft" in s:
+        lines.append(f"  fits with the draft model: {'yes' if s['fits_with_draft'] else 'NO'}")
+    lines.append(f"  predicted: {p['tps']} tok/s vs {p['plain_tps']} without ({p['speedup']}×), "
+                 f"{p['tokens_per_pass']} tokens per pass; best draft length {p['best_draft_max']} "
+                 f"({p['best_tps']} tok/s); ceiling for speculative decode {p['ceiling_tps']} tok/s")
+    lines += [f"  note: {n}" for n in p["notes"]]
+    return lines
 
 
 def largest_context(spec, devices, cfg, feas) -> int:
@@ -112,9 +167,14 @@ def run(args) -> int:
         doc["warnings"].append(f"depth {args.depth} + n_prompt {args.n_prompt} exceeds the context per sequence "
                                f"({mplan.n_ctx_seq})")
     doc["predicted"] = _predicted(spec, devices, cfg, mplan, args)
-    # a device file without a field that moves this prediction by more than 10 %: say which, so it gets added
-    doc["warnings"] += speed.assumption_warnings(spec, speed.placement_from_plan(mplan, devices), cfg,
-                                                 depth=args.depth, n_prompt=max(1, args.n_prompt))
+    if args.alpha is not None and cfg.spec_type == "none":
+        raise ConfigError("--alpha is the acceptance of drafted tokens: it needs --spec-type")
+    spec_doc = speculative_document(spec, devices, cfg, mplan, args)
+    if spec_doc is not None:
+        doc["speculative"] = spec_doc
+        if spec_doc.get("fits_with_draft") is False:
+            doc["fits"] = False
+            doc["warnings"].append("the draft model does not fit beside the target: -ngld to keep it off the GPU")
     if args.json:
         json.dump(json_safe(doc), sys.stdout, indent=2, allow_nan=False)
         print()

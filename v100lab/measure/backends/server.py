@@ -479,7 +479,7 @@ class ServerSession:
         return self._run_llama_server(test, repetitions, warmup)
 
     # llama-server ----------------------------------------------------------------------------
-    def _completion(self, prompt: list[int], n_predict: int, cache_prompt: bool) -> dict[str, Any]:
+    def _completion(self, prompt: str | list[int], n_predict: int, cache_prompt: bool) -> dict[str, Any]:
         body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": cache_prompt, "stream": False,
                 "temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "ignore_eos": True, "n_probs": 0}
         try:
@@ -495,6 +495,15 @@ class ServerSession:
             raise MeasureFailed("the server's /completion answer has no 'timings' (not llama-server?)",
                                 self._log_text(), self.load)
         return resp
+
+    def complete(self, prompt: str | list[int], n_predict: int) -> dict[str, Any]:
+        """One greedy ``/completion`` of ``n_predict`` tokens (EOS ignored, no prompt cache); llama-server's
+        answer, its ``timings`` included (``draft_n``/``draft_n_accepted`` when it drafted)."""
+        if self.kind == "llama-cpp-python":
+            raise MeasureFailed("complete(): llama-server only (its /completion reports timings)")
+        if self.proc is not None and self.proc.poll() is not None:
+            raise self._died("a /completion request", RuntimeError("not running"))
+        return self._completion(prompt, n_predict, cache_prompt=False)
 
     def _one_llama_server(self, test: BenchTest) -> tuple[float, int, float]:
         """One sequence: (server-side ms, tokens processed, client wall s)."""

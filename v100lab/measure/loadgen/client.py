@@ -287,7 +287,18 @@ async def _stream_request(client, url: str, body: dict, rq: RequestResult, t0: f
         rq.n_prompt = _int(tm.get("prompt_n")) + (_int(tm.get("cache_n")) or 0)
     if rq.n_prompt is None:
         rq.n_prompt = rq.prompt_tokens_sent
+    rq.draft_n, rq.draft_n_accepted = draft_counts(tm)
     rq.status = "ok"
+
+
+def draft_counts(timings) -> tuple[int | None, int | None]:
+    """(draft_n, draft_n_accepted) from llama-server's ``timings``; it reports them only for a request that
+    drafted (tools/server/server-common.cpp server_slot_stats::to_json), so (None, None) otherwise."""
+    tm = timings if isinstance(timings, dict) else {}
+    n, acc = _int(tm.get("draft_n")), _int(tm.get("draft_n_accepted"))
+    if n is None or n < 0 or acc is None or not 0 <= acc <= n:
+        return None, None
+    return n, acc
 
 
 def _int(v) -> int | None:

@@ -110,6 +110,11 @@ def server_side_by_side(results: Sequence[RequestResult], duration_s: float,
                    client_text_events=sum(r.n_events for r in timed),
                    server_prompt_n=sum(int((t.get("prompt_n") or 0) + (t.get("cache_n") or 0)) for t in tm),
                    client_prompt_tokens_sent=sum(r.prompt_tokens_sent or 0 for r in timed))
+        drafted = [r for r in timed if r.draft_n]
+        if drafted:     # speculative decoding: drafted and accepted tokens over the level
+            n, acc = sum(r.draft_n for r in drafted), sum(r.draft_n_accepted for r in drafted)
+            out.update(server_draft_n=n, server_draft_n_accepted=acc, draft_acceptance=acc / n,
+                       draft_acceptance_median=_stats([r.draft_acceptance for r in drafted])["median"])
     if before is not None and after is not None:
         for name in _COUNTERS:
             if name in after and name in before:

@@ -46,4 +46,10 @@ def format_side_by_side(levels: Sequence[Mapping[str, Any]]) -> str:
             fmt_figure(s.get("server_prompt_ms_median")), fmt_figure(s.get("ttft_minus_prompt_ms_median")),
             fmt_figure(s.get("output_throughput")), fmt_figure(s.get("server_output_throughput")),
             fmt_figure(s.get("output_throughput_ratio")), fmt_figure(s.get("server_n_busy_slots_per_decode"))]) + " |")
+    spec = [s for s in rows if s.get("server_draft_n")]
+    if spec:
+        lines += ["", "| level | drafted | accepted | acceptance | median per request |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {s['level']} | {s['server_draft_n']} | {s['server_draft_n_accepted']} | "
+                  f"{fmt_figure(s.get('draft_acceptance'))} | {fmt_figure(s.get('draft_acceptance_median'))} |"
+                  for s in spec]
     return "\n".join(lines)

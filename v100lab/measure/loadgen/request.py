@@ -32,6 +32,8 @@ class RequestResult:
     http_status: int | None = None
     usage: dict[str, Any] | None = None
     server_timings: dict[str, Any] | None = None
+    draft_n: int | None = None              # speculative decoding: tokens drafted (timings.draft_n)
+    draft_n_accepted: int | None = None     # ... and accepted by the target (timings.draft_n_accepted)
 
     @property
     def ok(self) -> bool:
@@ -58,9 +60,15 @@ class RequestResult:
         t = self.tpot_ms
         return 1e3 / t if t else None
 
+    @property
+    def draft_acceptance(self) -> float | None:
+        """Share of the drafted tokens the target accepted (None without drafts)."""
+        return self.draft_n_accepted / self.draft_n if self.draft_n and self.draft_n_accepted is not None else None
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, e2el_ms=self.e2el_ms,
-                 itl_ms=[1e3 * x for x in self.itl_s], decode_ts=self.decode_ts)
+                 itl_ms=[1e3 * x for x in self.itl_s], decode_ts=self.decode_ts,
+                 draft_acceptance=self.draft_acceptance)
         del d["itl_s"]
         return json_safe(d)

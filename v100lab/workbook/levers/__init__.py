@@ -25,7 +25,7 @@ Layout: :mod:`~v100lab.workbook.levers.steps` resolves the scenario and holds th
 one module per notebook holds that notebook's steps and its ``PARAMETERS`` (the scenario keys its
 parameters cell holds): ``overview`` 00, ``triangle`` 01, ``ceiling`` 02, ``baseline`` 03, ``quantization``
 04, ``gpu_layers`` 05, ``context`` 06, ``flash_attn`` 07, ``batch`` 08, ``threads`` 09, ``parallel`` 10,
-``loading`` 11, ``final`` 12; :mod:`~v100lab.workbook.levers.course` lists them in reading order;
+``loading`` 11, ``final`` 12, ``spec_decode`` 13; :mod:`~v100lab.workbook.levers.course` lists them in reading order;
 :mod:`~v100lab.workbook.levers.by_hand` holds what the by-hand cells use (:func:`agree`), :mod:`~v100lab.workbook.levers.exercises`
 the "try it" answers (:func:`what_if`); ``summaries`` holds the ``summary_*`` paragraphs, ``captions`` the
 ``caption_*`` sentences under each plot (what to look at), ``text`` the words both share (picking rows, numbers,
@@ -58,6 +58,10 @@ from v100lab.workbook.levers.threads import threads_sweep, thread_values
 from v100lab.workbook.levers.parallel import (parallel_sweep, parallel_latency, one_user, slot_context, serving_sweep,
                                      aggregate_ceiling, context_per_slot)
 from v100lab.workbook.levers.loading import load_modes, mmap_mlock
+from v100lab.workbook.levers.spec_decode import (spec_sweep, what_if as spec_what_if, seed_mtp, best_draft_rows,
+                                        median_error as spec_median_error, caption_speculative, verify_ratios,
+                                        summary_speculative, spec_ceiling, caption_spec_what_if)
+from v100lab.predict.speculative import tokens_per_pass, alpha_from_rate
 from v100lab.workbook.levers.final import final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table
 from v100lab.workbook.levers.summaries import (
     summary_overview, summary_triangle, summary_ceiling, summary_baseline, summary_quantization,
@@ -94,5 +98,7 @@ __all__ = [
     'caption_file_sizes', 'caption_quality', 'caption_gpu_layers', 'caption_spill', 'caption_kv', 'caption_depth',
     'caption_flash_attn', 'caption_batch', 'caption_threads', 'caption_parallel', 'caption_parallel_latency',
     'caption_one_user', 'caption_slot_context', 'caption_load',
-    'caption_own_staircase',
+    'caption_own_staircase', 'spec_sweep', 'spec_what_if', 'seed_mtp', 'best_draft_rows', 'spec_median_error',
+    'caption_speculative', 'verify_ratios', 'summary_speculative', 'spec_ceiling', 'caption_spec_what_if',
+    'tokens_per_pass', 'alpha_from_rate',
 ]

@@ -59,6 +59,9 @@ LESSONS = (
                                "and first token.", "loading"),
     Lesson("12_final_config", "The tuned configuration, its predicted and measured speed, the llama-server command.",
            "final"),
+    Lesson("13_speculative_decoding", "Speculative decoding: a draft checked in one pass, measured acceptance and "
+                                      "tok/s vs predicted over the draft length; the seed's V100 with MTP.",
+           "spec_decode"),
 )
 
 _BY_NAME = {lesson.notebook: lesson for lesson in LESSONS}

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from v100lab.predict import memory, speed
+from v100lab.predict import memory, speculative, speed
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError
 from v100lab.workbook.scenario import Scenario
 from v100lab.workbook.levers.steps import GIB, MIB, devices_for, spec_at_quant, study
 
 
-def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
+def _state(sc: Scenario, quant: str | None, draft: tuple[float, int] | None = None) -> dict[str, Any]:
     st = study(sc)
     spec = spec_at_quant(sc.model, quant) if quant else st.spec
     device = get_device(sc.device)
@@ -30,7 +30,7 @@ def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
     pd = speed.predict(spec, devs, fitted, depth=depth, n_prompt=max(1, sc.n_prompt))
     on_device = plan.devices.get(device.id) or max(plan.devices.values(), key=lambda m: m.total_bytes)
     host = plan.devices.get("host")
-    return {
+    out = {
         "model and quant": f"{st.label} {spec.file_type}",
         "device": device.name,
         "context per sequence (tokens)": f"{plan.n_ctx_seq:,}",
@@ -44,13 +44,21 @@ def _state(sc: Scenario, quant: str | None) -> dict[str, Any]:
         "prompt processing (tok/s)": f"{p0.pp_tps:,.1f} ({sc.n_prompt} tokens)",
         "physical ceiling at depth 0 (tok/s)": f"{p0.physical_ceiling_tg_tps:,.1f}",
     }
+    if draft is not None:
+        alpha, n = draft
+        sp = speculative.predict(spec, devs, fitted, spec_type="ngram-simple", n_draft=n, alpha=alpha)
+        out[f"decode with {n} n-gram tokens drafted at α {alpha:g} (tok/s)"] = \
+            f"{sp.tps:,.1f} ({sp.speedup:.2f}× without; best draft length {sp.best_n})"
+    return out
 
 
-def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str | None = None, **changes):
+def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str | None = None,
+            draft: tuple[float, int] | None = None, **changes):
     """The answer to a "try it": predicted for the scenario's model on its device, now and with the change —
     keys set to new values (``n_threads=1``), numeric keys scaled (``scale={"n_ctx": 0.5}``), or the model
     at another quant (``quant="Q8_0"``). A table of what changes: context, KV cache, memory, whether it fits,
-    decode at depth 0 and halfway through the context, prompt processing, the physical ceiling."""
+    decode at depth 0 and halfway through the context, prompt processing, the physical ceiling; with
+    ``draft=(α, n)`` also speculative decode with n n-gram tokens drafted at per-token acceptance α."""
     import pandas as pd  # heavy third-party dependency
 
     new = dict(changes)
@@ -60,7 +68,7 @@ def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str |
             value = study(sc).spec.n_ctx_train
         new[key] = max(1, int(round(value * factor)))
     after = sc.with_(**new)
-    before_state, after_state = _state(sc, None), _state(after, quant)
+    before_state, after_state = _state(sc, None, draft), _state(after, quant, draft)
     what = ", ".join([f"{k} = {v}" for k, v in new.items()] + ([f"quant = {quant}"] if quant else []))
     if not what:
         raise ConfigError("what_if: name a change (a key, scale= or quant=)")
