@@ -13,6 +13,7 @@ import sys
 
 from v100lab import harness, zoo
 from v100lab.config import add_flag_arguments, from_flag_args
+from v100lab.store import check_writable
 
 NAME = "bench"
 HELP = "measure llama.cpp speed llama-bench style (in-process, or through llama-server)"
@@ -38,9 +39,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    if args.results:
+        check_writable(args.results)                      # before the model is resolved or anything measured
     cfg = from_flag_args(args)
-    path = zoo.resolve(args.model)                       # bad model → ModelNotFoundError (exit 2)
     tests = harness.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)
+    path = zoo.resolve(args.model)                       # bad model → ModelNotFoundError (exit 2)
     rows = harness.run_tests(path, cfg, tests, (0,), args.repetitions, warmup=args.warmup, backend=args.backend,
                            results=args.results)
     shown = [{k: v for k, v in r.items() if k not in _BULKY} for r in rows]
