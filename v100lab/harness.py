@@ -35,11 +35,12 @@ from tqdm.auto import tqdm
 from v100lab import buildflags, zoo
 from v100lab.backends import Backend, BenchTest, MeasureFailed, Measurement, get_backend
 from v100lab.backends.isolated import llama_build
-from v100lab.config import RunConfig
+from v100lab.config import MAX_POSITIONS, RunConfig
 from v100lab.errors import ConfigError, V100labError
 from v100lab.header import read_spec
 from v100lab.monitor import Monitor
 from v100lab.results import TPS, Observation
+from v100lab.safeio import short_repr
 from v100lab.store import ResultsStore, row_key
 from v100lab.worker import WorkerCrashed
 
@@ -85,10 +86,13 @@ def make_tests(tests: str | Iterable[str | BenchTest] = DEFAULT_TESTS,
         try:
             depths = [int(d) for d in depths.split(",") if d.strip()]
         except ValueError:
-            raise ConfigError(f"bad depth list '{depths}': use integers, e.g. 0,1024") from None
+            raise ConfigError(f"bad depth list {short_repr(depths)}: use integers, e.g. 0,1024") from None
     depths = list(depths) or [0]
     if any(d < 0 for d in depths):
-        raise ConfigError(f"depths must be >= 0, got {depths}")
+        raise ConfigError(f"depths must be >= 0, got {short_repr(depths)}")
+    if any(d > MAX_POSITIONS for d in depths):
+        raise ConfigError(f"depth {max(depths)} is beyond any context: llama.cpp holds at most "
+                          f"{MAX_POSITIONS:,} positions (llama_pos is 32-bit)")
     out = []
     for t in tests:
         base = t if isinstance(t, BenchTest) else parse_test(t)
