@@ -52,6 +52,7 @@ from v100lab.devices import get_device
 from v100lab.errors import ConfigError
 from v100lab.memory import margin_bytes
 from v100lab.results import TPS, Observation, tidy_frame
+from v100lab.safeio import shell_join
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,8 @@ class WorkloadResult:
 
     @property
     def command(self) -> str:
-        return " ".join(self.argv)
+        """The llama-server command to copy: each argument one shell word, free of control characters."""
+        return shell_join(self.argv)
 
     @property
     def config(self) -> RunConfig:
