@@ -381,6 +381,15 @@ def test_term_text_is_the_one_escaping_helper():
     assert term_text("a\x1b[31mb\nc") == "a\\x1b[31mb\\nc"
 
 
+def test_log_lines_are_escaped(capsys):
+    """The command's log handler escapes every message: a path or a server body cannot add a line or
+    send a terminal escape."""
+    fmt = cli._TerminalSafe("%(levelname)s %(name)s: %(message)s")
+    rec = logging.LogRecord("v100lab.store", logging.WARNING, __file__, 1, "%s: kept", ("r\nINFO fake\x1b[2J",), None)
+    line = fmt.format(rec)
+    assert line == "WARNING v100lab.store: r\\nINFO fake\\x1b[2J: kept"
+
+
 # ------------------------------------------------------------------------------------------------
 # models llama.cpp would refuse, and flags beyond any context
 # ------------------------------------------------------------------------------------------------
