@@ -415,7 +415,8 @@ def _check_storage(existing: Path, label: str, error) -> None:
         return
     if st.f_flag & os.ST_RDONLY:
         raise error(f"{label} is on a read-only file system")
-    if st.f_blocks and st.f_bavail == 0:
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail   # root may use the reserved blocks
+    if st.f_blocks and free == 0:
         raise error(f"{label} cannot be written: no space left on the device holding {term_text(existing)}")
 
 
