@@ -34,7 +34,7 @@ def test_key_ignores_outcome_but_not_what_was_measured():
     assert row_key(_row(1)) != row_key(_row(1, backend="server:http://127.0.0.1:1"))
 
 
-def test_torn_last_line_is_skipped_then_truncated(tmp_path):
+def test_torn_last_line_is_skipped_and_kept(tmp_path):
     p = tmp_path / "r.jsonl"
     s = ResultsStore(p)
     s.append(_row(0))
@@ -42,9 +42,11 @@ def test_torn_last_line_is_skipped_then_truncated(tmp_path):
     with open(p, "ab") as f:                      # what kill -9 in the middle of a write leaves
         f.write(b'{"model_header_sha256": "abc", "n_depth": 2, "sta')
     assert [r["n_depth"] for r in s.rows()] == [0, 1]
+    before = p.read_bytes()
     s.append(_row(3))
+    assert p.read_bytes().startswith(before + b"\n")      # never cut: the new row goes on the next line
     lines = p.read_text().splitlines()
-    assert len(lines) == 3 and all(json.loads(x) for x in lines)
+    assert len(lines) == 4 and lines[2].endswith('"sta')
     assert [r["n_depth"] for r in s.rows()] == [0, 1, 3]
 
 

@@ -29,7 +29,7 @@ def _stored(p, rows):
 
 
 # ------------------------------------------------------------------------------------------------
-# torn lines: only a tail that does not parse
+# unterminated last lines: kept, whether they parse or not
 # ------------------------------------------------------------------------------------------------
 
 def test_complete_last_row_without_newline_is_kept(tmp_path):
@@ -51,7 +51,7 @@ def test_only_row_without_newline_is_kept(tmp_path):
     assert [r["n_depth"] for r in s.rows()] == [0, 1]
 
 
-def test_torn_tail_is_still_cut(tmp_path, caplog):
+def test_torn_tail_is_kept_and_the_row_goes_after_it(tmp_path, caplog):
     p = tmp_path / "r.jsonl"
     s = _stored(p, [_row(0)])
     with open(p, "ab") as f:
@@ -59,8 +59,10 @@ def test_torn_tail_is_still_cut(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="v100lab.facts.store"):
         assert [r["n_depth"] for r in s.rows()] == [0]
         s.append(_row(1))
-    assert any("torn" in m for m in caplog.messages)
-    assert [json.loads(x)["n_depth"] for x in p.read_text().splitlines()] == [0, 1]
+    assert any("torn" in m and "kept" in m for m in caplog.messages)
+    lines = p.read_text().splitlines()
+    assert lines[1] == '{"model_header_sha256": "abc", "n_dep'
+    assert [json.loads(lines[i])["n_depth"] for i in (0, 2)] == [0, 1]
 
 
 def test_wrong_shape_last_line_without_newline_is_kept_not_cut(tmp_path):

@@ -50,6 +50,7 @@ from v100lab.base.errors import ConfigError, V100labError
 from v100lab.models.resolve import resolve
 from v100lab.predict.memory import margin_bytes
 from v100lab.facts.results import TPS, Observation, tidy_frame
+from v100lab.base.safeio import shell_join, shell_word
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ class TuneResult:
 
     @property
     def command(self) -> str:
-        return " ".join(self.argv)
+        """The llama-server command to copy: each argument one shell word, free of control characters."""
+        return shell_join(self.argv)
 
     @property
     def config(self) -> RunConfig:
@@ -658,7 +660,7 @@ def _reasons(best: Candidate, m: ModelChoice, models, devices, dev, ranked, dept
                 alt.blockers[0].problem if alt.blockers else "it does not fit") + ")"
     elif len(models) > 1:
         why += "; the best-quality quant searched"
-    out.append(Reason(f"-m {m.file_arg}", why, delta))
+    out.append(Reason(f"-m {shell_word(m.file_arg)}", why, delta))
 
     # --gpu-layers
     if gpu:

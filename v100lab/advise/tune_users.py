@@ -54,6 +54,7 @@ from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError
 from v100lab.predict.memory import margin_bytes
 from v100lab.facts.results import TPS, Observation, tidy_frame
+from v100lab.base.safeio import shell_join
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,8 @@ class WorkloadResult:
 
     @property
     def command(self) -> str:
-        return " ".join(self.argv)
+        """The llama-server command to copy: each argument one shell word, free of control characters."""
+        return shell_join(self.argv)
 
     @property
     def config(self) -> RunConfig:

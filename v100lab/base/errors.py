@@ -44,6 +44,13 @@ class DeviceError(V100labError):
     """An unknown device id or a malformed device file."""
 
 
+class OutputError(V100labError):
+    """A file the tool was asked to write that cannot be written (a full disk, a read-only mount); what
+    was there before is left as it was."""
+
+    exit_status = 1
+
+
 class RunFailed(V100labError):
     """A real llama.cpp run that failed (load error, out of memory, refused configuration)."""
 

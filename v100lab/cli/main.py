@@ -16,6 +16,7 @@ from v100lab import __version__
 from v100lab.cli.commands import (batch, bench, calibrate, doctor, inspect, models, plan, selftest, serve_bench,
                               tune)
 from v100lab.base.errors import V100labError
+from v100lab.base.safeio import term_text
 
 # Order is the order of `v100lab --help`.
 COMMANDS = {"models": models, "inspect": inspect, "plan": plan, "bench": bench, "calibrate": calibrate,
@@ -25,6 +26,14 @@ COMMANDS = {"models": models, "inspect": inspect, "plan": plan, "bench": bench, 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, like every other bad input
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _TerminalSafe(logging.Formatter):
+    """Every log line on one line and free of terminal escapes: messages carry names, paths and server
+    bodies from outside (:func:`~v100lab.base.safeio.term_text`)."""
+
+    def formatMessage(self, record):
+        return term_text(super().formatMessage(record))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_TerminalSafe("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -55,3 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"v100lab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:   # a full disk or a vanished folder a check could not foresee: one line, not a traceback
+        where = f": {term_text(exc.filename, limit=200)}" if exc.filename else ""
+        print(f"v100lab {args.command}: error: {term_text(exc.strerror or exc, limit=300)}{where}", file=sys.stderr)
+        return 1

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from v100lab.base.errors import ConfigError
+from v100lab.base.safeio import short_repr
 
 # common/arg.cpp: kv_cache_types (the values --cache-type-k/-v accept)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -29,6 +30,8 @@ FLASH_ATTN_SPELLINGS = {"on": "on", "enabled": "on", "true": "on", "1": "on",
                         "auto": "auto", "-1": "auto"}
 # src/llama.cpp llama_max_devices() (16); common/arg.cpp -ts refuses split_arg.size() >= llama_max_devices()
 MAX_DEVICES = 16
+# llama.cpp include/llama.h: a token's position (llama_pos) is an int32_t, so no context holds more
+MAX_POSITIONS = 2**31 - 1
 # include/llama.h: the C types of llama_context_params / llama_model_params fields (ctypes would wrap a
 # larger value silently, so it is refused here)
 UINT32_MAX = 2**32 - 1
@@ -136,26 +139,27 @@ class RunConfig:
             default = known[key].default
             if key == "tensor_split":
                 if not isinstance(value, (list, tuple)) or not all(isinstance(x, (int, float)) for x in value):
-                    raise ConfigError(f"run-config key 'tensor_split' must be a list of numbers, got {value!r}")
+                    raise ConfigError(f"run-config key 'tensor_split' must be a list of numbers, "
+                                      f"got {short_repr(value)}")
                 value = tuple(float(x) for x in value)
             elif key == "override_tensor":
                 if not isinstance(value, (str, list, tuple)):
                     raise ConfigError(f"run-config key 'override_tensor' must be a list of PATTERN=BUFFER_TYPE "
-                                      f"strings, got {value!r}")
+                                      f"strings, got {short_repr(value)}")
                 value = parse_override_tensor(value)
             elif isinstance(default, bool):
                 if not isinstance(value, bool):
-                    raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+                    raise ConfigError(f"run-config key '{key}' must be true or false, got {short_repr(value)}")
             elif isinstance(default, float):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
+                    raise ConfigError(f"run-config key '{key}' must be a number, got {short_repr(value)}")
                 value = float(value)
             elif isinstance(default, int):
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
+                    raise ConfigError(f"run-config key '{key}' must be an integer, got {short_repr(value)}")
             elif isinstance(default, str):
                 if not isinstance(value, str):
-                    raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
+                    raise ConfigError(f"run-config key '{key}' must be a string, got {short_repr(value)}")
             kwargs[key] = value
         return cls(**kwargs)
 
@@ -285,7 +289,7 @@ def parse_override_tensor(value) -> tuple[str, ...]:
     out: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise ConfigError(f"override_tensor: entries are strings PATTERN=BUFFER_TYPE, got {item!r}")
+            raise ConfigError(f"override_tensor: entries are strings PATTERN=BUFFER_TYPE, got {short_repr(item)}")
         out += [p for p in item.split(",") if p != ""]
     return tuple(out)
 

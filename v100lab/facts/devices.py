@@ -30,7 +30,7 @@ import psutil
 import yaml
 
 from v100lab.base.errors import DeviceError
-from v100lab.base.safeio import cache_dir, read_json_dict, read_text_bounded
+from v100lab.base.safeio import cache_dir, read_json_dict, read_text_bounded, load_yaml, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -134,11 +134,7 @@ def _in_range(v: int | float, low: float, high: float) -> bool:
 
 
 def _short_repr(v) -> str:
-    try:
-        text = repr(v)
-    except ValueError:   # an int of more than 4300 digits cannot be printed
-        text = "an integer too long to print"
-    return text if len(text) <= 60 else text[:59] + "…"
+    return short_repr(v, limit=60)
 
 
 def device_from_mapping(data: Mapping[str, Any], where: str, keep_extra: bool = False) -> Device:
@@ -218,7 +214,7 @@ def load_device_file(path: str | os.PathLike) -> Device:
     path = Path(path)
     text = read_text_bounded(path, MAX_DEVICE_FILE_BYTES, what="device file", error=DeviceError)
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix.lower() == ".json" else load_yaml(text)
     except (ValueError, yaml.YAMLError, RecursionError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise DeviceError(f"device file {path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "

@@ -3,10 +3,10 @@
 Why a line-per-row file and not a database: a sweep can run for hours and may be killed (kill -9, an
 out-of-memory killer, a closed laptop). Each row is appended, flushed and fsync'ed before the next
 configuration starts, so everything measured before the kill is on disk; the only thing a kill can leave
-is a *torn last line* (a row half-written). A torn line is a tail (after the last newline) that does not
-parse as JSON: readers skip it, and the next append truncates it away first, so the file stays valid
-JSONL. A last line that parses but lacks its newline (an editor, ``echo -n``, a copy) is a complete row:
-it is kept, and the next append writes the missing newline first.
+is a *torn last line* (a row half-written). Nothing already in the file is ever removed or rewritten: a
+tail after the last newline (a complete row an editor left without its newline, a torn row, a note the
+user typed) is kept, and the next append writes the missing newline first (with a warning when the tail
+is not a row). A failed append (a full disk) removes the bytes it wrote, so no partial row is left.
 
 Nothing in the file can stop a resume: a line that does not parse, or a row of unexpected shape (a list,
 a string where a number belongs, no ``key``), is reported as a logging warning with its line number and
@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from v100lab.base.errors import V100labError
-from v100lab.base.safeio import check_creatable, term_text
+from v100lab.base.safeio import check_creatable, term_text, write_atomic
 
 log = logging.getLogger(__name__)
 
-MAX_TAIL_CHECK_BYTES = 64 << 20   # a tail without a newline larger than this is kept (newline added), not parsed
+MAX_TAIL_CHECK_BYTES = 64 << 20   # a tail without a newline larger than this is not parsed (only kept)
 
 # what a stored row's fields must be when present (None is always allowed); "ok" rows need the speeds
 _NUMBER_FIELDS = ("avg_ts", "stddev_ts", "avg_ns", "stddev_ns", "cv")
@@ -154,60 +154,33 @@ class ResultsStore:
         row.setdefault("key", row_key(row))
         raw_log = row.pop("raw_log", None)
         series = row.pop("monitor_series", None)
-        if raw_log is not None or series is not None:
-            self.sidecar_dir.mkdir(parents=True, exist_ok=True)
-        if raw_log is not None:
-            # one log per model load: every row of that load points at the same file (rewritten, so it
-            # holds the longest version: later rows may add decode-time messages)
-            name = f"{row.get('load_id') or row.get('run_id') or row['key']}.log"
-            _write_durably(self.sidecar_dir / name, raw_log)
-            row["log_file"] = f"{self.sidecar_dir.name}/{name}"
-        if series is not None:
-            name = f"{row.get('run_id') or row['key']}.monitor.json"
-            _write_durably(self.sidecar_dir / name, json.dumps(series, default=_json_default))
-            row["monitor_file"] = f"{self.sidecar_dir.name}/{name}"
-        line = json.dumps(row, default=_json_default, allow_nan=False) + "\n"
+        line = json.dumps(row, default=_json_default, allow_nan=False) + "\n"   # a bad row fails before any write
         try:
+            if raw_log is not None or series is not None:
+                self.sidecar_dir.mkdir(parents=True, exist_ok=True)
+            if raw_log is not None:
+                # one log per model load: every row of that load points at the same file (rewritten, so it
+                # holds the longest version: later rows may add decode-time messages)
+                name = f"{row.get('load_id') or row.get('run_id') or row['key']}.log"
+                write_atomic(self.sidecar_dir / name, raw_log, what="run log", error=StoreError)
+                row["log_file"] = f"{self.sidecar_dir.name}/{name}"
+            if series is not None:
+                name = f"{row.get('run_id') or row['key']}.monitor.json"
+                write_atomic(self.sidecar_dir / name, json.dumps(series, default=_json_default),
+                             what="monitor samples", error=StoreError)
+                row["monitor_file"] = f"{self.sidecar_dir.name}/{name}"
+            line = json.dumps(row, default=_json_default, allow_nan=False) + "\n"
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a+b") as f:
+            with open(self.path, "a+b", buffering=0) as f:
                 fcntl.flock(f, fcntl.LOCK_EX)
                 try:
-                    self._mend_tail(f)
-                    f.write(line.encode())
-                    f.flush()
-                    os.fsync(f.fileno())
+                    _append_line(f, line.encode())
                 finally:
                     fcntl.flock(f, fcntl.LOCK_UN)
         except OSError as exc:
             raise StoreError(f"results file {term_text(self.path)}: cannot append a row "
                              f"({exc.strerror or exc})") from None
         return row
-
-    @staticmethod
-    def _mend_tail(f) -> None:
-        """Make the file end with a newline before a row is appended.
-
-        The tail after the last newline is a complete row when it parses as JSON (kept: only the newline
-        is missing) and a torn write otherwise (cut off). A tail too large to check is kept too."""
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        cut = _last_line_start(f, size)
-        if size - cut <= MAX_TAIL_CHECK_BYTES:
-            f.seek(cut)
-            tail = f.read(size - cut)
-            if not _parses(tail):
-                log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write",
-                            f.name, size - cut)
-                f.truncate(cut)
-                f.seek(0, os.SEEK_END)
-                return
-        f.seek(0, os.SEEK_END)
-        f.write(b"\n")
 
     # ---- reading ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -274,6 +247,49 @@ class ResultsStore:
         return p if inside and p.is_file() else None
 
 
+def _append_line(f, line: bytes) -> None:
+    """Append ``line`` to the locked file ``f`` after a newline, durably; on failure (a full disk) cut the
+    file back to its size before, so only bytes this call wrote are removed and no partial row is left."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    data = memoryview(_tail_newline(f, size) + line)
+    fd = f.fileno()
+    try:
+        while data:                                   # unbuffered: a short write is seen, not hidden in a buffer
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    except OSError:
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError:
+            log.warning("%s: could not remove a partial row after a failed write", f.name)
+        raise
+
+
+def _tail_newline(f, size: int) -> bytes:
+    """``b"\\n"`` when the file does not end with one (its last line is kept as it is), else ``b""``.
+
+    An unterminated last line that parses as JSON is a row an editor left without its newline; one that
+    does not (a torn write, a note) is kept too, with a warning saying where the new row goes."""
+    if size == 0:
+        return b""
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        return b""
+    cut = _last_line_start(f, size)
+    if size - cut > MAX_TAIL_CHECK_BYTES or not _parses(_read_at(f, cut, size - cut)):
+        log.warning("%s: the last line (%d bytes at byte %d) is not a complete row (a torn write or text "
+                    "added by hand); it is kept and the new row starts on the next line", f.name, size - cut, cut)
+    f.seek(0, os.SEEK_END)
+    return b"\n"
+
+
+def _read_at(f, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    return f.read(n)
+
+
 def _read_regular(path: Path) -> bytes:
     """The whole results file; StoreError when it is not a regular file (a FIFO would block, /dev/zero
     would never end) or cannot be read."""
@@ -311,15 +327,6 @@ def _parses(raw: bytes) -> bool:
     except (ValueError, RecursionError):
         return False
     return True
-
-
-def _write_durably(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _json_default(o):

@@ -44,6 +44,7 @@ import os
 import re
 import stat
 import struct
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -56,7 +57,7 @@ import gguf
 import numpy as np
 
 from v100lab.base.errors import ConfigError, GGUFError, ModelNotFoundError
-from v100lab.base.safeio import redact_url, term_text
+from v100lab.base.safeio import redact_url, term_text, open_url, read_response
 from v100lab.facts.spec import ModelSpec, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -204,12 +205,14 @@ _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d{1,20})-(\d{1,20})/(\d{1,20}|\*)
 class _HTTPSource(_Source):
     """HTTP(S) Range requests. A server must answer 206 with a matching Content-Range; anything
     else (200 with the whole body, 416, a body shorter than announced) is a clear error, and the
-    body is never read beyond what was asked."""
+    body is never read beyond what was asked. ``timeout`` is one deadline for the whole header
+    (every connect, status line, headers and body byte), so a server that trickles cannot hold it."""
 
     def __init__(self, url: str, timeout: float):
         self.label = redact_url(url)        # what messages show: never a password or a token
         self.url, self.auth = _split_credentials(url, self.label)
         self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
 
     def next_total(self, have: int) -> int:
         # few round trips: 1 MiB, then 8 MiB in all, then doubling
@@ -229,7 +232,9 @@ class _HTTPSource(_Source):
             req.add_unredirected_header("Authorization", self.auth)
         self.requests += 1
         try:
-            resp = urllib.request.urlopen(req, timeout=self.timeout)
+            resp = open_url(req, self.deadline)
+        except TimeoutError:
+            raise GGUFError(f"no answer from {self.label} within the {self.timeout:g} s timeout", start) from None
         except urllib.error.HTTPError as exc:
             if exc.code == 416:
                 raise GGUFError(f"server answered 416 (range not satisfiable) for bytes {start}-"
@@ -260,8 +265,11 @@ class _HTTPSource(_Source):
                 self.size = int(total)
             want = last - first + 1
             try:
-                data = resp.read(want)
-            except Exception as exc:  # http.client.IncompleteRead, socket timeout, reset
+                data = read_response(resp, want, self.deadline)
+            except TimeoutError:
+                raise GGUFError(f"short read from {self.label}: the {want} bytes asked for did not arrive within "
+                                f"the {self.timeout:g} s timeout", start) from None
+            except Exception as exc:  # http.client.IncompleteRead, a reset
                 raise GGUFError(f"short read from {self.label}: {type(exc).__name__}", start) from None
         self.bytes_read += len(data)
         if len(data) != want:
@@ -678,8 +686,9 @@ def read_header(source, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
 
     Reads at most ``max_header_bytes`` (default 64 MiB); a header that needs more raises
     :class:`GGUFError`, and so does a file whose tensor data runs past its end (:func:`check_data`).
-    ``timeout`` applies to each HTTP request (seconds, finite, at most an hour). A file object is read
-    from its current position and left open. Messages never show a URL's password or query values.
+    ``timeout`` bounds the whole HTTP fetch, every request and byte (seconds, finite, at most an hour).
+    A file object is read from its current position and left open. Messages never show a URL's password
+    or query values.
     """
     _check_limits(max_header_bytes, timeout)
     src, label = _open_source(source, timeout)
@@ -858,6 +867,52 @@ def recurrent_layers_for(arch: str, n_layer: int, n_head_kv, full_attention_inte
 
 _INTERVAL_DEFAULT = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4}
 
+LLAMA_MAX_LAYERS = 512       # llama.cpp src/llama-hparams.h
+LLAMA_MAX_EXPERTS = 1024     # llama.cpp src/llama-hparams.h
+_ATTN_WEIGHTS = (".attn_q.weight", ".attn_qkv.weight", ".attn_k.weight", ".attn_q_a.weight")
+
+
+def check_hparams(arch: str, n_layer: int, n_embd: int, n_head, n_head_kv, head_dim_k: int, head_dim_v: int, *,
+                  explicit_heads: bool, tensors: Sequence[TensorInfo], n_expert: int, n_expert_used) -> None:
+    """GGUFError (llama.cpp's reason) for hyperparameters llama.cpp refuses or crashes on.
+
+    Mirrors llama.cpp src/llama-model.cpp ``llama_model::load_hparams`` (expert counts: its GGML_ASSERTs;
+    head size ``n_embd / n_head``, 0 without heads, so attention weights' shapes cannot match) and
+    ggml.c ``ggml_mul_mat`` (``ggml_can_mul_mat``: K/V heads are broadcast over the query heads, so
+    ``n_head % n_head_kv == 0``). A recurrent layer (no heads, no K/V heads) is fine.
+    """
+    heads = n_head if isinstance(n_head, tuple) else (n_head,) * n_layer
+    kv = n_head_kv if isinstance(n_head_kv, tuple) else (n_head_kv,) * n_layer
+    key = f"{arch}.attention"
+    has_attn = any(t.name.endswith(_ATTN_WEIGHTS) for t in tensors) if tensors else (
+        explicit_heads and arch not in RECURRENT_ARCHS)
+    if has_attn and not any(h > 0 for h in heads):
+        raise GGUFError(f"'{key}.head_count' is 0 in every layer, but the model has attention: llama.cpp "
+                        "refuses it (head size n_embd / n_head is 0, so no attention weight has its shape)")
+    for il, (h, k) in enumerate(zip(heads, kv)):
+        if h < 0 or k < 0:
+            raise GGUFError(f"'{key}.head_count{'' if h < 0 else '_kv'}' is negative in layer {il}")
+        if k and not h:
+            raise GGUFError(f"layer {il} has {k} K/V heads and no query heads ('{key}.head_count' 0): "
+                            "llama.cpp refuses it")
+        if k > h:
+            raise GGUFError(f"'{key}.head_count_kv' ({k}) is larger than '{key}.head_count' ({h}) in layer {il}: "
+                            "llama.cpp cannot share K/V heads among fewer query heads (ggml_mul_mat asserts "
+                            "n_head % n_head_kv == 0)")
+        if k and h % k:
+            raise GGUFError(f"'{key}.head_count' ({h}) is not a multiple of '{key}.head_count_kv' ({k}) in layer "
+                            f"{il}: llama.cpp aborts (ggml_mul_mat asserts n_head % n_head_kv == 0)")
+    if heads[0] > 0 and (head_dim_k <= 0 or head_dim_v <= 0):   # load_hparams: "if (hparams.n_head() > 0)"
+        raise GGUFError(f"the attention head size is {min(head_dim_k, head_dim_v)} (embedding_length {n_embd} / "
+                        f"head_count {heads[0]}, or '{key}.key_length' / 'value_length'): llama.cpp refuses it")
+    used = max(n_expert_used) if isinstance(n_expert_used, tuple) else n_expert_used
+    if not 0 <= n_expert <= LLAMA_MAX_EXPERTS:
+        raise GGUFError(f"'{arch}.expert_count' is {n_expert}; llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts")
+    if used < 0 or used > n_expert or (n_expert > 0 and used == 0):
+        raise GGUFError(f"'{arch}.expert_used_count' is {used} with {n_expert} experts: llama.cpp refuses it "
+                        "(it must be 1 to expert_count, or 0 without experts)")
+
+
 
 def spec_from_header(hdr: GGUFHeader) -> ModelSpec:
     """Derive the :class:`ModelSpec` from a parsed header (llama.cpp's ``llama_hparams`` rules)."""
@@ -873,9 +928,14 @@ def spec_from_metadata(md: Mapping[str, object], tensors: Sequence[TensorInfo], 
         raise GGUFError("missing metadata key 'general.architecture'")
     m = _Meta(md, arch)
     n_layer = m.int("block_count", required=True)
-    if n_layer < 0 or n_layer > 100_000:
-        raise GGUFError(f"'{arch}.block_count' is {n_layer}, not a plausible layer count")
+    # llama-model.cpp llama_model::load_hparams: GGML_ASSERT(n_layer > 0 && n_layer <= LLAMA_MAX_LAYERS)
+    if not 0 < n_layer <= LLAMA_MAX_LAYERS:
+        raise GGUFError(f"'{arch}.block_count' is {n_layer}, not a plausible layer count (llama.cpp loads "
+                        f"1 to {LLAMA_MAX_LAYERS} layers)")
     n_embd = m.int("embedding_length", required=True)
+    if n_embd <= 0:
+        raise GGUFError(f"'{arch}.embedding_length' is {n_embd}: llama.cpp refuses the model (every weight's "
+                        "shape is built from it, so none would match)")
     n_ff = m.int_or_array("feed_forward_length", n_layer, default=0)
     n_head = m.int_or_array("attention.head_count", n_layer, default=0)
     # llama.cpp: n_head_kv defaults to n_head (load_hparams: "n_head_kv_arr = n_head_arr")
@@ -904,6 +964,9 @@ def spec_from_metadata(md: Mapping[str, object], tensors: Sequence[TensorInfo], 
     if not 0 <= nextn < max(n_layer, 1):
         raise GGUFError(f"'{arch}.nextn_predict_layers' is {nextn}, must be below block_count {n_layer}")
     recurrent = recurrent_layers_for(arch, n_layer, n_head_kv, fai, nextn, md)
+    check_hparams(arch, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+                  explicit_heads=m.key("attention.head_count") in md, tensors=tensors,
+                  n_expert=m.int("expert_count", 0), n_expert_used=m.int_or_array("expert_used_count", n_layer, 0))
     name = md.get("general.name")
     return ModelSpec(
         architecture=arch,

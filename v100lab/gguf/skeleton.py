@@ -34,6 +34,7 @@ from v100lab.base.errors import ConfigError
 from v100lab.gguf.header import read_spec
 from v100lab.facts.quantmix import ModelFacts, QT, ftype_from_name, n_bytes, tensor_types, weight_order_key
 from v100lab.facts.spec import ModelSpec
+from v100lab.base.safeio import load_yaml
 
 VT = gguf.GGUFValueType
 ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT
@@ -115,9 +116,11 @@ def load_arch(name_or_path: str | os.PathLike) -> dict:
                               "or give a path to a YAML file)")
         raw, where = res.read_text(), f"{text}.yaml"
     try:
-        data = yaml.safe_load(raw)
+        data = load_yaml(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: not valid YAML: nested too deeply") from None
     return validate_arch(data, where)
 
 

@@ -48,13 +48,13 @@ from v100lab.measure.backends.isolated import IsolatedBackend
 from v100lab.base.clock import utc_stamp
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import Device
-from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.base.errors import ConfigError, RunFailed, OutputError
 from v100lab.gguf.header import read_spec
 from v100lab.gguf.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
-from v100lab.predict.rates import (MAX_PASS_DRIFT, NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET,
-                           calibration_quality, current_build_facts, median_standard_error)
+from v100lab.predict.rates import (MAX_PASS_DRIFT, NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET, calibration_quality, current_build_facts, median_standard_error)
 from v100lab.predict.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
 from v100lab.predict.work import attn_missed_head_cells, single_device_work
+from v100lab.base.safeio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -1226,8 +1226,5 @@ def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[i
         old = stored_batching() or {}
         merged = dict(result)
         merged["threads"] = {**(old.get("threads") or {}), **result["threads"]}
-        p = batching_path()
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(merged, indent=1))
-        tmp.replace(p)
+        write_atomic(batching_path(), json.dumps(merged, indent=1), what="batching calibration", error=OutputError)
     return result

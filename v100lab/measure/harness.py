@@ -36,13 +36,14 @@ from v100lab.base import buildflags
 from v100lab.models import zoo
 from v100lab.measure.backends import Backend, BenchTest, MeasureFailed, Measurement, get_backend
 from v100lab.measure.backends.isolated import llama_build
-from v100lab.facts.config import RunConfig
+from v100lab.facts.config import RunConfig, MAX_POSITIONS
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.gguf.header import read_spec
 from v100lab.measure.monitor import Monitor
 from v100lab.facts.results import TPS, Observation
 from v100lab.facts.store import ResultsStore, row_key
 from v100lab.models.worker import WorkerCrashed
+from v100lab.base.safeio import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,13 @@ def make_tests(tests: str | Iterable[str | BenchTest] = DEFAULT_TESTS,
         try:
             depths = [int(d) for d in depths.split(",") if d.strip()]
         except ValueError:
-            raise ConfigError(f"bad depth list '{depths}': use integers, e.g. 0,1024") from None
+            raise ConfigError(f"bad depth list {short_repr(depths)}: use integers, e.g. 0,1024") from None
     depths = list(depths) or [0]
     if any(d < 0 for d in depths):
-        raise ConfigError(f"depths must be >= 0, got {depths}")
+        raise ConfigError(f"depths must be >= 0, got {short_repr(depths)}")
+    if any(d > MAX_POSITIONS for d in depths):
+        raise ConfigError(f"depth {max(depths)} is beyond any context: llama.cpp holds at most "
+                          f"{MAX_POSITIONS:,} positions (llama_pos is 32-bit)")
     out = []
     for t in tests:
         base = t if isinstance(t, BenchTest) else parse_test(t)

@@ -39,6 +39,7 @@ from v100lab.base.errors import ConfigError, V100labError
 from v100lab.gguf.llama_context import causal_cells, nearest_type, resolve_flash_attn
 from v100lab.gguf.skeleton import skeleton_spec
 from v100lab.predict.work import attn_missed_head_cells, single_device_work
+from v100lab.base.safeio import short_repr
 
 #: the host profile's key for the CPU calibration (written by :func:`v100lab.measure.calibration.calibrate`)
 PROFILE_KEY = "speed_calibration"
@@ -206,6 +207,41 @@ def stored_calibration() -> dict[str, Any] | None:
     """The CPU calibration stored in this host's profile, or None."""
     prof = read_host_profile() or {}
     return prof.get(PROFILE_KEY)
+
+
+# a thread count's figures that every prediction reads: numbers, finite, and (the first) above zero
+_CAL_POSITIVE = ("bandwidth_gbs", "efficiency")
+_CAL_NUMBERS = ("overhead_token_s", "overhead_layer_s")
+
+
+def calibration_problem(cal: Any, complete: bool = False) -> str | None:
+    """What makes a stored CPU calibration unusable (None when it is fine): not an object, no thread
+    counts, a thread count that is not a positive integer, or a figure that is not a finite number, or
+    (bandwidth, efficiency, cost per weight) not above zero — a hand-edited or damaged profile. With
+    ``complete`` every figure the summary prints must be there."""
+    if not isinstance(cal, Mapping):
+        return "not an object"
+    threads = cal.get("threads")
+    if not isinstance(threads, Mapping) or not threads:
+        return "no thread counts"
+    for th, p in threads.items():
+        if not str(th).isdigit() or int(th) < 1:
+            return f"thread count {short_repr(th)} is not a positive integer"
+        if not isinstance(p, Mapping):
+            return f"{th} thread(s): not an object"
+        for name in _CAL_POSITIVE + _CAL_NUMBERS:
+            v = p.get(name)
+            if v is None and not complete:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or (name in _CAL_POSITIVE and v <= 0):
+                return f"{th} thread(s): {name} is {short_repr(v)}"
+        costs = p.get("tg_s_per_weight", {} if not complete else None)
+        if not isinstance(costs, Mapping) or not all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
+                for c in costs.values()):
+            return f"{th} thread(s): tg_s_per_weight is not a map of positive costs"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -586,6 +622,9 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
     """The host's DeviceRates at ``threads``: a calibrated thread count as measured; in between,
     per-weight rates interpolated linearly; beyond the largest, compute rates scaled by the thread
     ratio while the bandwidth stays at the largest measured (a stated extrapolation)."""
+    problem = calibration_problem(cal)
+    if problem:
+        raise V100labError(f"the host calibration is unusable ({problem}); run `v100lab calibrate` again")
     check = cal.get(drift_scaling.DRIFT_KEY) if (cal.get(drift_scaling.DRIFT_KEY) or {}).get("applied") else None
     # an applied drift check (v100lab calibrate --check) brings each thread count's costs up to the phase it measured
     per = {int(k): drift_scaling.scaled_fit(v, check, int(k)) if check else v for k, v in (cal.get("threads") or {}).items()}

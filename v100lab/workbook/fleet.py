@@ -36,7 +36,6 @@ runs then follow one another, as with the local engine, and one ``bench``) and s
 from __future__ import annotations
 
 import logging
-import os
 import re
 import socket
 import tempfile
@@ -45,7 +44,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from v100lab.base.errors import ConfigError
+from v100lab.base.errors import ConfigError, OutputError
+from v100lab.base.safeio import term_text, write_atomic
 from v100lab.workbook.scenario import Scenario, load_scenario
 from v100lab.workbook.runner import (Run, RunResult, cached_run, execute_run, inputs_digest, now_iso, one_line,
                               write_record)
@@ -66,6 +66,7 @@ REGISTRY_WAIT_S = 60.0             # the longest a task or the driver waits for 
 # to the driver's node let it land on a worker node, and die with it.
 HEAD_RESOURCE = "node:__internal_head__"
 _OUTPUTS = (".ipynb", ".html", ".reader.html", ".kernel.log")   # the files of one run a task returns
+CONNECT_TIMEOUT_S = 10.0   # a cluster's head that does not accept a connection in this long is not there
 _ADDRESS = re.compile(r"(auto|(ray://)?[A-Za-z0-9.\[\]:_-]+:\d{1,5})")
 
 
@@ -80,8 +81,27 @@ def _ray():
 def check_address(address: str | None) -> str | None:
     """``auto``, ``HOST:PORT`` or ``ray://HOST:PORT`` (None: start a local instance); ConfigError otherwise."""
     if address is not None and not _ADDRESS.fullmatch(address):
-        raise ConfigError(f"--address must be auto, HOST:PORT or ray://HOST:PORT, got {address!r}")
+        raise ConfigError(f"--address must be auto, HOST:PORT or ray://HOST:PORT, "
+                          f"got {term_text(repr(address[:80]))}")
+    if address not in (None, "auto") and not 0 < int(address.rpartition(":")[2]) < 65536:
+        raise ConfigError(f"--address {address}: the port must be in 1-65535")
     return address
+
+
+def probe_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """ConfigError (one line) unless something accepts a TCP connection at ``address`` (HOST:PORT or
+    ray://HOST:PORT) within ``timeout`` seconds — so a wrong address fails at once instead of in Ray's
+    own connection retries (minutes)."""
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise ConfigError(f"--address {address}: no Ray cluster reachable at {hostport} ({why} within "
+                          f"{timeout:g} s)") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,6 +284,8 @@ class RayEngine:
                      include_dashboard=False, **quiet)
         else:
             log.info("connecting to the Ray cluster at %s", self.address)
+            if self.address != "auto":
+                probe_address(self.address)
             try:
                 ray.init(address=self.address, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -403,10 +425,7 @@ def _deliver(out: Path, run: Run, payload: Mapping[str, Any]) -> RunResult:
         if rel not in expected:   # a task names only its own run's files
             log.warning("ignoring an unexpected file from the task: %r", rel)
             continue
-        path = out / rel
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(out / rel, data, what="report file", error=OutputError)
     result = replace(RunResult(**payload["result"]), params=str(run.params), notebook=str(run.notebook),
                      digest=inputs_digest(run.params, run.notebook), node=str(payload.get("node") or ""),
                      cached=False)

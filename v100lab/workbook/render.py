@@ -41,7 +41,7 @@ import string
 from typing import Any, Iterable, Mapping
 
 from v100lab.base.errors import ConfigError
-from v100lab.base.safeio import shorten, term_text  # noqa: F401  (re-exported: the terminal's escaping)
+from v100lab.base.safeio import shorten, term_text, shell_word
 
 # the MIME type of the headline a notebook publishes (:func:`publish_headline`), which the batch reads back
 HEADLINE_MIME = "application/vnd.v100lab.headline+json"
@@ -248,8 +248,9 @@ def _negative_number(text: str) -> bool:
 
 
 def shlex_quote(text: str) -> str:
-    """``shlex.quote`` (a shell word as the reader would type it)."""
-    return shlex.quote(text)
+    """A shell word as the reader would type it (:func:`v100lab.base.safeio.shell_word`: control characters
+    escaped)."""
+    return shell_word(text)
 
 
 def command(argv: Iterable[Any] | str):

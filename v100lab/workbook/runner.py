@@ -55,9 +55,9 @@ from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import quote
 
 from v100lab import __version__
-from v100lab.base.errors import ConfigError
+from v100lab.base.errors import ConfigError, OutputError
 from v100lab.workbook.render import HEADLINE_MIME, escape
-from v100lab.base.safeio import check_creatable
+from v100lab.base.safeio import check_creatable, write_atomic
 from v100lab.workbook.levers.course import keys_of
 from v100lab.workbook.scenario import Scenario, keys, load_scenario, parameters_cell_source, read_parameters
 
@@ -391,11 +391,7 @@ def export_html(executed: str | os.PathLike, html_path: str | os.PathLike, *, ex
                             exclude_output_prompt=exclude_input)
     body, _ = exporter.from_notebook_node(
         nb, resources={"metadata": {"name": slug(Path(html_path).stem)}, "v100lab_csp": CSP})
-    out = Path(html_path)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(body, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_atomic(html_path, body, what="report", error=OutputError)
 
 
 def _record_path(out_dir: Path, run: Run) -> Path:
@@ -426,10 +422,8 @@ def _cached(out_dir: Path, run: Run, digest: str, no_input: bool) -> RunResult |
 
 
 def _write_record(out_dir: Path, run: Run, result: RunResult) -> None:
-    path = _record_path(out_dir, run)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(replace(result, cached=False).as_dict(), indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(_record_path(out_dir, run), json.dumps(replace(result, cached=False).as_dict(), indent=1),
+                 what="run record", error=OutputError)
 
 
 def _title(run: Run) -> str:
@@ -717,11 +711,8 @@ nothing, for the reason given.</p>
 
 
 def write_index(out_dir: str | os.PathLike, results: Sequence[RunResult], wall_s: float) -> Path:
-    path = Path(out_dir) / "index.html"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(index_html(results, wall_s), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(Path(out_dir) / "index.html", index_html(results, wall_s), what="batch index",
+                        error=OutputError)
 
 
 def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:

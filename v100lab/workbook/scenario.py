@@ -31,7 +31,6 @@ import json
 import math
 import os
 import re
-import sys
 import types
 from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import lru_cache
@@ -44,7 +43,7 @@ import yaml
 from v100lab.facts.config import CACHE_TYPES, RunConfig, normalize_flash_attn
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError, V100labError
-from v100lab.base.safeio import read_text_bounded
+from v100lab.base.safeio import read_text_bounded, load_yaml, short_repr
 from v100lab.models.zoo import LADDER, ftype_of
 
 GROUPS = {
@@ -399,11 +398,7 @@ def _check_limits(name: str, value, meta: Mapping[str, Any]) -> None:
 
 
 def _short(value) -> str:
-    try:
-        text = repr(value)
-    except ValueError:   # an int of more than 4300 digits cannot be printed
-        text = f"an integer of over {sys.get_int_max_str_digits()} digits"
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(value, limit=60)
 
 
 def _plain(value):
@@ -436,7 +431,7 @@ def read_parameters(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{p}: parameter file not found")
     text = read_text_bounded(p, MAX_PARAMETER_FILE_BYTES, what="parameter file", error=ConfigError)
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -467,7 +462,7 @@ def load_scenario(source: str | os.PathLike | Mapping[str, Any]) -> Scenario:
         data, where = read_parameters(source), str(source)
     for key in data:
         if not isinstance(key, str):
-            raise ConfigError(f"{where}: keys must be strings, got {key!r}")
+            raise ConfigError(f"{where}: keys must be strings, got {short_repr(key)}")
     _reject_unknown(data, where)
     try:
         return Scenario(**data)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from v100lab.workbook import runner
 from v100lab.base.errors import ConfigError
-from v100lab.workbook.fleet import RayEngine   # imports ray itself, only when the ray engine runs
+from v100lab.workbook.fleet import RayEngine, probe_address
 from v100lab.base.safeio import check_creatable, term_text
 
 NAME = "batch"
@@ -59,6 +59,11 @@ def _status_line(r: runner.RunResult) -> str:
     reason = f"  — {r.reason}" if r.reason else ""
     return term_text(f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
                      f"{runner.format_duration(r.duration_s)}{head}{reason}")
+
+
+def _progress_label(run) -> str:
+    """The progress bar's note for a run: its scenario and notebook, escaped (names come from files)."""
+    return term_text(f"{run.scenario.scenario} × {Path(run.notebook).stem}", limit=80)
 
 
 def _stem(path: str) -> str:
@@ -102,6 +107,8 @@ def run(args) -> int:
         if not math.isfinite(args.task_timeout) or args.task_timeout < 0:
             raise ConfigError(f"--task-timeout must be a number of seconds >= 0 (0 = none), got {args.task_timeout:g}")
         engine = RayEngine(args.address, task_timeout=args.task_timeout or None)
+        if args.address not in (None, "auto"):
+            probe_address(args.address)          # a wrong address fails now, not after Ray's retries
     elif args.address is not None or args.task_timeout:
         raise ConfigError("--address and --task-timeout go with --engine ray")
     total = len(runner.plan_runs(args.params, notebooks))  # validates every parameter file first
@@ -110,7 +117,7 @@ def run(args) -> int:
     bar = tqdm(total=total, unit="run", desc="batch", file=sys.stderr, dynamic_ncols=True)
 
     def on_start(run, i, n):
-        bar.set_postfix_str(f"{run.scenario.scenario} × {run.notebook.stem}", refresh=True)
+        bar.set_postfix_str(_progress_label(run), refresh=True)
 
     def on_result(r, i, n):
         bar.write(_status_line(r), file=sys.stderr)

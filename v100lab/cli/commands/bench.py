@@ -15,6 +15,7 @@ from v100lab.measure import harness
 from v100lab.models import zoo
 from v100lab.facts.config import add_flag_arguments, from_flag_args
 from v100lab.base.errors import ConfigError
+from v100lab.facts.store import check_writable
 
 NAME = "bench"
 HELP = "measure llama.cpp speed llama-bench style (in-process, or through llama-server)"
@@ -40,12 +41,14 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    if args.results:
+        check_writable(args.results)                      # before the model is resolved or anything measured
     cfg = from_flag_args(args)
     if cfg.spec_type != "none" and not str(args.backend).startswith("server"):
         raise ConfigError(f"--spec-type {cfg.spec_type}: speculative decoding runs in llama-server only "
                           "(--backend server-bin or server:URL)")
-    path = zoo.model_path(args.model)                       # bad model → ModelNotFoundError (exit 2)
     tests = harness.make_tests(args.tests, args.depth)     # bad spelling → ConfigError (exit 2)
+    path = zoo.model_path(args.model)                       # bad model → ModelNotFoundError (exit 2)
     rows = harness.run_tests(path, cfg, tests, (0,), args.repetitions, warmup=args.warmup, backend=args.backend,
                            results=args.results)
     shown = [{k: v for k, v in r.items() if k not in _BULKY} for r in rows]

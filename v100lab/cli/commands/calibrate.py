@@ -17,7 +17,7 @@ from v100lab.measure import calibration, drift_check
 from v100lab.predict import drift_scaling
 from v100lab.facts.devices import host_profile_path
 from v100lab.base.errors import ConfigError, V100labError
-from v100lab.predict.rates import NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses
+from v100lab.predict.rates import (NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses, calibration_problem)
 from v100lab.predict.serving import batching_path
 from v100lab.workbook.render import term_text
 
@@ -220,6 +220,10 @@ def run(args) -> int:
         cal = stored_calibration()
         if not cal:
             raise V100labError("no calibration stored for this host: run `v100lab calibrate`")
+        problem = calibration_problem(cal, complete=True)
+        if problem:
+            raise V100labError(f"the calibration stored in {term_text(host_profile_path())} is unusable "
+                               f"({problem}); run `v100lab calibrate` again")
     else:
         if not 1 <= args.repetitions <= MAX_REPETITIONS:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")

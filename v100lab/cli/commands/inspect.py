@@ -30,7 +30,8 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--max-header-mib", type=float, default=DEFAULT_MAX_HEADER_BYTES / 2**20,
                    help="refuse headers larger than this (default %(default)s MiB)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds for the whole HTTP fetch of the header (default %(default)s)")
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
 
 

@@ -153,6 +153,11 @@ def largest_context(spec, devices, cfg, feas) -> int:
 
 
 def run(args) -> int:
+    if args.depth < 0 or args.n_prompt < 0:
+        raise ConfigError("--depth and --n-prompt must be >= 0")
+    if args.depth + args.n_prompt > config_mod.MAX_POSITIONS:
+        raise ConfigError(f"--depth {args.depth} + --n-prompt {args.n_prompt} is beyond any context: llama.cpp "
+                          f"holds at most {config_mod.MAX_POSITIONS:,} positions (llama_pos is 32-bit)")
     cfg = config_mod.from_flag_args(args)
     spec = resolve(args.model, build=True).spec
     devices = [get_device(d) for d in args.device]
@@ -161,8 +166,6 @@ def run(args) -> int:
     doc = build_document(spec, devices, cfg, mplan, args)
     doc.update({"fits": feas.fits, "within_capacity": mplan.fits, "max_ctx": largest_context(spec, devices, cfg, feas),
                 "feasibility": feas.as_dict()})
-    if args.depth < 0 or args.n_prompt < 0:
-        raise ConfigError("--depth and --n-prompt must be >= 0")
     if args.depth + args.n_prompt > mplan.n_ctx_seq:
         doc["warnings"].append(f"depth {args.depth} + n_prompt {args.n_prompt} exceeds the context per sequence "
                                f"({mplan.n_ctx_seq})")

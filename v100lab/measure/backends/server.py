@@ -52,6 +52,7 @@ from v100lab.facts.config import ALL_LAYERS, GGML_TYPE_ID, RunConfig
 from v100lab.base.errors import ConfigError
 from v100lab.gguf.header import read_spec
 from v100lab.facts.loadlog import parse_load_log
+from v100lab.base.safeio import open_url, read_response, term_text
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +88,31 @@ class _HTTPError(Exception):
         super().__init__(message)
 
 
+MAX_BODY_BYTES = 64 << 20   # a JSON answer larger than this is not from a llama server
+
+
 def _request(url: str, body: dict | None = None, timeout: float = 600.0) -> tuple[int, Any]:
-    """GET (body None) or POST JSON; returns (status, parsed JSON or text). Raises _HTTPError on no answer."""
+    """GET (body None) or POST JSON; returns (status, parsed JSON or text). Raises _HTTPError on no answer,
+    on an answer not complete within ``timeout`` seconds (all of it: connect, headers, body) or one larger
+    than :data:`MAX_BODY_BYTES`."""
+    deadline = time.monotonic() + timeout
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
+        with open_url(req, deadline) as resp:
+            status, raw = resp.status, read_response(resp, MAX_BODY_BYTES + 1, deadline)
     except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (urllib.error.URLError, OSError, ConnectionError) as exc:
+        try:
+            status, raw = exc.code, read_response(exc, MAX_BODY_BYTES + 1, deadline)
+        except Exception:   # the error's own body is only a detail
+            status, raw = exc.code, b""
+    except TimeoutError:
+        raise _HTTPError(f"{url}: no complete answer within {timeout:g} s") from None
+    except (urllib.error.URLError, OSError, ConnectionError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise _HTTPError(f"{url}: {reason}") from None
+    if len(raw) > MAX_BODY_BYTES:
+        raise _HTTPError(f"{url}: an answer larger than {MAX_BODY_BYTES >> 20} MiB")
     text = raw.decode("utf-8", errors="replace")
     try:
         return status, json.loads(text)
@@ -108,16 +122,33 @@ def _request(url: str, body: dict | None = None, timeout: float = 600.0) -> tupl
 
 def _stream(url: str, body: dict, timeout: float = 600.0):
     """POST JSON and yield (arrival time, event dict) for each server-sent ``data:`` event."""
+    deadline = time.monotonic() + timeout
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
-        resp = urllib.request.urlopen(req, timeout=timeout)
+        resp = open_url(req, deadline)
     except urllib.error.HTTPError as exc:
-        raise _HTTPError(f"{url}: HTTP {exc.code}: {exc.read()[:200]!r}", exc.code) from None
-    except (urllib.error.URLError, OSError, ConnectionError) as exc:
+        try:
+            head = read_response(exc, 200, deadline)
+        except Exception:   # the error's own body is only a detail
+            head = b""
+        raise _HTTPError(f"{url}: HTTP {exc.code}: {term_text(head.decode('utf-8', 'replace'), limit=200)}",
+                         exc.code) from None
+    except TimeoutError:
+        raise _HTTPError(f"{url}: no answer within {timeout:g} s") from None
+    except (urllib.error.URLError, OSError, ConnectionError, ValueError) as exc:
         raise _HTTPError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
     with resp:
         try:
-            for raw in resp:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _HTTPError(f"{url}: the stream did not end within {timeout:g} s")
+                if sock is not None:
+                    sock.settimeout(left)
+                raw = resp.readline(MAX_BODY_BYTES)     # an event is one line: bounded, not the whole body
+                if not raw:
+                    return
                 line = raw.decode("utf-8", errors="replace").strip()
                 if not line.startswith("data:"):
                     continue
@@ -129,7 +160,8 @@ def _stream(url: str, body: dict, timeout: float = 600.0):
                 except ValueError:
                     continue
         except (OSError, ConnectionError) as exc:
-            raise _HTTPError(f"{url}: stream broken: {exc}") from None
+            why = f"no data within {timeout:g} s" if isinstance(exc, TimeoutError) else exc
+            raise _HTTPError(f"{url}: stream broken: {why}") from None
 
 
 # --------------------------------------------------------------------------------------------
