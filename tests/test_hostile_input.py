@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from v100lab import cli
+from v100lab.cli import main as cli
 from v100lab.base.errors import ConfigError, DeviceError, GGUFError, OutputError
 from v100lab.base.safeio import (check_creatable, load_yaml, shell_join, shell_word, short_repr, term_text,
                             write_atomic)
