@@ -105,10 +105,10 @@ levers.headline(stairs, lever="stage")
 # %% [markdown]
 # ## Try it
 #
-# Change `device` to `t4` (a 16 GB card with about a third of the V100's bandwidth) and re-run. Before you do:
-# how fast should the studied model decode there — what does the ratio of the two bandwidths say? Write your
-# guess down, then open the answer below (the package's prediction for the scenario's model on its device, now
-# and with the change).
+# Move the seed's model from its GPU to a `t4` (a 16 GB card with about a third of the V100's bandwidth). Before
+# you look: how fast should it decode there — what does the ratio of the two bandwidths say? Write your guess
+# down, then open the answer below (the package's prediction for the seed's model on the GPU the lesson is
+# about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, device="t4"))
+render.text_table(levers.what_if(sc, device="t4", gpu=True))

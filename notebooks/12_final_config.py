@@ -122,8 +122,8 @@ levers.headline(stairs, lever="stage")
 # ## Try it
 #
 # Make the context four times longer (`n_ctx`). Does the configuration still fit, and what does decode halfway
-# through it drop to? Write your guess down, then open the answer below (the package's prediction for the
-# scenario's model on its device, now and with the change).
+# through it drop to? Write your guess down, then open the answer below (the package's prediction for the seed's model on
+# the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, scale={"n_ctx": 4}))
+render.text_table(levers.what_if(sc, scale={"n_ctx": 4}, gpu=True))
