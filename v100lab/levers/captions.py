@@ -11,7 +11,7 @@ import math
 from v100lab.results import compare
 from v100lab.scenario import Scenario
 from v100lab.levers.steps import GIB, HOST, MIB, study
-from v100lab.levers.text import claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points
+from v100lab.levers.text import best_of, claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points
 
 
 def _caption(*sentences: str):
@@ -297,10 +297,8 @@ def caption_ladder(sc: Scenario, ladder):
         pts = points(ladder, metric, "quant")
         if len(pts) >= 2:
             lo, hi = pts["result"].idxmin(), pts["result"].idxmax()
-            out.append(md("{name}: slowest {ql} {a} tok/s, fastest {qh} {b} — {d}.", name=name, ql=lo,
-                           a=fmt(pts.loc[lo, "result"]), qh=hi, b=fmt(pts.loc[hi, "result"]),
-                           d=difference(pts.loc[lo, "result"], pts.loc[lo, "sd"], int(pts.loc[lo, "r"]),
-                                        pts.loc[hi, "result"], pts.loc[hi, "sd"], int(pts.loc[hi, "r"]))))
+            out.append(md("{name}: {ql} {a} to {qh} {b} tok/s — {d}.", name=name, ql=lo,
+                           a=fmt(pts.loc[lo, "result"]), qh=hi, b=fmt(pts.loc[hi, "result"]), d=best_of(pts)))
     if not out:
         p = points(ladder, "tg_tps", "quant", source="predicted")
         if len(p):
@@ -478,6 +476,7 @@ def caption_batch(sc: Scenario, batch):
         out.append(md("The {n}-token prompt takes {sa} steps at -ub {va} and {sb} at -ub {vb}; prompt processing "
                        "goes from {a} to {b} tok/s: {d}.", n=n, sa=-(-n // int(va)), va=va, sb=-(-n // int(vb)), vb=vb,
                        a=fmt(a), b=fmt(b), d=difference(a, asd, ar, b, bsd, br)))
+        out.append(md("Across every -ub measured: {d}.", d=best_of(pts)))
     return _caption(*out, _not_measured(batch))
 
 
