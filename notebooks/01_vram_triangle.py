@@ -133,6 +133,9 @@ render.text_table(levers.largest_context(grid))
 # %%
 levers.summary_triangle(sc, mem, grid)
 
+# %%
+levers.headline_memory(mem)
+
 # %% [markdown]
 # ## Try it
 #

@@ -205,6 +205,45 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
                      configuration=configuration, partial=partial, finding=finding, **extra)
 
 
+def headline_memory(mem):
+    """01's headline: the buffers llama.cpp reported for the measured model against the plan's prediction for the
+    same buffers (MiB), with the component furthest off as the finding. Displays it; returns None."""
+    c = compare(mem, ("model", "device", "lever", "value", "group"), metric="bytes", require=("measured", "predicted"))
+    if not len(c):
+        publish_headline(None, None, metric="memory", unit="MiB", partial=mem.attrs.get("why_not_measured")
+                         or "llama.cpp reported no buffers in this run")
+        return
+    m, p = float(c["measured"].sum()) / MIB, float(c["predicted"].sum()) / MIB
+    errs = [(float(pr) / float(me) - 1, v) for pr, me, v in zip(c["predicted"], c["measured"], c["value"]) if me]
+    worst = max(errs, key=lambda e: abs(e[0])) if errs else None
+    ranked = sorted(e for e, _ in errs)
+    med = (ranked[len(ranked) // 2] if len(ranked) % 2 else sum(ranked[len(ranked) // 2 - 1:len(ranked) // 2 + 1]) / 2) \
+        if ranked else None
+    publish_headline(m, p, metric="memory", unit="MiB", model=str(c["model"].iloc[0]), device=str(c["device"].iloc[0]),
+                     configuration=mem.attrs.get("conditions") or "", median_error=med,
+                     worst_error=worst[0] if worst else None, points=len(errs), finding=f"buffers in total predicted {100 * (p / m - 1):+.1f} %"
+                     + (f"; furthest off: {worst[1]} ({100 * worst[0]:+.0f} %)" if worst else ""))
+
+
+def headline_load(load):
+    """11's headline: the time to load the model and create its context with llama.cpp's default (mmap), measured
+    (median of the runs, with their spread), and the modes' ranking as the finding. Displays it; returns None."""
+    ld = load[(load["metric"] == "load_s") & (load["source"] == "measured")] if len(load) else load
+    if not len(ld):
+        publish_headline(None, None, metric="load", unit="s", partial=load.attrs.get("why_not_measured")
+                         or "nothing was measured in this run")
+        return
+    g = ld.groupby("value")["result"].agg(["median", "std", "count"])
+    mode = "mmap" if "mmap" in g.index else g.index[0]
+    fast, slow = g["median"].idxmin(), g["median"].idxmax()
+    sd = float(g.loc[mode, "std"]) if g.loc[mode, "count"] > 1 else None
+    publish_headline(float(g.loc[mode, "median"]), None, metric="load", unit="s", model=str(ld["model"].iloc[0]),
+                     device=str(ld["device"].iloc[0]), sd=sd, points=len(g),
+                     configuration=" · ".join(x for x in (f"load mode {mode}", load.attrs.get("conditions")) if x),
+                     finding=f"fastest {fast} {g.loc[fast, 'median']:.3f} s, slowest {slow} "
+                             f"{g.loc[slow, 'median']:.3f} s (medians)")
+
+
 def _value_text(lever: str, value: str) -> str:
     flag = _VALUE_FLAG.get(lever, lever)
     return f"{flag} {value}".strip() if value != "baseline" else "llama.cpp's defaults"
