@@ -58,7 +58,8 @@ from v100lab.levers.threads import threads_sweep, thread_values
 from v100lab.levers.parallel import (parallel_sweep, parallel_latency, one_user, slot_context, serving_sweep,
                                      aggregate_ceiling, context_per_slot)
 from v100lab.levers.loading import load_modes, mmap_mlock
-from v100lab.levers.final import final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table
+from v100lab.levers.final import (final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table,
+                                  measured_candidates, judge_flags, flag_checks, gpu_command)
 from v100lab.levers.summaries import (
     summary_overview, summary_triangle, summary_ceiling, summary_baseline, summary_quantization,
     summary_gpu_layers, summary_context, summary_flash_attn, summary_batch, summary_threads, summary_parallel,
@@ -85,7 +86,7 @@ __all__ = [
     'flash_attn_sweep', 'flash_attn_depth', 'batch_sweep', 'batch_prompt', 'prompt_weight_bytes', 'threads_sweep',
     'thread_values', 'parallel_sweep', 'parallel_latency', 'one_user', 'slot_context', 'serving_sweep',
     'aggregate_ceiling', 'context_per_slot', 'load_modes', 'mmap_mlock', 'final_config',
-    'command_reasons', 'tuned_command', 'own_staircase', 'seed_verdict_table', 'summary_overview',
+    'command_reasons', 'tuned_command', 'measured_candidates', 'judge_flags', 'flag_checks', 'gpu_command', 'own_staircase', 'seed_verdict_table', 'summary_overview',
     'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
     'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
     'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson', 'what_if',
