@@ -57,3 +57,14 @@ def test_the_record_carries_spread_error_and_finding():
     assert "measured 1.5 s vs predicted —" in headline_text(headline_record(1.5, None, unit="s"))
     with pytest.raises(Exception, match="points"):
         headline_record(1.0, 1.0, points=-1)
+
+
+def test_one_sign_convention_for_errors():
+    """error = predicted / measured − 1 in captions, summaries and the index alike: a prediction above the
+    measurement is a positive error everywhere."""
+    from v100lab.levers.captions import _against
+    from v100lab.levers.summaries import _agreement
+
+    assert _against(362.0, 475.0) == "predicted 475.0, error +31 %"
+    assert _agreement([("x", 362.0, 475.0)]).startswith("median |error| 31 %")
+    assert headline_figures(_frame([(0, 362.0, 1, 475.0)]))["median_error"] == pytest.approx(475 / 362 - 1)

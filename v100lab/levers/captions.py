@@ -27,12 +27,11 @@ def _where(device: str) -> str:
 
 
 def _against(measured: float | None, predicted: float | None) -> str:
-    """A measurement against its prediction in words: "42 % below the prediction (55.1)"."""
-    if measured is None or not predicted:
+    """A measurement against its prediction in words, with the workbook's one sign convention (error =
+    predicted / measured − 1, as the summaries and the index give it): "predicted 55.1, error +31 %"."""
+    if not measured or not predicted:
         return "no prediction to compare with"
-    r = measured / predicted - 1
-    side = "below" if r < 0 else "above"
-    return f"{abs(100 * r):.0f} % {side} the prediction ({fmt(predicted)})"
+    return f"predicted {fmt(predicted)}, error {100 * (predicted / measured - 1):+.0f} %"
 
 
 def _change(a: float | None, b: float | None) -> str:
@@ -507,8 +506,8 @@ def caption_parallel(sc: Scenario, par):
     if len(j):
         j = j.assign(v=j["value"].astype(int)).sort_values("v")
         r = j.iloc[-1]
-        out.append(md("At -np {v} the total is {against}.", v=r["value"], against=_against(r["measured"],
-                                                                                          r["predicted"])))
+        out.append(md("At -np {v} the total measured {m} tok/s: {against}.", v=r["value"], m=fmt(r["measured"]),
+                       against=_against(r["measured"], r["predicted"])))
     return _caption(*out, _not_measured(par))
 
 

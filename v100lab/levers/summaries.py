@@ -54,7 +54,9 @@ def _pairs(df, metric: str, lever: str | None = None, other: str = "measured"):
 def _agreement(pairs) -> str:
     if not pairs:
         return "—"
-    errs = sorted(abs(m / p - 1) for _, m, p in pairs)
+    errs = sorted(abs(p / m - 1) for _, m, p in pairs if m)     # error = predicted / measured − 1
+    if not errs:
+        return "—"
     med = errs[len(errs) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
     return f"median |error| {100 * med:.0f} % (worst {100 * errs[-1]:.0f} %, {len(errs)} points)"
 
