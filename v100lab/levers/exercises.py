@@ -58,15 +58,17 @@ def _state(sc: Scenario, quant: str | None, gpu: bool, device: str | None, keys)
     n_prompt = max(1, sc.n_prompt)
     p0 = speed.predict(spec, devs, fitted, depth=0, n_prompt=n_prompt)
     pd = speed.predict(spec, devs, fitted, depth=depth, n_prompt=n_prompt)
-    on_device = plan.devices.get(device.id) or max(plan.devices.values(), key=lambda m: m.total_bytes)
-    host = plan.devices.get("host")
+    # memory as it runs: with the layers that fit when the asked-for split does not
+    used = plan if fitted is cfg else memory.plan(spec, devs, fitted, with_max_ctx=False)
+    on_device = used.devices.get(device.id) or max(used.devices.values(), key=lambda m: m.total_bytes)
+    host = used.devices.get("host")
     out = {
         "model and quant": f"{label} {spec.file_type}",
         "device": device.name,
         "GPU layers (-ngl)": f"{min(fitted.n_gpu_layers, memory.layer_slots(spec))} of {memory.layer_slots(spec)}"
         if device.kind != "cpu" else "— (CPU)",
         "context per sequence (tokens)": f"{plan.n_ctx_seq:,}",
-        "KV cache (MiB, all sequences)": f"{sum(m.kv_cache_bytes for m in plan.devices.values()) / MIB:,.1f}",
+        "KV cache (MiB, all sequences)": f"{sum(m.kv_cache_bytes for m in used.devices.values()) / MIB:,.1f}",
         "memory on the device (GiB)": f"{on_device.total_bytes / GIB:,.2f} of {on_device.capacity_bytes / GIB:,.1f}",
         "memory on the host (GiB)": f"{host.total_bytes / GIB:,.2f}" if host is not None and host is not on_device
         else "—",
