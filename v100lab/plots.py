@@ -24,10 +24,11 @@ SOURCE_COLORS = {"measured": "#d95f02", "predicted": "#1b6fb5", "claimed": "#6a6
 SOURCE_MARKERS = {"measured": "s", "predicted": "o", "claimed": "D"}
 SOURCE_LINES = {"measured": "-", "predicted": "--", "claimed": ":"}
 ABOVE_STYLE = dict(marker="X", s=140, color="#c0001a", edgecolors="white", linewidths=0.8, zorder=6)
-ABOVE_LABEL = "above the bandwidth ceiling"
+ABOVE_LABEL = "above the physical ceiling"
 METRIC_LABELS = {"tg_tps": "decode (tg), tok/s", "pp_tps": "prompt processing (pp), tok/s",
                  "pg_tps": "prompt + decode, tok/s", "tg_tps_per_stream": "decode per stream, tok/s",
-                 "weights_ceiling_tg_tps": "bandwidth ceiling, tok/s", "physical_ceiling_tg_tps": "physical ceiling, tok/s"}
+                 "weights_ceiling_tg_tps": "bandwidth ceiling, tok/s",
+                 "physical_ceiling_tg_tps": "physical ceiling, tok/s"}
 LEVER_LABELS = {"n_gpu_layers": "-ngl (layers offloaded)", "n_ctx": "context size -c (tokens)",
                 "n_depth": "tokens already in the context (depth)", "n_ubatch": "-ub physical batch (tokens)",
                 "flash_attn": "-fa flash attention", "n_parallel": "-np parallel slots",

@@ -301,7 +301,8 @@ def headline_text(h: dict[str, Any]) -> str:
     def f(x):
         return "—" if x is None else f"{x:,.{1 if abs(x) >= 1 else 3}f} {unit}"
     who = " · ".join(x for x in (h.get("model"), h.get("device")) if x)
-    spread = f" ± {h['sd']:,.{1 if abs(h.get('measured_tok_s') or 0) >= 1 else 3}f}" if h.get("sd") is not None and h.get("measured_tok_s") is not None else ""
+    m, sd = h.get("measured_tok_s"), h.get("sd")
+    spread = f" ± {sd:,.{1 if abs(m) >= 1 else 3}f}" if sd is not None and m is not None else ""
     med = (f" · median error {100 * h['median_error']:+.0f} % over {h.get('points')} point(s)"
            if h.get("median_error") is not None else "")
     return (f"headline ({h.get('metric')}): measured {f(h.get('measured_tok_s'))}{spread} vs predicted "

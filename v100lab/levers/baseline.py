@@ -221,7 +221,8 @@ def headline_memory(mem):
         if ranked else None
     publish_headline(m, p, metric="memory", unit="MiB", model=str(c["model"].iloc[0]), device=str(c["device"].iloc[0]),
                      configuration=mem.attrs.get("conditions") or "", median_error=med,
-                     worst_error=worst[0] if worst else None, points=len(errs), finding=f"buffers in total predicted {100 * (p / m - 1):+.1f} %"
+                     worst_error=worst[0] if worst else None, points=len(errs),
+                     finding=f"buffers in total predicted {100 * (p / m - 1):+.1f} %"
                      + (f"; furthest off: {worst[1]} ({100 * worst[0]:+.0f} %)" if worst else ""))
 
 

@@ -17,10 +17,11 @@ from v100lab.scenario import Scenario
 from v100lab.seed import load_seed_claims
 from v100lab.skeleton import is_skeleton_name, parse_skeleton_name
 from v100lab.zoo import cache_dir
-from v100lab.levers.steps import (MIB, ctx_for, gpu_host, gpu_subject, lever_frame, measured_rows, parameters, predict_rows,
-                                  spec_at_quant, stage_model, loading_study, study, threads_text, with_note)
+from v100lab.levers.steps import (MIB, ctx_for, gpu_host, gpu_subject, lever_frame, measured_rows, parameters,
+                                  predict_rows, spec_at_quant, stage_model, loading_study, study, threads_text, with_note)
 
-PARAMETERS = parameters("claims", "compare_gpu", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
+PARAMETERS = parameters("claims", "compare_gpu", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen",
+                        "repetitions")
 
 
 @lru_cache(maxsize=8)

@@ -34,7 +34,7 @@ def _above_line(*frames) -> str:
         k += int(m["above_ceiling"].fillna(False).astype(bool).sum()) if len(m) else 0
     if not k:
         return ""
-    return md("{k} of {n} measured decode figures are above the physical bandwidth ceiling of their model and device "
+    return md("{k} of {n} measured decode figures are above the physical ceiling of their model and device "
                "(marked ✕ in the plots).", k=k, n=n)
 
 
@@ -150,8 +150,8 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
     if len(cl):
         diffs = [f"{v} {c:g} vs {fmt(p if p == p else None)}" for v, c, p in zip(cl["value"], cl["claimed"],
                                                                                cl["predicted"])]
-        lines.append(md("The seed's ceiling table against the bandwidth ceiling (bandwidth / weight bytes) of its assumed model: {d}.",
-                         d="; ".join(diffs)))
+        lines.append(md("The seed's ceiling table against the bandwidth ceiling (bandwidth / weight bytes) of its "
+                         "assumed model: {d}.", d="; ".join(diffs)))
     p = pick(cat, metric="tg_tps", source="predicted")
     if len(p):
         best = p.loc[p["result"].idxmax()]
