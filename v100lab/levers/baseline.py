@@ -12,6 +12,7 @@ from v100lab.errors import RunFailed
 from v100lab.render import publish_headline
 from v100lab.results import compare
 from v100lab.scenario import Scenario
+from v100lab.levers.text import best_of, points
 from v100lab.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
                                   gpu_backend, lever_frame, loading_study, measure_sweep, parameters, predict_rows,
                                   study)
@@ -169,8 +170,6 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
     prediction over what the notebook measured, the point nearest it with its spread, the worst point, and a
     one-line finding (the best lever value, only beyond the noise). When the notebook measured nothing, the
     prediction alone and why (the index shows "ok (partial)"). Displays it; returns None."""
-    from v100lab.levers.text import best_of, points
-
     f = headline_figures(df, metric, lever, value)
     measured = predicted = None
     model = device = chosen = finding = ""
