@@ -139,12 +139,16 @@ def test_measure_chooses_by_real_runs(default_model):
     r = tune("default", "host", min_ctx=512, measure=True, measure_top=2, n_gen=8, repetitions=2)
     assert r.measured
     timed = [c for c in r.candidates if c.measured_tg_tps is not None]
-    assert 1 <= len(timed) <= 2
+    # the top 2, and the best one's twins at llama.cpp's defaults (-fa auto, f16 cache) measured beside it
+    assert 1 <= len(timed) <= 2 + len(advisor._DEFAULT_FLAGS)
     assert r.best.measured_tg_tps is not None and r.best.measured_tg_tps > 0
-    # the choice is the fastest measured one (best repetition), or a tie inside the measurements' own spread
+    # the choice is the fastest measured one (best repetition), a tie inside the measurements' own spread, or the
+    # default twin of a faster one whose gain is not beyond the noise
     tol = min(0.5, max([TIE] + [c.measured_cv for c in timed if c.measured_cv is not None and c.measured_cv <= 0.5]))
     assert all(c.measured_best_tg_tps >= c.measured_tg_tps for c in timed)
-    assert r.best.measured_best_tg_tps >= max(c.measured_best_tg_tps for c in timed) * (1 - tol)
+    fastest = max(timed, key=lambda c: c.measured_best_tg_tps)
+    assert (r.best.measured_best_tg_tps >= fastest.measured_best_tg_tps * (1 - tol)
+            or (advisor._one_flag_from_default(fastest, r.best) and not advisor.measured_gain(fastest, r.best)[2]))
     measured_rows = [o for o in r.observations() if o.source == "measured"]
     assert len(measured_rows) == len(timed)
 
