@@ -33,6 +33,7 @@
 model: str = "default"                  # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
 stand_in_model: "Optional[str]" = None  # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
 device: str = "host"                    # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+compare_gpu: str = "v100-16gb"          # GPU predicted beside this machine when `device` is a CPU: the seed's model on it (01 what fits, 05 -ngl and the spill); none: no GPU
 measure: bool = True                    # run real llama.cpp measurements here (False: predictions only)
 server_url: "Optional[str]" = None      # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 claims: str = "seed"                    # reference rows to plot: seed (the blog post's claimed figures) or none
@@ -105,10 +106,10 @@ levers.headline(stairs, lever="stage")
 # %% [markdown]
 # ## Try it
 #
-# Change `device` to `t4` (a 16 GB card with about a third of the V100's bandwidth) and re-run. Before you do:
-# how fast should the studied model decode there — what does the ratio of the two bandwidths say? Write your
-# guess down, then open the answer below (the package's prediction for the scenario's model on its device, now
-# and with the change).
+# Move the seed's model from its GPU to a `t4` (a 16 GB card with about a third of the V100's bandwidth). Before
+# you look: how fast should it decode there — what does the ratio of the two bandwidths say? Write your guess
+# down, then open the answer below (the package's prediction for the seed's model on the GPU the lesson is
+# about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, device="t4"))
+render.text_table(levers.what_if(sc, device="t4", gpu=True))

@@ -133,12 +133,15 @@ render.text_table(levers.largest_context(grid))
 # %%
 levers.summary_triangle(sc, mem, grid)
 
+# %%
+levers.headline_memory(mem)
+
 # %% [markdown]
 # ## Try it
 #
 # Halve `n_ctx`. How much memory comes back? What happens to decode at depth 0 — and halfway through the
-# (shorter) context? Write your guess down, then open the answer below (the package's prediction for the
-# scenario's model on its device, now and with the change).
+# (shorter) context? Write your guess down, then open the answer below (the package's prediction for the seed's model on
+# the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, scale={"n_ctx": 0.5}))
+render.text_table(levers.what_if(sc, scale={"n_ctx": 0.5}, gpu=True))

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 03 · Baseline: llama.cpp's defaults, measured
+# # 03 · Baseline: llama.cpp's defaults (except what the scenario sets), measured
 #
 # The seed's baseline was 4–5 tok/s with nvidia-smi showing a few hundred MB used: the weights were not on the
 # GPU (`--gpu-layers` defaulted to 0 in older llama.cpp). First admit a number is abnormal, then check it
@@ -61,7 +61,7 @@ render.text_table(levers.scenario_facts(sc))
 
 # %%
 base = levers.baseline(sc)
-plots.sweep(base, "Baseline: llama.cpp's defaults", lever="config")
+plots.sweep(base, levers.baseline_title(sc, "Baseline"), lever="config")
 
 # %%
 levers.caption_baseline(sc, base)

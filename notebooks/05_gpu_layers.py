@@ -116,7 +116,7 @@ levers.headline(ngl, lever="n_gpu_layers")
 #
 # Set `n_gpu_layers: 0` (the seed's stage 1: nothing on the GPU). How fast will it decode? Predict it from the
 # host's bandwidth before you look. Write your guess down, then open the answer below (the package's prediction
-# for the scenario's model on its device, now and with the change).
+# for the seed's model on the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, n_gpu_layers=0))
+render.text_table(levers.what_if(sc, n_gpu_layers=0, gpu=True))

@@ -87,6 +87,9 @@ levers.agree(f"{label}: the file's size", size, spec.file_bytes, "bytes")
 # %%
 levers.summary_loading(sc, modes, load)
 
+# %%
+levers.headline_load(load)
+
 # %% [markdown]
 # ## Try it
 #

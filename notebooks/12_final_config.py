@@ -29,6 +29,7 @@
 model: str = "default"                    # model studied: GGUF path, http(s) URL or zoo alias (default, gemma3-270m, synth-1b, synth-280m:Q4_0, ...)
 stand_in_model: "Optional[str]" = None    # model measured here when `model` is a header-only skeleton or too big for this machine (None: measure `model`); its rows are labelled stand-in
 device: str = "host"                      # device the predictions are for: catalog id (v100-16gb, ...) or a device YAML file; host: this machine, measured
+compare_gpu: str = "v100-16gb"            # GPU predicted beside this machine when `device` is a CPU: the seed's model on it (01 what fits, 05 -ngl and the spill); none: no GPU
 measure: bool = True                      # run real llama.cpp measurements here (False: predictions only)
 server_url: "Optional[str]" = None        # an already running llama-server measured instead of this machine, http://HOST:PORT; flags it was started with stay (None: llama.cpp here)
 claims: str = "seed"                      # reference rows to plot: seed (the blog post's claimed figures) or none
@@ -64,6 +65,26 @@ render.command(levers.tuned_command(sc))
 
 # %%
 render.text_table(levers.command_reasons(sc), code=["flag"])
+
+# %% [markdown]
+# ## What tune measured, beside what it predicted
+#
+# The candidates run for real on this machine, and every flag measured both ways (its value and llama.cpp's
+# default): a flag stays in the command only for a gain beyond the noise of the two runs.
+
+# %%
+render.text_table(levers.measured_candidates(sc), code=["candidate"])
+
+# %%
+render.text_table(levers.flag_checks(sc), code=["flag"])
+
+# %% [markdown]
+# ## The same search for the GPU
+#
+# The tuned command for the GPU the lessons are about (predicted: nothing runs there from here), to copy.
+
+# %%
+render.command(levers.gpu_command(sc))
 
 # %% [markdown]
 # ## The tuned configuration's KV cache, by hand
@@ -122,8 +143,8 @@ levers.headline(stairs, lever="stage")
 # ## Try it
 #
 # Make the context four times longer (`n_ctx`). Does the configuration still fit, and what does decode halfway
-# through it drop to? Write your guess down, then open the answer below (the package's prediction for the
-# scenario's model on its device, now and with the change).
+# through it drop to? Write your guess down, then open the answer below (the package's prediction for the seed's model on
+# the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, scale={"n_ctx": 4}))
+render.text_table(levers.what_if(sc, scale={"n_ctx": 4}, gpu=True))

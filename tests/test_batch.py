@@ -297,3 +297,29 @@ def test_keys_a_notebook_does_not_show_are_not_warned_about(caplog):
         log.warning("Passed unknown parameter: depths")
     assert [r.getMessage() for r in caplog.records] == ["Passed unknown parameter: not_a_key",
                                                           "Passed unknown parameter: depths"]
+
+
+def test_index_reports_findings_spreads_and_marks_predictions_off_by_more_than_15_percent(tmp_path):
+    """A small batch: each run's headline with its spread, the median error over its points (marked beyond ±15 %),
+    its one-line finding; a headline in another unit (seconds, MiB) shows its measured value with the unit; the
+    headers never wrap mid-word."""
+    params = _params(tmp_path / "f.yaml")
+    out = tmp_path / "out"
+    result = runner.run_batch([params], [NB / "finding.ipynb"], out, timeout=120, no_input=True)
+    assert [r.status for r in result.runs] == ["ok"]
+    html = (out / "index.html").read_text()
+    row = html.split("<tbody>")[1]
+    assert "7.0 ± 1.5" in row and ">21.0<" in row
+    assert "+200 %" in row and "4 pts" in row and "⚠" in row, "21 predicted for 7 measured is far off: marked"
+    assert "no difference beyond the noise between -fa on and -fa off" in row
+    assert "white-space: nowrap" in html and "<th>finding</th>" in html and "<th>error</th>" in html
+
+    close = render.headline_record(100.0, 110.0, sd=2.0, median_error=0.1, points=3, finding="best -t 2")
+    load = render.headline_record(0.42, None, unit="s", sd=0.01, points=4, finding="fastest mmap 0.420 s")
+    runs = [runner.RunResult(params="p.yaml", notebook=f"{n}.ipynb", scenario="s", model="m", device="host",
+                                   status="ok", reason="", duration_s=1.0, started="", digest="", executed=None,
+                                   report=None, headline=h) for n, h in (("a", close), ("b", load))]
+    rows = runner.index_html(runs, 2.0).split("<tbody>")[1].split("<tr>")
+    assert "+10 %" in rows[1] and "⚠" not in rows[1], "inside ±15 %: no mark"
+    assert "0.420 ± 0.010 <span class='muted'>s</span>" in rows[2] and "fastest mmap" in rows[2]
+    assert runner.summary_rows(runs)[0]["finding"] == "best -t 2"

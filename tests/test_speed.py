@@ -16,7 +16,6 @@ from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import V100labError
 from v100lab.gguf.header import read_spec
-from v100lab.facts.results import tidy_frame
 from v100lab.gguf.skeleton import skeleton_spec
 from v100lab.predict.work import Placed
 
@@ -313,3 +312,28 @@ def test_uncalibrated_cpu_says_so(llama7b):
 
 # ---- flags -------------------------------------------------------------------------------------
 
+
+
+def test_flash_attention_never_costs_the_cpu_its_thread_sync():
+    """ggml-cpu syncs its threads after every graph node: attention without flash attention is three nodes (KQ,
+    soft_max, KQV) where flash attention is one that, over a long KV sweep, syncs once inside (its split-KV path).
+    So a per-layer sync cost is charged to both paths alike, and flash attention — which also reads only the cells
+    in use — is never predicted slower than off for it on a CPU (what 07 measures: no difference beyond the noise)."""
+    import dataclasses
+
+    from v100lab.predict import rates, work
+
+    spec = skeleton_spec("llama2-7b", "Q4_0")
+    host = get_device("host")
+    base = rates._uncalibrated_cpu(host, 2)
+    r = dataclasses.replace(base, attn_split_layer_s=2e-4, attn_s_per_op=1e-10)
+    on, off = RunConfig(flash_attn="on", n_ctx=2048, n_gpu_layers=0), RunConfig(flash_attn="off", n_ctx=2048,
+                                                                                 n_gpu_layers=0)
+    for depth, synced in ((1024, spec.n_layer), (100, 0)):
+        w_on = work.single_device_work(spec, on, depth, host)
+        w_off = work.single_device_work(spec, off, depth, host)
+        assert w_on.attn_split_layers == w_off.attn_split_layers == synced
+        assert w_on.kv_bytes <= w_off.kv_bytes, "flash attention reads only the cells in use"
+        p_on = speed.predict(spec, host, on, depth=depth, rates={"host": r})
+        p_off = speed.predict(spec, host, off, depth=depth, rates={"host": r})
+        assert p_on.tg_tps >= p_off.tg_tps, depth

@@ -474,6 +474,44 @@ def _distinct_top(ranked: Sequence[Candidate], bpw: Mapping[str, float], k: int)
     return sorted(reps, key=lambda c: -c.tg_tps)[:k]
 
 
+# flags whose llama.cpp default a tuned command leaves only for a measured gain: (RunConfig fields, default values)
+_DEFAULT_FLAGS = (("--flash-attn", {"flash_attn": "auto"}),
+                  ("--cache-type-k/v", {"cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "auto"}))
+
+
+def _default_twins(c: Candidate, ranked: Sequence[Candidate]) -> list[Candidate]:
+    """The fitting candidates that differ from ``c`` only in taking llama.cpp's default for one of
+    :data:`_DEFAULT_FLAGS` (same quant, layers, batch sizes): measured beside ``c`` so that a flag's predicted gain
+    is checked against a real run."""
+    out = []
+    for _, default in _DEFAULT_FLAGS:
+        want = c.config.with_(**default)
+        if want == c.config:
+            continue
+        twin = next((x for x in ranked if x.fits and x.quant == c.quant and x.config == want), None)
+        if twin is not None and twin not in out:
+            out.append(twin)
+    return out
+
+
+def _one_flag_from_default(c: Candidate, alt: Candidate) -> str:
+    """The flag name when ``alt`` is ``c`` with llama.cpp's default for one of :data:`_DEFAULT_FLAGS`, else ""."""
+    if c.quant != alt.quant or c.offloaded_layers != alt.offloaded_layers or c.config == alt.config:
+        return ""
+    return next((name for name, default in _DEFAULT_FLAGS if c.config.with_(**default) == alt.config), "")
+
+
+def measured_gain(c: Candidate, alt: Candidate) -> tuple[float, float, bool]:
+    """(gain, noise, beyond): ``c``'s measured decode minus ``alt``'s, the two runs' standard deviations added,
+    and whether the gain exceeds that noise — a flag whose gain does not is not recommended for its predicted
+    gain. (0, 0, False) unless both were measured."""
+    if not (c.measured_tg_tps and alt.measured_tg_tps):
+        return 0.0, 0.0, False
+    gain = c.measured_tg_tps - alt.measured_tg_tps
+    noise = c.measured_tg_tps * (c.measured_cv or 0.0) + alt.measured_tg_tps * (alt.measured_cv or 0.0)
+    return gain, noise, gain > noise
+
+
 # ------------------------------------------------------------------------------------------------
 # measuring
 # ------------------------------------------------------------------------------------------------
@@ -563,11 +601,18 @@ def tune(model: str, device, *, min_ctx: int = 4096, parallel: int = 1, quants: 
     if measure:
         by_quant = {m.quant: m for m in models}
         top = _distinct_top(ranked, bpw, measure_top)
+        top += [t for t in _default_twins(top[0] if top else best, ranked) if t.label not in {c.label for c in top}]
         done = {c.label: _measure(c, by_quant[c.quant], n_gen, repetitions) for c in top}
         ranked = [done.get(c.label, c) for c in ranked]
         timed = [c for c in ranked if c.measured_tg_tps]
         if timed:
             best = _choose(timed, bpw, by_measured=True)
+            for alt in timed:       # a flag away from llama.cpp's default must earn its place by measurement
+                if _one_flag_from_default(best, alt) and not measured_gain(best, alt)[2]:
+                    notes.append(f"{_one_flag_from_default(best, alt)}: measured {measured_gain(best, alt)[0]:+.1f} "
+                                 f"tok/s (± {measured_gain(best, alt)[1]:.1f}), not beyond the noise: llama.cpp's "
+                                 "default kept")
+                    best = alt
             measured = True
             noisy = [c for c in timed if (c.measured_cv or 0) > 0.05]
             if noisy:

@@ -214,6 +214,21 @@ def fa_split_kv(spec: ModelSpec, il: int, cfg: RunConfig, used: int) -> bool:
     return n_kv_cells(used, kv_cells(spec, cfg, swa=spec.is_swa(il))) >= FA_SPLIT_KV_MIN_CELLS
 
 
+def attn_sync_layer(spec: ModelSpec, il: int, cfg: RunConfig, used: int) -> bool:
+    """Whether layer ``il``'s decode attention synchronises the CPU threads mid-attention over a long KV sweep (the
+    cost the speed model charges per such layer): with flash attention, its split-KV path (:func:`fa_split_kv`:
+    one barrier and a reduction of the partial softmaxes); without, the graph's own barriers — ggml-cpu
+    (ggml/src/ggml-cpu/ggml-cpu.c, ggml_graph_compute_thread) waits at a barrier after every node, and the
+    attention is three nodes (KQ mul_mat, soft_max_ext, KQV mul_mat; src/llama-graph.cpp, build_attn_mha) where
+    flash attention is one (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16). So turning flash
+    attention off never saves this cost: at the same n_kv both paths pay it."""
+    if not spec.has_kv(il):
+        return False
+    if resolve_flash_attn(cfg):
+        return fa_split_kv(spec, il, cfg, used)
+    return n_kv_cells(used, kv_cells(spec, cfg, swa=spec.is_swa(il))) >= FA_SPLIT_KV_MIN_CELLS
+
+
 def causal_cells(depth: int, n_prompt: int, window: int | None = None) -> float:
     """Σ over a prompt's tokens of the cells each one attends to (the causal mask src/llama-kv-cache.cpp
     ``llama_kv_cache::set_input_kq_mask`` builds): token i of the prompt sees depth + i + 1 cells, at most ``window``

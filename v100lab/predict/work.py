@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from v100lab.base import buildflags
 from v100lab.facts.config import RunConfig
 from v100lab.base.errors import ConfigError
-from v100lab.gguf.llama_context import F32, fa_split_kv, kv_cell_bytes, kv_cells_read, recurrent_state_floats
+from v100lab.gguf.llama_context import F32, attn_sync_layer, kv_cell_bytes, kv_cells_read, recurrent_state_floats
 from v100lab.predict.memory import is_repacked
 from v100lab.facts.spec import ModelSpec, TensorInfo
 
@@ -118,7 +118,7 @@ class DeviceWork:
     state_bytes: float                # recurrent state read + written (f32)
     placed_weight_bytes: float        # the device's share of the file's weight bytes (the seed's ceiling uses these)
     attn_tail_ops: float = 0.0        # the part of attn_ops in each head's scalar tail (head_dim mod F16_SIMD_STEP)
-    attn_split_layers: int = 0        # layers whose decode attention takes the CPU split-KV path (fa_split_kv)
+    attn_split_layers: int = 0        # layers whose decode attention syncs the threads mid-sweep (attn_sync_layer)
     attn_head_cells: float = 0.0      # Σ query heads × cells: one softmax step each (mask, scale, expf, the online
                                       # max and sum), whatever head_dim is
     attn_sweeps: tuple[tuple[float, float], ...] = ()   # (query heads × cells, KV bytes of the layer's cells read)
@@ -257,7 +257,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             attn += hc * (spec.head_dim_k + spec.head_dim_v)
             tail += hc * dtail
             head_cells += hc
-            split += fa_split_kv(spec, il, cfg, used)
+            split += attn_sync_layer(spec, il, cfg, used)
             sweeps[cells * row] = sweeps.get(cells * row, 0.0) + hc
         out[dev_id] = DeviceWork(
             device_id=dev_id, layers=tuple(sorted(placed.layers)), has_output=placed.has_output,

@@ -24,10 +24,11 @@ SOURCE_COLORS = {"measured": "#d95f02", "predicted": "#1b6fb5", "claimed": "#6a6
 SOURCE_MARKERS = {"measured": "s", "predicted": "o", "claimed": "D"}
 SOURCE_LINES = {"measured": "-", "predicted": "--", "claimed": ":"}
 ABOVE_STYLE = dict(marker="X", s=140, color="#c0001a", edgecolors="white", linewidths=0.8, zorder=6)
-ABOVE_LABEL = "above the bandwidth ceiling"
+ABOVE_LABEL = "above the physical ceiling"
 METRIC_LABELS = {"tg_tps": "decode (tg), tok/s", "pp_tps": "prompt processing (pp), tok/s",
                  "pg_tps": "prompt + decode, tok/s", "tg_tps_per_stream": "decode per stream, tok/s",
-                 "weights_ceiling_tg_tps": "the seed's ceiling, tok/s", "physical_ceiling_tg_tps": "physical ceiling, tok/s"}
+                 "weights_ceiling_tg_tps": "bandwidth ceiling, tok/s",
+                 "physical_ceiling_tg_tps": "physical ceiling, tok/s"}
 LEVER_LABELS = {"n_gpu_layers": "-ngl (layers offloaded)", "n_ctx": "context size -c (tokens)",
                 "n_depth": "tokens already in the context (depth)", "n_ubatch": "-ub physical batch (tokens)",
                 "flash_attn": "-fa flash attention", "n_parallel": "-np parallel slots",
@@ -411,7 +412,7 @@ def ceilings(df):
     d = df[df["lever"] == "quant"]
     models = list(dict.fromkeys(d["model"]))
     fig, axes = _figure(ncols=max(1, len(models)), width=6.2, height=4.2)
-    series = (("weights_ceiling_tg_tps", "predicted", "the seed's ceiling (bandwidth / weights)", "#9ecae1"),
+    series = (("weights_ceiling_tg_tps", "predicted", "bandwidth ceiling (bandwidth / weights)", "#9ecae1"),
               ("physical_ceiling_tg_tps", "predicted", "physical ceiling (bytes per token)", "#4292c6"),
               ("tg_tps", "predicted", "predicted decode (what fits on the device)", "#08306b"),
               ("weights_ceiling_tg_tps", "claimed", "the seed's table (claimed ceiling)", "#6a6a6a"))
@@ -451,7 +452,7 @@ def catalog(df):
     fig, axes = _figure(width=8.0, height=0.32 * max(6, len(devs)) + 1.8)
     ax = axes[0][0]
     ys = list(range(len(devs)))
-    ax.barh(ys, [ceil.get(dv, float("nan")) for dv in devs], color="#c6dbef", label="the seed's ceiling "
+    ax.barh(ys, [ceil.get(dv, float("nan")) for dv in devs], color="#c6dbef", label="bandwidth ceiling "
             "(bandwidth / weights)")
     fits = [pred.loc[dv, "fits"] in (None, True) for dv in devs]   # None: not judged, drawn as fitting
     ax.barh(ys, list(pred.loc[devs, "result"]), height=0.5, color=["#1b6fb5" if f else "#e6a01a" for f in fits],

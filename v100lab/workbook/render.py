@@ -279,21 +279,36 @@ def _number(name: str, value) -> float | None:
 
 def headline_record(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
                     model: str = "", device: str = "", note: str = "", configuration: str = "",
-                    partial: str = "") -> dict[str, Any]:
+                    partial: str = "", unit: str = "tok/s", sd: float | None = None,
+                    median_error: float | None = None, worst_error: float | None = None, points: int = 0,
+                    finding: str = "") -> dict[str, Any]:
     """The headline as a plain dict (what ``publish_headline`` displays). ``configuration``: the conditions
     both figures are for (flags, depth, threads); ``partial``: why the notebook measured nothing, when it did
-    not (the index shows "ok (partial)" with it)."""
+    not (the index shows "ok (partial)" with it); ``unit`` of the two figures; ``sd``: the measured figure's
+    spread; ``median_error``/``worst_error`` (predicted / measured − 1) over ``points`` measured points;
+    ``finding``: one line of what the notebook found."""
+    if isinstance(points, bool) or not isinstance(points, int) or points < 0:
+        raise ConfigError(f"publish_headline: points must be a count, got {points!r}")
     return {"metric": str(metric), "measured_tok_s": _number("measured_tok_s", measured_tok_s),
             "predicted_tok_s": _number("predicted_tok_s", predicted_tok_s), "model": str(model),
-            "device": str(device), "note": str(note), "configuration": str(configuration), "partial": str(partial)}
+            "device": str(device), "note": str(note), "configuration": str(configuration), "partial": str(partial),
+            "unit": str(unit), "sd": _number("sd", sd), "median_error": _number("median_error", median_error),
+            "worst_error": _number("worst_error", worst_error), "points": points, "finding": str(finding)}
 
 
 def headline_text(h: dict[str, Any]) -> str:
+    unit = h.get("unit") or "tok/s"
+
     def f(x):
-        return "—" if x is None else f"{x:.1f} tok/s"
+        return "—" if x is None else f"{x:,.{1 if abs(x) >= 1 else 3}f} {unit}"
     who = " · ".join(x for x in (h.get("model"), h.get("device")) if x)
-    return (f"headline ({h.get('metric')}): measured {f(h.get('measured_tok_s'))} vs predicted "
-            f"{f(h.get('predicted_tok_s'))}" + (f" · {who}" if who else "")
+    m, sd = h.get("measured_tok_s"), h.get("sd")
+    spread = f" ± {sd:,.{1 if abs(m) >= 1 else 3}f}" if sd is not None and m is not None else ""
+    med = (f" · median error {100 * h['median_error']:+.0f} % over {h.get('points')} point(s)"
+           if h.get("median_error") is not None else "")
+    return (f"headline ({h.get('metric')}): measured {f(h.get('measured_tok_s'))}{spread} vs predicted "
+            f"{f(h.get('predicted_tok_s'))}" + med + (f" · {who}" if who else "")
+            + (f" · {h['finding']}" if h.get("finding") else "")
             + (f" · {h['configuration']}" if h.get("configuration") else "")
             + (f" · {h['note']}" if h.get("note") else "")
             + (f" · partial: {h['partial']}" if h.get("partial") else ""))
@@ -301,14 +316,14 @@ def headline_text(h: dict[str, Any]) -> str:
 
 def publish_headline(measured_tok_s: float | None, predicted_tok_s: float | None, *, metric: str = "tg",
                      model: str = "", device: str = "", note: str = "", configuration: str = "",
-                     partial: str = "") -> dict[str, Any]:
+                     partial: str = "", **figures) -> dict[str, Any]:
     """Display this notebook's headline figure (read back by the batch index).
 
     ``metric`` names what the figures are ("tg" decode, "pp" prompt processing). The output is a
     ``text/plain`` line for people plus the JSON under ``HEADLINE_MIME`` for the batch.
     """
     record = headline_record(measured_tok_s, predicted_tok_s, metric=metric, model=model, device=device,
-                             note=note, configuration=configuration, partial=partial)
+                             note=note, configuration=configuration, partial=partial, **figures)
     from IPython.display import display  # optional dependency: IPython (only a notebook displays it)
 
     display({HEADLINE_MIME: record, "text/plain": headline_text(record)}, raw=True)

@@ -607,10 +607,50 @@ def format_tps(x) -> str:
     return "—" if x is None else f"{x:.1f}"
 
 
+#: a headline whose measured / predicted ratio (or median error) is outside this band is marked in the index
+OFF_BAND = 0.15
+
+
 def _ratio(h: dict | None) -> str:
     if not h or not h.get("measured_tok_s") or not h.get("predicted_tok_s"):
         return "—"
     return f"{h['measured_tok_s'] / h['predicted_tok_s']:.2f}"
+
+
+def _off(h: dict | None) -> bool:
+    """The headline's prediction is off by more than :data:`OFF_BAND`: its ratio, or its median error."""
+    if not h:
+        return False
+    med = h.get("median_error")
+    if med is not None and abs(med) > OFF_BAND:
+        return True
+    m, p = h.get("measured_tok_s"), h.get("predicted_tok_s")
+    return bool(m and p and abs(m / p - 1) > OFF_BAND)
+
+
+def _measured_cell(h: dict) -> str:
+    """The measured figure with its spread and, when it is not tok/s, its unit."""
+    m = h.get("measured_tok_s")
+    if m is None:
+        return "—"
+    sd = h.get("sd")
+    unit = h.get("unit") or "tok/s"
+    nd = 1 if abs(m) >= 1 else 3                  # a load time under a second keeps its digits
+    return (f"{m:,.{nd}f}" + (f" ± {sd:,.{nd}f}" if sd is not None else "")
+            + (f" <span class='muted'>{escape(unit)}</span>" if unit != "tok/s" else ""))
+
+
+def _error_cell(h: dict) -> str:
+    """The median error (predicted / measured − 1) over the points measured, or the ratio's; marked when off."""
+    med = h.get("median_error")
+    if med is None:
+        m, p = h.get("measured_tok_s"), h.get("predicted_tok_s")
+        if not (m and p):
+            return "—"
+        med = p / m - 1
+    n = h.get("points") or 1
+    mark = " <span class='off' title='outside ±15 %'>⚠</span>" if _off(h) else ""
+    return f"{100 * med:+.0f} %<div class='muted'>{n} pt{'s' if n != 1 else ''}</div>{mark}"
 
 
 def _href(rel: str) -> str:
@@ -622,7 +662,9 @@ body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-s
 table { border-collapse: collapse; font-size: 0.92em; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.35em 0.7em; text-align: left; vertical-align: top;
          max-width: 24em; overflow-wrap: anywhere; }
-th { background: #f4f4f4; }
+th { background: #f4f4f4; white-space: nowrap; overflow-wrap: normal; word-break: keep-all; }
+.off { color: #b00020; font-weight: 600; }
+td.finding { font-size: 0.85em; max-width: 28em; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .ok { color: #176f2c; font-weight: 600; }
 .fail { color: #b00020; font-weight: 600; }
@@ -671,9 +713,10 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
             f"<td>{model}</td><td>{escape(r.device)}</td><td>{escape(Path(r.notebook).stem)}</td>"
             f"<td>{cell}</td><td class='num'>{escape(format_duration(r.duration_s))}</td>"
             f"<td class='conf'>{escape(h.get('configuration') or '—')}</td>"
-            f"<td class='num'>{escape(format_tps(h.get('measured_tok_s')))}{metric}</td>"
+            f"<td class='num'>{_measured_cell(h)}{metric}</td>"
             f"<td class='num'>{escape(format_tps(h.get('predicted_tok_s')))}</td>"
-            f"<td class='num'>{escape(_ratio(h))}</td><td>{' · '.join(links) or '—'}</td>"
+            f"<td class='num'>{_error_cell(h)}</td><td class='num'>{escape(_ratio(h))}</td>"
+            f"<td class='finding'>{escape(h.get('finding') or '—')}</td><td>{' · '.join(links) or '—'}</td>"
             + (f"<td class='conf'>{escape(r.node or '—')}</td>" if nodes else "") +
             "</tr>")
     summary = (f"{len(results)} run{'s' if len(results) != 1 else ''}, {len(results) - n_fail} ok, {n_fail} failed"
@@ -695,12 +738,14 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
 <p>{escape(summary)}</p>
 <p class="muted">Generated {escape(_now())} by v100lab {escape(__version__)}. Headline: the figure each
 notebook publishes (decode tok/s unless marked), measured on this machine vs predicted for the same model and
-configuration (the configuration column: model, depth, flags, threads). "ok (partial)": the notebook ran, but measured
-nothing, for the reason given.</p>
+configuration (the configuration column: model, depth, flags, threads), ± the spread of the repetitions. Error: the
+median of predicted / measured − 1 over every point the notebook measured (⚠ beyond ±15 %); ratio: measured /
+predicted at the headline's point; finding: what the notebook found, in one line. "ok (partial)": the notebook ran,
+but measured nothing, for the reason given.</p>
 <table>
 <thead><tr><th>#</th><th>scenario</th><th>model</th><th>device</th><th>notebook</th><th>status</th>
 <th>duration</th><th>configuration</th>
-<th>measured tok/s</th><th>predicted tok/s</th><th>measured / predicted</th><th>links</th>{node_th}</tr></thead>
+<th>measured</th><th>predicted</th><th>error</th><th>ratio</th><th>finding</th><th>links</th>{node_th}</tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody>
@@ -723,6 +768,7 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
         rows.append({"scenario": r.scenario, "notebook": Path(r.notebook).stem, "status": r.status,
                      "cached": r.cached, "duration_s": r.duration_s,
                      "measured_tok_s": h.get("measured_tok_s"), "predicted_tok_s": h.get("predicted_tok_s"),
+                     "sd": h.get("sd"), "median_error": h.get("median_error"), "finding": h.get("finding") or "",
                      "configuration": h.get("configuration") or "", "partial": h.get("partial") or "",
                      "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed,
                      "node": r.node})

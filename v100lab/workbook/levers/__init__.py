@@ -48,7 +48,8 @@ from v100lab.workbook.levers.triangle import (
     kv_bytes_per_token, header_facts, memory_breakdown, quant_specs, fit_grid, largest_context, kv_cache_bytes,
 )
 from v100lab.workbook.levers.ceiling import ceilings, device_ceilings, catalog_ceilings, roofline, apple, flops_per_token
-from v100lab.workbook.levers.baseline import baseline, load_diagnosis, headline, run_environment
+from v100lab.workbook.levers.baseline import (baseline, baseline_title, load_diagnosis, headline, headline_figures,
+                                     headline_memory, headline_load, run_environment)
 from v100lab.workbook.levers.quantization import quant_ladder, QUALITY_LADDER, quality_ladder, rung_spec, file_size
 from v100lab.workbook.levers.gpu_layers import gpu_layers_sweep, spill_effect, offload_split
 from v100lab.workbook.levers.context import kv_memory, depth_sweep, quantized_v, kv_read_per_token
@@ -58,11 +59,12 @@ from v100lab.workbook.levers.threads import threads_sweep, thread_values
 from v100lab.workbook.levers.parallel import (parallel_sweep, parallel_latency, one_user, slot_context, serving_sweep,
                                      aggregate_ceiling, context_per_slot)
 from v100lab.workbook.levers.loading import load_modes, mmap_mlock
+from v100lab.workbook.levers.final import (final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table,
+                                  measured_candidates, judge_flags, flag_checks, gpu_command)
 from v100lab.workbook.levers.spec_decode import (spec_sweep, what_if as spec_what_if, seed_mtp, best_draft_rows,
                                         median_error as spec_median_error, caption_speculative, verify_ratios,
                                         summary_speculative, spec_ceiling, caption_spec_what_if)
 from v100lab.predict.speculative import tokens_per_pass, alpha_from_rate
-from v100lab.workbook.levers.final import final_config, command_reasons, tuned_command, own_staircase, seed_verdict_table
 from v100lab.workbook.levers.summaries import (
     summary_overview, summary_triangle, summary_ceiling, summary_baseline, summary_quantization,
     summary_gpu_layers, summary_context, summary_flash_attn, summary_batch, summary_threads, summary_parallel,
@@ -84,12 +86,14 @@ __all__ = [
     'subject', 'notebook_map', 'scenario_facts', 'staircase', 'seed_stage', 'kv_bytes_per_token', 'header_facts',
     'memory_breakdown', 'quant_specs', 'fit_grid', 'largest_context', 'kv_cache_bytes', 'ceilings',
     'device_ceilings', 'catalog_ceilings', 'roofline', 'apple', 'flops_per_token', 'baseline', 'load_diagnosis', 'run_environment',
-    'headline', 'quant_ladder', 'QUALITY_LADDER', 'quality_ladder', 'rung_spec', 'file_size', 'gpu_layers_sweep',
+    'headline', 'headline_figures', 'headline_memory', 'headline_load', 'baseline_title',
+    'quant_ladder', 'QUALITY_LADDER', 'quality_ladder', 'rung_spec', 'file_size', 'gpu_layers_sweep',
     'spill_effect', 'offload_split', 'kv_memory', 'depth_sweep', 'quantized_v', 'kv_read_per_token',
     'flash_attn_sweep', 'flash_attn_depth', 'batch_sweep', 'batch_prompt', 'prompt_weight_bytes', 'threads_sweep',
     'thread_values', 'parallel_sweep', 'parallel_latency', 'one_user', 'slot_context', 'serving_sweep',
     'aggregate_ceiling', 'context_per_slot', 'load_modes', 'mmap_mlock', 'final_config',
-    'command_reasons', 'tuned_command', 'own_staircase', 'seed_verdict_table', 'summary_overview',
+    'command_reasons', 'tuned_command', 'measured_candidates', 'judge_flags', 'flag_checks', 'gpu_command',
+    'own_staircase', 'seed_verdict_table', 'summary_overview',
     'summary_triangle', 'summary_ceiling', 'summary_baseline', 'summary_quantization', 'summary_gpu_layers',
     'summary_context', 'summary_flash_attn', 'summary_batch', 'summary_threads', 'summary_parallel',
     'summary_loading', 'METRIC_NAMES', 'summary_final', 'LESSONS', 'Lesson', 'keys_of', 'lesson', 'what_if',

@@ -6,17 +6,33 @@ from __future__ import annotations
 from dataclasses import replace
 
 from v100lab.predict import memory, rates
+from v100lab.facts.config import RunConfig
 from v100lab.measure.harness import environment
 from v100lab.base.errors import RunFailed
 from v100lab.workbook.render import publish_headline
 from v100lab.facts.results import compare
 from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.text import best_of, points
 from v100lab.workbook.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
                                   gpu_backend, lever_frame, loading_study, measure_sweep, parameters, predict_rows,
                                   study)
 
 PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_threads", "n_prompt", "n_gen", "repetitions")
+
+
+_FLAGS_SHOWN = (("n_ctx", "-c"), ("n_threads", "-t"), ("n_batch", "-b"), ("n_ubatch", "-ub"), ("cache_type_k", "-ctk"),
+                ("cache_type_v", "-ctv"), ("flash_attn", "-fa"), ("n_parallel", "-np"), ("n_gpu_layers", "-ngl"))
+
+
+def baseline_title(sc: Scenario, heading: str = "") -> str:
+    """What 03 runs, in words: "llama.cpp's defaults", with the flags the scenario sets otherwise
+    ("llama.cpp's defaults except -c 2048, -t 2"), after ``heading:`` when one is given."""
+    cfg, default = sc.run_config(), RunConfig()
+    diff = [f"{flag} {getattr(cfg, k)}" for k, flag in _FLAGS_SHOWN if getattr(cfg, k) != getattr(default, k)]
+    diff += [w for w, on in (("--no-mmap", not cfg.use_mmap), ("--mlock", cfg.use_mlock)) if on]
+    words = "llama.cpp's defaults" + (f" except {', '.join(diff)}" if diff else "")
+    return f"{heading}: {words}" if heading else words
 
 
 def baseline(sc: Scenario):
@@ -39,7 +55,7 @@ def baseline(sc: Scenario):
 
         rows += [replace(o, lever="config", value="baseline") for o in obs]
     return lever_frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
-                  conditions=conditions(cfg, st.measured_label or st.label,
+                  title=baseline_title(sc), conditions=conditions(cfg, st.measured_label or st.label,
                                         depth=f"0 (pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions})"))
 
 
@@ -122,26 +138,59 @@ _VALUE_FLAG = {"stage": "stage", "n_threads": "-t", "n_ubatch": "-ub", "flash_at
                "n_depth": "depth", "n_gpu_layers": "-ngl", "quant": "", "config": ""}
 
 
-def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None):
-    """Publish the notebook's headline for the batch index: the measured figure of ``metric`` on this
-    machine and the prediction for the same model, device, lever value and conditions (the last pair
-    :func:`v100lab.facts.results.compare` gives), with that configuration spelt out (the lever's value and the
-    frame's ``conditions``). When the notebook measured nothing, the prediction alone and why (the index shows
-    "ok (partial)"). Displays it; returns None (so the cell shows it once)."""
+def headline_figures(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None) -> dict:
+    """What a headline says, from a tidy frame: over every point of ``lever`` measured and predicted (a
+    configuration predicted not to fit left out), the median error (predicted / measured − 1), the worst point,
+    and the point whose error is nearest the median (its measured mean, spread and prediction). Empty when
+    nothing was both measured and predicted."""
     c = compare(df, metric=metric, lever=lever, require=("measured", "predicted"))
     if value is not None:
         c = c[c["value"] == str(value)]
+    if len(c) and "fits" in df:
+        p = df[(df["metric"] == metric) & (df["source"] == "predicted") & (df["fits"] == False)]  # noqa: E712
+        c = c[~c["value"].isin(set(p["value"]))]
+    c = c[(c["measured"] > 0) & (c["predicted"] > 0)]
+    if not len(c):
+        return {}
+    errs = [float(p) / float(m) - 1 for p, m in zip(c["predicted"], c["measured"])]
+    ranked = sorted(errs)
+    n = len(ranked)
+    med = ranked[n // 2] if n % 2 else (ranked[n // 2 - 1] + ranked[n // 2]) / 2
+    at = min(range(n), key=lambda i: (abs(errs[i] - med), -i))
+    worst = max(range(n), key=lambda i: abs(errs[i]))
+    r, w = c.iloc[at], c.iloc[worst]
+    return {"measured": float(r["measured"]), "predicted": float(r["predicted"]),
+            "sd": float(r["sd"]) if r["sd"] == r["sd"] else None, "model": r["model"], "device": r["device"],
+            "lever": r["lever"], "value": r["value"], "median_error": med, "points": n,
+            "worst_error": errs[worst], "worst_value": w["value"]}
+
+
+def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | None = None):
+    """Publish the notebook's headline for the batch index (:func:`headline_figures`): the median error of the
+    prediction over what the notebook measured, the point nearest it with its spread, the worst point, and a
+    one-line finding (the best lever value, only beyond the noise). When the notebook measured nothing, the
+    prediction alone and why (the index shows "ok (partial)"). Displays it; returns None."""
+    f = headline_figures(df, metric, lever, value)
     measured = predicted = None
-    model = device = chosen = ""
-    if len(c):
-        r = c.iloc[-1]
-        measured, predicted = float(r["measured"]), float(r["predicted"])
-        model, device = r["model"], r["device"]
-        chosen = _value_text(r["lever"], r["value"])
+    model = device = chosen = finding = ""
+    extra: dict = {}
+    if f:
+        measured, predicted, model, device = f["measured"], f["predicted"], f["model"], f["device"]
+        chosen = df.attrs.get("title") if f["value"] == "baseline" else _value_text(f["lever"], f["value"])
+        extra = {k: f[k] for k in ("median_error", "points", "worst_error", "sd")}
+        parts = []
+        if lever is not None:
+            parts.append(best_of(points(df, metric, lever), flag=_VALUE_FLAG.get(lever, lever)))
+        if f["points"] > 1:
+            parts.append(f"largest error at {_value_text(f['lever'], f['worst_value'])} "
+                         f"({100 * f['worst_error']:+.0f} %)")
+        finding = "; ".join(p for p in parts if p)
     else:
         p = df[(df["metric"] == metric) & (df["source"] == "predicted")]
         if lever is not None:
             p = p[p["lever"] == lever]
+        if "fits" in p:
+            p = p[p["fits"] != False]  # noqa: E712 - a configuration that does not fit is no headline
         if len(p):
             predicted, model, device = float(p["result"].iloc[-1]), p["model"].iloc[-1], p["device"].iloc[-1]
             chosen = _value_text(p["lever"].iloc[-1], p["value"].iloc[-1])
@@ -152,7 +201,47 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
         or (f"every measurement failed; the first ({fails[0].get('lever')} = {fails[0].get('value')}): "
             f"{fails[0].get('reason')}" if fails else "nothing was measured in this run"))
     publish_headline(measured, predicted, metric=metric.replace("_tps", ""), model=str(model), device=str(device),
-                     configuration=configuration, partial=partial)
+                     configuration=configuration, partial=partial, finding=finding, **extra)
+
+
+def headline_memory(mem):
+    """01's headline: the buffers llama.cpp reported for the measured model against the plan's prediction for the
+    same buffers (MiB), with the component furthest off as the finding. Displays it; returns None."""
+    c = compare(mem, ("model", "device", "lever", "value", "group"), metric="bytes", require=("measured", "predicted"))
+    if not len(c):
+        publish_headline(None, None, metric="memory", unit="MiB", partial=mem.attrs.get("why_not_measured")
+                         or "llama.cpp reported no buffers in this run")
+        return
+    m, p = float(c["measured"].sum()) / MIB, float(c["predicted"].sum()) / MIB
+    errs = [(float(pr) / float(me) - 1, v) for pr, me, v in zip(c["predicted"], c["measured"], c["value"]) if me]
+    worst = max(errs, key=lambda e: abs(e[0])) if errs else None
+    ranked = sorted(e for e, _ in errs)
+    med = (ranked[len(ranked) // 2] if len(ranked) % 2 else sum(ranked[len(ranked) // 2 - 1:len(ranked) // 2 + 1]) / 2) \
+        if ranked else None
+    publish_headline(m, p, metric="memory", unit="MiB", model=str(c["model"].iloc[0]), device=str(c["device"].iloc[0]),
+                     configuration=mem.attrs.get("conditions") or "", median_error=med,
+                     worst_error=worst[0] if worst else None, points=len(errs),
+                     finding=f"buffers in total predicted {100 * (p / m - 1):+.1f} %"
+                     + (f"; furthest off: {worst[1]} ({100 * worst[0]:+.0f} %)" if worst else ""))
+
+
+def headline_load(load):
+    """11's headline: the time to load the model and create its context with llama.cpp's default (mmap), measured
+    (median of the runs, with their spread), and the modes' ranking as the finding. Displays it; returns None."""
+    ld = load[(load["metric"] == "load_s") & (load["source"] == "measured")] if len(load) else load
+    if not len(ld):
+        publish_headline(None, None, metric="load", unit="s", partial=load.attrs.get("why_not_measured")
+                         or "nothing was measured in this run")
+        return
+    g = ld.groupby("value")["result"].agg(["median", "std", "count"])
+    mode = "mmap" if "mmap" in g.index else g.index[0]
+    fast, slow = g["median"].idxmin(), g["median"].idxmax()
+    sd = float(g.loc[mode, "std"]) if g.loc[mode, "count"] > 1 else None
+    publish_headline(float(g.loc[mode, "median"]), None, metric="load", unit="s", model=str(ld["model"].iloc[0]),
+                     device=str(ld["device"].iloc[0]), sd=sd, points=len(g),
+                     configuration=" · ".join(x for x in (f"load mode {mode}", load.attrs.get("conditions")) if x),
+                     finding=f"fastest {fast} {g.loc[fast, 'median']:.3f} s, slowest {slow} "
+                             f"{g.loc[slow, 'median']:.3f} s (medians)")
 
 
 def _value_text(lever: str, value: str) -> str:

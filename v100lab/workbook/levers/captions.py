@@ -11,7 +11,7 @@ import math
 from v100lab.facts.results import compare
 from v100lab.workbook.scenario import Scenario
 from v100lab.workbook.levers.steps import GIB, HOST, MIB, study
-from v100lab.workbook.levers.text import claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points
+from v100lab.workbook.levers.text import claim_verdict, difference, ends, fmt, md, mean_of, pct, pick, points, best_of
 
 
 def _caption(*sentences: str):
@@ -27,12 +27,11 @@ def _where(device: str) -> str:
 
 
 def _against(measured: float | None, predicted: float | None) -> str:
-    """A measurement against its prediction in words: "42 % below the prediction (55.1)"."""
-    if measured is None or not predicted:
+    """A measurement against its prediction in words, with the workbook's one sign convention (error =
+    predicted / measured − 1, as the summaries and the index give it): "predicted 55.1, error +31 %"."""
+    if not measured or not predicted:
         return "no prediction to compare with"
-    r = measured / predicted - 1
-    side = "below" if r < 0 else "above"
-    return f"{abs(100 * r):.0f} % {side} the prediction ({fmt(predicted)})"
+    return f"predicted {fmt(predicted)}, error {100 * (predicted / measured - 1):+.0f} %"
 
 
 def _change(a: float | None, b: float | None) -> str:
@@ -297,10 +296,8 @@ def caption_ladder(sc: Scenario, ladder):
         pts = points(ladder, metric, "quant")
         if len(pts) >= 2:
             lo, hi = pts["result"].idxmin(), pts["result"].idxmax()
-            out.append(md("{name}: slowest {ql} {a} tok/s, fastest {qh} {b} — {d}.", name=name, ql=lo,
-                           a=fmt(pts.loc[lo, "result"]), qh=hi, b=fmt(pts.loc[hi, "result"]),
-                           d=difference(pts.loc[lo, "result"], pts.loc[lo, "sd"], int(pts.loc[lo, "r"]),
-                                        pts.loc[hi, "result"], pts.loc[hi, "sd"], int(pts.loc[hi, "r"]))))
+            out.append(md("{name}: {ql} {a} to {qh} {b} tok/s — {d}.", name=name, ql=lo,
+                           a=fmt(pts.loc[lo, "result"]), qh=hi, b=fmt(pts.loc[hi, "result"]), d=best_of(pts)))
     if not out:
         p = points(ladder, "tg_tps", "quant", source="predicted")
         if len(p):
@@ -478,6 +475,7 @@ def caption_batch(sc: Scenario, batch):
         out.append(md("The {n}-token prompt takes {sa} steps at -ub {va} and {sb} at -ub {vb}; prompt processing "
                        "goes from {a} to {b} tok/s: {d}.", n=n, sa=-(-n // int(va)), va=va, sb=-(-n // int(vb)), vb=vb,
                        a=fmt(a), b=fmt(b), d=difference(a, asd, ar, b, bsd, br)))
+        out.append(md("Across every -ub measured: {d}.", d=best_of(pts)))
     return _caption(*out, _not_measured(batch))
 
 
@@ -508,8 +506,8 @@ def caption_parallel(sc: Scenario, par):
     if len(j):
         j = j.assign(v=j["value"].astype(int)).sort_values("v")
         r = j.iloc[-1]
-        out.append(md("At -np {v} the total is {against}.", v=r["value"], against=_against(r["measured"],
-                                                                                          r["predicted"])))
+        out.append(md("At -np {v} the total measured {m} tok/s: {against}.", v=r["value"], m=fmt(r["measured"]),
+                       against=_against(r["measured"], r["predicted"])))
     return _caption(*out, _not_measured(par))
 
 

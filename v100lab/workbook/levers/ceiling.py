@@ -59,7 +59,7 @@ def device_ceilings(spec: ModelSpec, label: str, device, cfg: RunConfig, *, leve
     plain = speed.ceiling_tps(spec.weight_bytes, device.bandwidth_gbs)
     strict = speed.physical_ceiling_tps(spec, device, cfg, depth)
     return [Observation(label, spec.file_type, device.id, lever, str(value), "weights_ceiling_tg_tps", plain, TPS,
-                        "predicted", note=f"the seed's ceiling: {device.bandwidth_gbs:g} GB/s / "
+                        "predicted", note=f"the bandwidth ceiling: {device.bandwidth_gbs:g} GB/s / "
                                           f"{spec.weight_bytes / 1e9:.2f} GB of weights"),
             Observation(label, spec.file_type, device.id, lever, str(value), "physical_ceiling_tg_tps", strict, TPS,
                         "predicted", note="bytes a token must read, all on the device, at peak bandwidth")]

@@ -1,4 +1,4 @@
-"""Notebook 08, the final configuration: the tuned configuration (:func:`v100lab.advise.tune.tune`), its llama-server command with a reason per flag, its own staircase, and the seed's command judged flag by flag.
+"""Notebook 12, the final configuration: the tuned configuration (:func:`v100lab.advise.tune.tune`), its llama-server command with a reason per flag, its own staircase, and the seed's command judged flag by flag.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from v100lab.models.resolve import resolve
 from v100lab.facts.results import Observation
 from v100lab.workbook.scenario import Scenario
 from v100lab.advise.seed import load_seed_claims, seed_verdict
-from v100lab.gguf.skeleton import parse_skeleton_name
+from v100lab.gguf.skeleton import parse_skeleton_name, is_skeleton_name
 from v100lab.models.zoo import cache_dir
-from v100lab.workbook.levers.steps import (MIB, ctx_for, gpu_host, lever_frame, measured_rows, parameters, predict_rows,
-                                  spec_at_quant, stage_model, loading_study, study, threads_text, with_note)
+from v100lab.workbook.levers.steps import (MIB, ctx_for, gpu_host, lever_frame, measured_rows, parameters, predict_rows, spec_at_quant, stage_model, loading_study, study, threads_text, with_note, gpu_subject)
 
-PARAMETERS = parameters("claims", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen", "repetitions")
+PARAMETERS = parameters("claims", "compare_gpu", "n_parallel", "n_threads", "quants", "target_ctx", "n_gen",
+                        "repetitions")
 
 
 @lru_cache(maxsize=8)
@@ -64,6 +64,94 @@ def tuned_command(sc: Scenario) -> list[str]:
     else relative to the current folder when it is below it (:func:`display_path`). Show it with
     ``render.command`` (one flag per line, never wrapped)."""
     argv = list(final_config(sc).argv)
+    if "-m" in argv[:-1]:
+        i = argv.index("-m") + 1
+        argv[i] = display_path(argv[i])
+    return argv
+
+
+def measured_candidates(sc: Scenario):
+    """The candidates ``tune`` measured, beside their predictions: flags, predicted and measured decode (± one
+    standard deviation of the repetitions), the error (predicted / measured − 1) and which one the command takes;
+    with the best predicted candidate first when it was not measured. Empty when nothing was measured."""
+    import pandas as pd  # heavy third-party dependency
+
+    t = final_config(sc)
+    shown = [c for c in t.candidates if c.measured_tg_tps]
+    rows = []
+    for c in shown:
+        sd = c.measured_tg_tps * (c.measured_cv or 0.0)
+        rows.append({"candidate": _flags_of(c), "predicted (tok/s)": round(c.tg_tps, 1),
+                     "measured (tok/s)": f"{c.measured_tg_tps:.1f} ± {sd:.1f}",
+                     "error": f"{100 * (c.tg_tps / c.measured_tg_tps - 1):+.0f} %",
+                     "in the command": "yes" if c.label == t.best.label else ""})
+    df = pd.DataFrame(rows, columns=["candidate", "predicted (tok/s)", "measured (tok/s)", "error", "in the command"])
+    df.attrs["measured"] = t.measured
+    return df
+
+
+def _flags_of(c) -> str:
+    cfg = c.config
+    kv = cfg.cache_type_k if cfg.cache_type_k == cfg.cache_type_v else f"{cfg.cache_type_k}/{cfg.cache_type_v}"
+    return f"{c.quant} -fa {cfg.flash_attn} -ctk/-ctv {kv} -ub {cfg.n_ubatch}"
+
+
+def judge_flags(df):
+    """Each flag's verdict from its predicted and measured gain (columns "predicted gain", "measured gain",
+    "noise", tok/s): recommended only when the measured gain exceeds the noise; a predicted gain that measures
+    nil or negative is not a reason to set the flag. Returns a copy with a "verdict" column."""
+    out = df.copy()
+
+    def verdict(pred, meas, noise):
+        if meas != meas:                                 # not measured: the prediction is all there is
+            return "predicted only"
+        if meas > noise:
+            return f"recommended: measured {meas:+.1f} tok/s, beyond the noise (± {noise:.1f})"
+        what = "worse" if meas < -noise else "no difference beyond the noise"
+        return (f"not recommended: measured {meas:+.1f} tok/s (± {noise:.1f}), {what}"
+                + (f" — the predicted {pred:+.1f} does not hold here" if pred == pred and pred > 0 else ""))
+    out["verdict"] = [verdict(p, m, n) for p, m, n in zip(out["predicted gain"], out["measured gain"], out["noise"])]
+    return out
+
+
+def flag_checks(sc: Scenario):
+    """Every flag that ``tune`` measured both ways (its value and llama.cpp's default, all else equal), with the
+    predicted and measured gain of the value over the default and :func:`judge_flags`' verdict."""
+    import pandas as pd  # heavy third-party dependency
+
+    t = final_config(sc)
+    timed = [c for c in t.candidates if c.measured_tg_tps]
+    rows = []
+    for a in timed:
+        for b in timed:
+            flag = tune._one_flag_from_default(a, b)
+            if flag:
+                gain, noise, _ = tune.measured_gain(a, b)
+                rows.append({"flag": flag, "value": _flags_of(a), "default": _flags_of(b),
+                             "predicted gain": round(a.tg_tps - b.tg_tps, 2), "measured gain": round(gain, 2),
+                             "noise": round(noise, 2)})
+    df = pd.DataFrame(rows, columns=["flag", "value", "default", "predicted gain", "measured gain", "noise"])
+    return judge_flags(df) if len(df) else df.assign(verdict=[])
+
+
+def gpu_command(sc: Scenario) -> list[str]:
+    """The tuned llama-server command for the GPU the lessons are about (:func:`gpu_subject`: the scenario's
+    device, or the seed's model on the GPU beside this machine), predicted (nothing is measured there), as
+    arguments to show with ``render.command``; empty when there is no such GPU or nothing fits it."""
+    gpu = gpu_subject(sc)
+    if gpu.device.kind == "cpu":
+        return []
+    model = gpu.model
+    quants = None
+    if is_skeleton_name(model):
+        model = parse_skeleton_name(model)[0]
+        quants = tuple(q.upper() for q in sc.quants if q.upper() in tune.DEFAULT_QUANTS) or None
+    try:
+        t = tune.tune(model, gpu.device, min_ctx=sc.target_ctx, parallel=sc.n_parallel, quants=quants,
+                         host=gpu_host())
+    except V100labError:
+        return []
+    argv = list(t.argv)
     if "-m" in argv[:-1]:
         i = argv.index("-m") + 1
         argv[i] = display_path(argv[i])

@@ -17,7 +17,7 @@ from v100lab.workbook.levers.course import LESSONS
 from v100lab.workbook.levers.steps import (GIB, beside, ctx_for, gpu_backend, lever_frame, measured_rows, parameters,
                                   predict_rows, stage_model, study, threads_text, with_note)
 
-PARAMETERS = parameters("claims", "n_threads", "n_gen", "repetitions")
+PARAMETERS = parameters("claims", "compare_gpu", "n_threads", "n_gen", "repetitions")
 
 
 def notebook_map():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -140,16 +141,27 @@ class Study:
         return is_skeleton_name(self.sc.model)
 
 
-def _label(spec: ModelSpec, model: str) -> str:
-    """A model's label in tables and plots: its name (the quant is a column of its own)."""
+_QUANT_SUFFIX = re.compile(r"[.\-_](?:I?Q\d\w*|[BF]16|F32|BF16)$", re.I)
+
+
+def _label(spec: ModelSpec, model: str, path: Path | str | None = None) -> str:
+    """A model's label in tables and plots (the quant is a column of its own): its name, unless the name is the
+    converter's concatenation of basename, size and finetune tag ("Smollm2 135M 8k Lc100K Mix1 Ep2") and the
+    file is named after the model ("SmolLM2-135M-Instruct.Q4_1.gguf"): then the file's name without the quant."""
+    md = spec.metadata or {}
+    base, tune = md.get("general.basename"), md.get("general.finetune")
+    stem = _QUANT_SUFFIX.sub("", Path(path).name.removesuffix(".gguf")) if path else ""
+    if (isinstance(base, str) and isinstance(tune, str) and tune and stem.lower().startswith(base.lower())
+            and tune.replace("-", " ").lower() in (spec.name or "").lower()):
+        return stem
     return (spec.name or Path(model).stem or model).strip()
 
 
 @lru_cache(maxsize=16)
 def study(sc: Scenario) -> Study:
     """Resolve ``sc`` once per kernel (cached; a Scenario is immutable)."""
-    spec = resolve(sc.model, build=True).spec
-    label = _label(spec, sc.model)
+    path, spec = resolve(sc.model, build=True)
+    label = _label(spec, sc.model, path)
     host = measured_host()          # the workbook shows this machine measured: measure it once if never
     device = get_device(sc.device)
     measured = sc.measured_model
@@ -175,7 +187,7 @@ def study(sc: Scenario) -> Study:
             mpath = mspec = None
     if mspec is None:
         return Study(sc, spec, label, device, host, None, None, None, "", why)
-    mlabel = _label(mspec, measured) + (" (stand-in)" if sc.is_stand_in else "")
+    mlabel = _label(mspec, measured, mpath) + (" (stand-in)" if sc.is_stand_in else "")
     return Study(sc, spec, label, device, host, measured, mpath, mspec, mlabel, "")
 
 
@@ -355,7 +367,7 @@ def predict_rows(spec: ModelSpec, label: str, device, cfg: RunConfig, *, lever: 
             val, n = pred_pp.pp_tps, "; ".join(x for x in (note, why, f"bound: {pred_pp.pp_bound}") if x)
             bound = pred_pp.pp_bound
         elif metric == "weights_ceiling_tg_tps":
-            val, n = pred_tg.weights_ceiling_tg_tps, "the seed's ceiling: bandwidth / weight bytes placed"
+            val, n = pred_tg.weights_ceiling_tg_tps, "the bandwidth ceiling: bandwidth / weight bytes placed"
         elif metric == "physical_ceiling_tg_tps":
             val, n = pred_tg.physical_ceiling_tg_tps, "bytes that must be read per token at peak bandwidth"
         else:

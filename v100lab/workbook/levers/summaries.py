@@ -11,7 +11,7 @@ from v100lab.facts.results import TPS, compare
 from v100lab.workbook.scenario import Scenario
 from v100lab.workbook.levers.final import final_config
 from v100lab.workbook.levers.steps import GIB, HOST, MIB, gpu_subject, study
-from v100lab.workbook.levers.text import claim_verdict, difference, ends, fmt, markdown, md, mean_of, pct, pick, points
+from v100lab.workbook.levers.text import (claim_verdict, difference, ends, fmt, markdown, md, mean_of, pct, pick, points, best_of)
 from v100lab.workbook.levers.threads import thread_values
 
 
@@ -34,7 +34,7 @@ def _above_line(*frames) -> str:
         k += int(m["above_ceiling"].fillna(False).astype(bool).sum()) if len(m) else 0
     if not k:
         return ""
-    return md("{k} of {n} measured decode figures are above the physical bandwidth ceiling of their model and device "
+    return md("{k} of {n} measured decode figures are above the physical ceiling of their model and device "
                "(marked ✕ in the plots).", k=k, n=n)
 
 
@@ -54,7 +54,9 @@ def _pairs(df, metric: str, lever: str | None = None, other: str = "measured"):
 def _agreement(pairs) -> str:
     if not pairs:
         return "—"
-    errs = sorted(abs(m / p - 1) for _, m, p in pairs)
+    errs = sorted(abs(p / m - 1) for _, m, p in pairs if m)     # error = predicted / measured − 1
+    if not errs:
+        return "—"
     med = errs[len(errs) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
     return f"median |error| {100 * med:.0f} % (worst {100 * errs[-1]:.0f} %, {len(errs)} points)"
 
@@ -140,7 +142,7 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
     if len(c):
         hi, lo = c.loc[c["result"].idxmax()], c.loc[c["result"].idxmin()]
         ratios = [(mean_of(mine, metric="tg_tps", value=v) or 0) / r for v, r in zip(c["value"], c["result"])]
-        lines.append(md("On {dev} the seed's ceiling for {model} runs from {lo} tok/s ({ql}) to {hi} tok/s ({qh}); "
+        lines.append(md("On {dev} the bandwidth ceiling for {model} runs from {lo} tok/s ({ql}) to {hi} tok/s ({qh}); "
                          "the prediction reaches {a}–{b} % of it.", dev=st.device.id, model=st.label,
                          lo=fmt(lo["result"]), ql=lo["value"], hi=fmt(hi["result"]), qh=hi["value"],
                          a=f"{100 * min(ratios):.0f}", b=f"{100 * max(ratios):.0f}"))
@@ -148,8 +150,8 @@ def summary_ceiling(sc: Scenario, ceil, cat, roof, apple_df):
     if len(cl):
         diffs = [f"{v} {c:g} vs {fmt(p if p == p else None)}" for v, c, p in zip(cl["value"], cl["claimed"],
                                                                                cl["predicted"])]
-        lines.append(md("The seed's ceiling table against bandwidth / weight bytes of its assumed model: {d}.",
-                         d="; ".join(diffs)))
+        lines.append(md("The seed's ceiling table against the bandwidth ceiling (bandwidth / weight bytes) of its "
+                         "assumed model: {d}.", d="; ".join(diffs)))
     p = pick(cat, metric="tg_tps", source="predicted")
     if len(p):
         best = p.loc[p["result"].idxmax()]
@@ -313,26 +315,18 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
 
 
 def _effect(df, metric: str, lever: str) -> str:
-    """The measured effect of a lever on one metric: the range over its values and the best one — "no
-    difference" when best and worst are within the noise (their standard deviations added), and said to be
-    unjudged when single runs give no spread. One value: the figure measured."""
+    """The measured effect of a lever on one metric: the range over its values and the best one — a "best"
+    only when it beats the runner-up beyond the noise (:func:`~v100lab.levers.text.best_of`). One value: the
+    figure measured."""
     m = pick(df, metric=metric, source="measured", lever=lever)
     if not len(m):
         return ""
     name = METRIC_NAMES.get(metric, metric)
-    g = m.groupby("value").agg(result=("result", "mean"), sd=("sd", "max"), r=("repetitions", "min"))
+    g = points(df, metric, lever)
     if len(g) < 2:
         v = g.index[0]
         return f"{name} {g.loc[v, 'result']:.1f} tok/s at {v} (one value measured: nothing to compare)"
-    best, worst = g["result"].idxmax(), g["result"].idxmin()
-    lo, hi = g.loc[worst, "result"], g.loc[best, "result"]
-    if g["r"].min() < 2:
-        return (f"{name} {lo:.1f}–{hi:.1f} tok/s ({best} highest; single runs, so no spread to tell a difference "
-                "from noise)")
-    noise = g.loc[best, "sd"] + g.loc[worst, "sd"]
-    if hi - lo <= noise:
-        return f"{name} {lo:.1f}–{hi:.1f} tok/s: no difference beyond the noise (± {noise:.1f} tok/s)"
-    return f"{name} {lo:.1f}–{hi:.1f} tok/s (best {best}, {100 * (hi / lo - 1):.0f} % above {worst})"
+    return f"{name} {g['result'].min():.1f}–{g['result'].max():.1f} tok/s: {best_of(g)}"
 
 
 METRIC_NAMES = {"tg_tps": "decode", "pp_tps": "prompt", "tg_tps_per_stream": "per-stream decode"}

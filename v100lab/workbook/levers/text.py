@@ -100,3 +100,21 @@ def ends(pts):
     first, last = pts.iloc[0], pts.iloc[-1]
     return ((pts.index[0], first["result"], first["sd"], int(first["r"])),
             (pts.index[-1], last["result"], last["sd"], int(last["r"])))
+
+
+def best_of(pts, unit: str = "tok/s", flag: str = "") -> str:
+    """The highest value of a measured series (:func:`points`) in words. "best X: +n % over Y" only when X beats
+    the runner-up Y by more than their two standard deviations together; "no difference beyond the noise
+    between X and Y (± n)" when it does not; unjudged when either was measured once. Captions and summaries both
+    use this, so they never disagree about a winner. ``flag`` names the values ("-ub 512")."""
+    if len(pts) < 2:
+        return ""
+    order = pts.sort_values("result", ascending=False)
+    (bv, b), (sv, s) = list(order.iterrows())[:2]
+    bv, sv = f"{flag} {bv}".strip(), f"{flag} {sv}".strip()
+    if min(int(b["r"]), int(s["r"])) < 2:
+        return f"{bv} highest, {pct(b['result'], s['result'])} over {sv} (single runs: no spread to tell it from noise)"
+    noise = float(b["sd"]) + float(s["sd"])
+    if b["result"] - s["result"] <= noise:
+        return f"no difference beyond the noise between {bv} and {sv} (± {noise:,.1f} {unit})"
+    return f"best {bv}: {pct(b['result'], s['result'])} over {sv}, beyond the noise (± {noise:,.1f} {unit})"
