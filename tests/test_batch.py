@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from v100lab.workbook import runner, render
-from v100lab.cli.main import main as cli
+from v100lab.cli import main as cli
 from v100lab.base.errors import ConfigError
 
 NB = Path(__file__).parent / "data" / "notebooks"
