@@ -1,7 +1,7 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` (about 20-70 minutes on a 2-core VM: 20 on a Zen 5, 39 on a Zen 2, 70 on a Zen 3 before depth
-fills were kept). On a small CPU, decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
+``v100lab calibrate --precise`` (about 20-70 minutes on a 2-core VM: 20 on a Zen 5, 39 on a Zen 2, 70 on a Zen 3
+before depth fills were kept; ``v100lab calibrate``, the quick plan of :func:`quick_points`, a few minutes). On a small CPU, decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts.
 Calibration measures, with real llama.cpp (the isolated in-process backend of :mod:`v100lab.harness`):
 
 * memory read bandwidth per thread count — :func:`measure_memory_bandwidth`, the same STREAM-like kernel
