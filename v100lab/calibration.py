@@ -1179,18 +1179,27 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     loads = passes * len(threads) * len(plan_order(plan, planned))
     with kept_fills() as states, tqdm(total=loads, desc=f"calibrate ({plan})", unit="load", file=sys.stderr,
                                       disable=not bar, dynamic_ncols=True) as pbar:
+        count = {"done": 0, "total": loads, "start": time.monotonic()}
+
         def grow(n: int) -> None:
+            count["total"] += n
             pbar.total += n
             pbar.refresh()
+
+        def tick() -> None:
+            count["done"] += 1
+            pbar.update(1)
 
         def tell(msg: str) -> None:
             if bar:
                 pbar.set_postfix_str(msg[:60], refresh=True)
-            else:
-                say(msg)
+                return
+            # without a bar (a log, CI): the same figures on each line, loads done / total and the time left
+            done, total = count["done"], count["total"]
+            left = ((time.monotonic() - count["start"]) / done * (total - done)) if done else None
+            say(f"[{done}/{total}" + (f", ~{left / 60:.0f} min left" if left is not None else "") + f"] {msg}")
 
-        run = _Run(paths, repetitions, rerun_above_cv, states, best, failed, tell, tick=lambda: pbar.update(1),
-                   grow=grow)
+        run = _Run(paths, repetitions, rerun_above_cv, states, best, failed, tell, tick=tick, grow=grow)
         _measure_passes(run, passes, threads, planned, plan)
         fits, extra = settle(run, settle_rounds, threads, planned, specs, bws, fit_options)
     result["points"] += list(failed.values())
