@@ -3,7 +3,8 @@
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_speed.py            # all three parts
     .venv/bin/python benchmarks/bench_speed.py --part apple,seed                          # no measuring
 
-(a) needs a calibrated host (``v100lab calibrate``). Calibration measured only its own synthetic models
+(a) needs a calibrated host (``v100lab calibrate --precise``: the full procedure; a quick profile is judged too,
+and the table says which plan made it). Calibration measured only its own synthetic models
 (``calib-wide`` pure-type rungs, ``calib-deep``); every configuration judged here uses other models —
 the synth-750m quant ladder (llama.cpp's usual mixes), the default model (SmolLM2-135M Q4_1) and
 gemma3-270m (Q4_K_M, sliding window) — and the script refuses to judge a calibration model.
@@ -237,7 +238,7 @@ def host_part(quick: bool, repetitions: int, validation=VALIDATION, passes: int 
                          "weights_ceiling_tg_tps": round(p_tg.weights_ceiling_tg_tps, 1) if test == "tg" else None,
                          "above_ceiling": bool(test == "tg" and mt > p_tg.physical_ceiling_tg_tps)})
     out = {"rows": rows, "calibration_points": [p["config"] for p in cal.get("points", [])][:20],
-           "calibration_measured_at": cal.get("measured_at"), "drift_reference": ref.summary() if ref else None}
+           "calibration_measured_at": cal.get("measured_at"), "calibration_plan": cal.get("plan") or "precise", "drift_reference": ref.summary() if ref else None}
     for test in ("tg", "pp"):
         errs = [abs(r["error"]) for r in rows if r["test"].startswith(test)]
         if errs:
@@ -349,6 +350,9 @@ def print_llamabench(res: dict) -> None:
 
 def print_host(res: dict) -> None:
     print("### (a) this machine: measured vs predicted (configurations never used in calibration)\n")
+    print(f"Host profile: the {res.get('calibration_plan', 'precise')} calibration of {res.get('calibration_measured_at')}"
+          + ("" if res.get("calibration_plan", "precise") == "precise"
+             else " (one load a point: `v100lab calibrate --precise` is the procedure this validation is for)") + "\n")
     ref = res.get("drift_reference")
     if ref and ref.get("rungs"):
         print(f"Drift reference ({ref['references']} references: calibration's own rungs before each pass and after the "

@@ -76,10 +76,14 @@ if [ ! -f "$entry/build.json" ]; then
   work="$(mktemp -d "${TMPDIR:-/tmp}/v100lab-tools.XXXXXX")"
   trap 'rm -rf "$work"' EXIT
   log="$work/build.log"
-  say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; about 6 CPU-minutes (3-4 min on 2 idle cores) the first time"
+  jobs="$(nproc 2>/dev/null || echo 2)"
+  expected=$(( 360 / jobs > 60 ? 360 / jobs : 60 ))     # about 6 CPU-minutes
+  say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; about 6 CPU-minutes (~$(( (expected + 59) / 60 )) min on $jobs idle cores) the first time"
+  # shellcheck source=lib/progress.sh
+  source "$here/scripts/lib/progress.sh"
   start=$(date +%s)
-  set +e   # (set -e does not work inside a subshell whose status `if` tests: run it plainly, then test)
-  (
+  set +e   # (set -e does not work inside a function whose status `if` tests: run it plainly, then test)
+  build_them() {
     set -e
     tar xzf "$sdist" -C "$work"
     src="$work/llama_cpp_python-$lcp_version/vendor/llama.cpp"
@@ -93,8 +97,9 @@ if [ ! -f "$entry/build.json" ]; then
     fi
     cmake -S "$here/scripts/llama-tools" -B "$work/build" ${gen[@]+"${gen[@]}"} -DLLAMA_SRC="$src" -DLLAMA_CPP_LIB="$libdir" \
       -DLLAMA_TOOLS_RPATH="$rpath" -DLLAMA_COMMIT_OVERRIDE="$src_commit"
-    cmake --build "$work/build" --target "${tools[@]}" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
-  ) >"$log" 2>&1
+    cmake --build "$work/build" --target "${tools[@]}" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}"
+  }
+  run_with_progress "build-tools: compiling" "$expected" "$log" build_them
   rc=$?
   set -e
   if [ "$rc" = 0 ]; then

@@ -10,11 +10,24 @@ key="$(printf '%s' "$args" | sha256sum | cut -c1-16)"
 dir="${V100LAB_CACHE:-$HOME/.cache/v100lab}/wheels/${spec/==/-}-$key"
 name="${spec%%==*}"
 if ! ls "$dir"/*.whl >/dev/null 2>&1; then
-  echo "build-wheel: compiling $spec with: ${args:-its defaults}" >&2
+  # shellcheck source=lib/progress.sh
+  source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
+  jobs="$(nproc 2>/dev/null || echo 2)"
+  # about 8 CPU-minutes for llama-cpp-python (4 min on 2 cores)
+  expected=$(( 480 / jobs > 60 ? 480 / jobs : 60 ))
+  echo "build-wheel: compiling $spec with: ${args:-its defaults} (~$(( (expected + 59) / 60 )) min on $jobs cores)" >&2
   rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
-  CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
-    LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}" \
-    "$py" -m pip wheel -q --no-deps --no-cache-dir --no-binary "$name" -w "$dir.tmp" "$spec" >&2
+  log="$dir.tmp/build.log"
+  # -v: the build's own "[n/N]" steps go to the log, which the progress line counts
+  if ! CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}" \
+      LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$jobs}" \
+      run_with_progress "build-wheel: $spec" "$expected" "$log" \
+        "$py" -m pip wheel -v --no-deps --no-cache-dir --no-binary "$name" -w "$dir.tmp" "$spec"; then
+    tail -n 30 "$log" >&2
+    echo "build-wheel: compiling $spec failed (log: $log)" >&2
+    exit 1
+  fi
+  rm -f "$log"
   rm -rf "$dir" && mv "$dir.tmp" "$dir"
 fi
 ls "$dir"/*.whl | head -n 1

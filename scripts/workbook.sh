@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up (first run only), calibrate this machine for `--device host` and its batched decode (first
-# run only, a few minutes; later runs check an hour-old profile's drift, ~1 min), then run every notebook on params/default.yaml and write HTML reports under
-# reports/ (open reports/index.html). Extra arguments go to `v100lab batch`.
+# run only, a few minutes; later runs check an hour-old profile's drift, ~1 min), then run every notebook on
+# params/default.yaml and write HTML reports under reports/ (open reports/index.html). Extra arguments go to
+# `v100lab batch`. Each step says what it does and how long it takes; the long ones show a bar with the time left.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
@@ -9,9 +10,10 @@ scripts/setup.sh
 # that failed is not retried). Without it the notebooks say so and show predictions, labelled.
 scripts/build-tools.sh .venv || echo "workbook: no same-commit llama-server; server measurements are skipped" >&2
 if ! .venv/bin/python -c 'import sys; from v100lab.predict.rates import stored_calibration; sys.exit(not stored_calibration())'; then
-  echo "workbook: calibrating this machine once (v100lab calibrate, three passes: ~20-70 min on 2 cores)" >&2
+  echo "workbook: calibrating this machine once (v100lab calibrate, the quick plan: ~3-5 min on 2 cores, building" \
+       "its models included; \`v100lab calibrate --precise\` is the full procedure, 20-70 min)" >&2
   # --force: on a noisy machine the profile is stored anyway, its quality recorded and shown beside every
-  # host prediction, rather than the workbook not running at all (calibrate's three passes already retry)
+  # host prediction, rather than the workbook not running at all
   .venv/bin/v100lab calibrate --force
 elif [ "${V100LAB_DRIFT_CHECK:-quick}" != 0 ] && .venv/bin/python -c \
     'import sys; from v100lab.measure.drift_check import needs_check; from v100lab.predict.rates import stored_calibration; sys.exit(not needs_check(stored_calibration()))'; then
@@ -25,7 +27,7 @@ fi
 # batched decode (for notebook 10's -np predictions), once, when the same-commit llama-batched-bench is there
 if [ -x .venv/bin/llama-batched-bench ] && \
    ! .venv/bin/python -c 'import sys; from v100lab.predict.serving import stored_batching; sys.exit(not stored_batching())'; then
-  echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1.5 min)" >&2
+  echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1 min)" >&2
   .venv/bin/v100lab calibrate --batching || echo "workbook: batched-decode calibration failed; -np predictions use the roofline" >&2
 fi
 exec .venv/bin/v100lab batch params/default.yaml --out reports "$@"

@@ -57,7 +57,7 @@ def small_calibration(monkeypatch):
 
     tiny = zoo.SYNTH_PRESETS["synth-tiny"]
 
-    def paths(progress=None, retired=True):
+    def paths(progress=None, retired=True, **kw):
         f16 = zoo.synthetic_path(tiny)
         return {("calib-wide", "F16"): f16, ("calib-wide", "Q4_0"): calibration.pure_quantized_path(f16, "Q4_0")}
 

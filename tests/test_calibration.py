@@ -832,3 +832,74 @@ def test_calibration_settles_its_uncertain_points_with_more_loads(fresh_cache, s
                for cp in pts)
     assert cal["quality"]["settled_loads"] == 3
     assert cal["threads"]["1"]["tg_fit_points"] == [cp.name for cp in pts]
+
+
+# ---- the quick plan (`v100lab calibrate`'s default) ---------------------------------------------------------
+
+def test_the_quick_plan_keeps_the_points_the_workbook_predicts_with_and_loads_each_once():
+    """The quick plan: the weight types of the default model and the quant ladder (no F16, no Q5_0), the row pairs,
+    the thin pair, the DEPTH_TYPE rung at QUICK_DEPTHS and the prompt at PP_DEPTH, none of the head_dim / per-cell /
+    per-KV-byte contrasts; every point loaded once in one pass but the reference, loaded first and last; and its
+    models are ones the precise plan builds too (one cache for both)."""
+    quick, precise = calibration.quick_points(), calibration.calibration_points()
+    names = [cp.name for cp in quick]
+    assert len(set(names)) == len(names)
+    assert {cp.type_name for cp in quick} == set(calibration.QUICK_TYPES) | {calibration.NARROW_TYPE}
+    assert {"F16", "Q5_0"} <= set(calibration.CALIB_TYPES) - set(calibration.QUICK_TYPES)
+    assert not {cp.label for cp in quick} & {calibration.WIDE96_LABEL, calibration.WIDE128_LABEL,
+                                              calibration.MHA_LABEL, calibration.WIDE128_PP_LABEL,
+                                              calibration.WIDE256_PP_LABEL}
+    assert calibration.plan_models(quick) < calibration.plan_models(precise)
+    for t in calibration.QUICK_TYPES:
+        assert any(cp.label == "calib-wide" and cp.type_name == t and cp.decode and not cp.depth for cp in quick)
+        assert any(cp.type_name == t and cp.prompt and not cp.depth for cp in quick)
+    assert [cp.depth for cp in quick if cp.decode and cp.depth] == list(calibration.QUICK_DEPTHS)
+    assert [cp.depth for cp in quick if cp.prompt and cp.depth] == [calibration.PP_DEPTH]
+    assert {cp.type_name for cp in quick if cp.label == calibration.WIDE512_LABEL} == set(calibration.ROW_PAIR_TYPES)
+    assert {cp.label for cp in quick} >= {"calib-thin", "calib-thin-shallow"}
+    assert len(quick) < len(precise) / 1.5
+    order = calibration.plan_order("quick", quick)
+    assert order[0].name == order[-1].name == calibration.QUICK_REFERENCE
+    assert sorted(cp.name for cp in order[:-1]) == sorted(names)
+    assert calibration.plan_order("precise", precise) == calibration.pass_order(precise)
+    assert calibration.plan_points("precise") == precise
+    with pytest.raises(ConfigError, match="unknown calibration plan 'fast'.*quick, precise"):
+        calibration.plan_points("fast")
+
+
+def test_a_quick_calibration_is_one_pass_over_its_plan_at_every_thread_count():
+    """_measure_passes with the quick plan: each thread count's loads in turn, the quick order once; the precise
+    plan's three passes over pass_order for comparison (a recorder stands where the loads would be)."""
+
+    class Recorder:
+        def __init__(self):
+            self.loads = []
+
+        def load(self, cp, th, what):
+            self.loads.append((th, cp.name))
+
+    quick = calibration.quick_points()
+    rec = Recorder()
+    calibration._measure_passes(rec, 1, [1, 2], quick, "quick")
+    one = [cp.name for cp in calibration.quick_order(quick)]
+    assert rec.loads == [(1, n) for n in one] + [(2, n) for n in one]
+    rec = Recorder()
+    calibration._measure_passes(rec, 3, [2], calibration.calibration_points(), "precise")
+    assert len(rec.loads) == 3 * len(calibration.pass_order(calibration.calibration_points()))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_quick_plans_points_pin_the_costs_the_predictions_use(threads):
+    """Fitted as calibrate() fits a quick plan (no cache capacity, attention per multiply-add), its decode points,
+    generated from known costs, give back every type's cost, the row's and the per-layer overhead; attention's
+    per-cell cost, which heads of 64 always pair with the multiply-adds, is folded into the per-op cost."""
+    pts = _planned_points(calibration.quick_points())
+    fit = calibration.fit_cpu(pts, 30.0, threads=threads, spill=False, head_cells=False, kv_bytes=False)
+    assert set(fit["tg_s_per_weight"]) == set(calibration.QUICK_TYPES)
+    for t, c in fit["tg_s_per_weight"].items():
+        assert c == pytest.approx(_WIDE_COSTS[t], rel=0.02)
+    assert fit["tg_row_s"] == pytest.approx(_C_ROW, rel=0.05)
+    assert fit["overhead_layer_s"] == pytest.approx(_O_LAYER, rel=0.02)
+    assert fit["attn_s_per_head_cell"] == 0.0 and fit["attn_s_per_op"] > _C_ATTN
+    assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 0.01
+    assert fit["tg_parameters"] < len(pts)          # a degree of freedom left: the residuals are not 0 by construction

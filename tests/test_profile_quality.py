@@ -327,3 +327,48 @@ def test_misses_are_judged_against_their_own_loads(fresh_cache, capsys):
     # residuals whose count does not match the stored points (an older or partial calibration): nothing is named
     cal["threads"]["1"]["tg_fit_rel_err"] = [0.3]
     assert rates.point_misses(cal) == []
+
+
+def test_a_quick_profile_says_so_and_how_far_its_reference_moved(fresh_cache, capsys):
+    """A quick calibration (one load a point) says so beside every host prediction, with how far its reference
+    rung moved between its first and last load; past MAX_PASS_DRIFT that is a warning and a reason to refuse it."""
+    from v100lab import cli
+    from v100lab.predict import speed
+    from v100lab.facts.config import RunConfig
+    from v100lab.gguf.skeleton import skeleton_spec
+
+    current = rates.current_build_facts()
+    quiet = _calibration(current, plan="quick", passes=1, reference_spread={"1": 0.03})
+    d = rates.describe_host_rates(quiet, now=NOW, stored=False)
+    assert "quick calibration (one load a point; its reference rung moved 3 % between its first and last load" in d.line
+    assert d.warnings == () and d.quality["plan"] == "quick"
+    assert calibration._quality_refusal(rates.calibration_quality(quiet), 0.25, 0.25) is None
+    moved = {**quiet, "reference_spread": {"1": 0.18}}
+    d = rates.describe_host_rates(moved, now=NOW, stored=False)
+    assert any("moved by 18 % under the quick calibration" in w for w in d.warnings)
+    assert "moved by 18 % between the reference rung's first and last load" in calibration._quality_refusal(
+        rates.calibration_quality(moved), 0.25, 0.25)
+    # a precise profile (or one stored before the plans) says nothing of a plan
+    assert "quick calibration" not in rates.describe_host_rates(_calibration(current), now=NOW, stored=False).line
+    _store(quiet)
+    pred = speed.predict(skeleton_spec("llama2-7b", "Q4_0"), ["host"], RunConfig(n_ctx=2048, n_threads=1))
+    assert any(n.startswith("host: host calibration of ") and "quick calibration" in n for n in pred.notes)
+    assert cli.main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("quick calibration in ")
+    assert "1 thread(s): the reference rung (calib-wide:Q4_0) moved 3.0 % between its first and last load" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--passes", "2"], "--passes and --settle-rounds go with --precise"),
+    (["calibrate", "--settle-rounds", "0"], "--passes and --settle-rounds go with --precise"),
+    (["calibrate", "--check", "--precise"], "not with --check"),
+    (["calibrate", "--batching", "--precise"], "--precise is a calibration's plan"),
+    (["calibrate", "--precise", "--passes", "0"], "--passes must be between 1 and"),
+])
+def test_calibrate_plan_flags_are_checked_before_anything_runs(fresh_cache, capsys, argv, message):
+    from v100lab.cli import main as cli
+
+    assert cli.main(argv) != 0
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

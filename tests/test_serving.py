@@ -149,7 +149,7 @@ def test_calibrate_batching_reads_llama_batched_bench(tmp_path, monkeypatch):
                     "echo 'not json'\n")
     fake.chmod(0o755)
     monkeypatch.setattr(calibration, "calibration_model_paths",
-                        lambda progress=None, retired=True: {("calib-wide", "Q4_0"): tmp_path / "m.gguf",
+                        lambda progress=None, retired=True, **kw: {("calib-wide", "Q4_0"): tmp_path / "m.gguf",
                                                ("calib-deep", "F16"): tmp_path / "d.gguf"})
     monkeypatch.setenv("V100LAB_CACHE", str(tmp_path / "cache"))
     res = calibration.calibrate_batching(threads=[2], batches=(1, 2, 4), n_gen=10, repetitions=1, binary=fake)

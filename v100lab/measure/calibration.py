@@ -1,7 +1,8 @@
 """Host calibration: this machine measured with real llama.cpp, and the CPU speed model fitted to it.
 
-``v100lab calibrate`` takes about 20-70 minutes on a 2-core VM. On a small CPU, decoding below 8 bits is bound by
-dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures memory bandwidth per
+``v100lab calibrate`` runs the quick plan (:func:`quick_points`: one load of each point the workbook's host
+predictions use, a few minutes); ``--precise`` the full procedure below (20-70 minutes on a 2-core VM). On a small
+CPU, decoding below 8 bits is bound by dequantisation, not by memory, so a bandwidth figure alone overpredicts. Calibration measures memory bandwidth per
 thread count (:func:`measure_memory_bandwidth`) and, with real llama.cpp (the isolated in-process backend of
 :mod:`v100lab.measure.harness`), decode and prompt time per token of synthetic *calibration models only*
 (:func:`calibration_points`): a pure rung per weight type that streams from DRAM, a cache-resident thin pair for the
@@ -30,14 +31,16 @@ import math
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import psutil
+from tqdm.auto import tqdm
 
 from v100lab.base import buildflags
 from v100lab.facts import devices
@@ -279,6 +282,60 @@ def calibration_points() -> list[CalPoint]:
     return pts
 
 
+# The quick plan (``v100lab calibrate``'s default; the procedure above is ``--precise``): one load of each point the
+# workbook's host predictions lean on, in one pass, no settling. On a shared 2-core VM a point's loads move by 5-10 %
+# (benchmarks/RESULTS.md, issue 18), more than the precise plan's half hour pins them below; the quick profile says
+# so instead (the reference rung loaded first and last: :func:`quick_order`). Kept: the weight types of the default
+# model (Q4_1 with Q6_K/Q8_0 tensors) and of the quant ladder (Q8_0 … Q2_K and their K_M mixes' Q5_K/Q6_K), decode
+# and prompt; the row pairs (the default model's rows of 576); the thin pair (the per-layer overhead); attention on
+# the DEPTH_TYPE rung at QUICK_DEPTHS (the notebooks' depths reach 1024; 2048 the second point of its line) and the
+# prompt at PP_DEPTH. Left out: F16 and Q5_0 (the nearest type's rate stands in), depth 4096 (a minute's fill at 1
+# thread), and the head_dim / per-cell / per-KV-byte contrasts (calib-wide96, -wide128, -mha, the 128/256-head
+# prompts), whose columns the fit then leaves at 0 — attention per multiply-add, as for the default model's heads of 64.
+PLANS = ("quick", "precise")
+QUICK_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1", "Q3_K", "Q2_K")
+QUICK_DEPTHS = (512, 1024, 2048)
+#: the quick plan's reference point: loaded first and again last, how far it moved is the profile's spread
+QUICK_REFERENCE = f"calib-wide:{DEPTH_TYPE}"
+
+
+def quick_points() -> list[CalPoint]:
+    """The quick plan's points (a subset of :func:`calibration_points`, in its order): see :data:`QUICK_TYPES`."""
+    thin = ("calib-thin", "calib-thin-shallow")
+    out = []
+    for cp in calibration_points():
+        if cp.label in thin:
+            out.append(cp)
+        elif cp.type_name not in QUICK_TYPES:
+            continue
+        elif cp.label in ("calib-wide", WIDE512_LABEL, PROMPT_LABEL) and not (cp.decode and cp.depth):
+            out.append(cp)
+    return out + [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False)
+                  for d in QUICK_DEPTHS]
+
+
+def quick_order(points: Sequence[CalPoint]) -> list[CalPoint]:
+    """The quick plan's loads: every point of ``points`` once, in order, the reference (:data:`QUICK_REFERENCE`)
+    moved to the front and loaded again at the end — its two loads, minutes apart, say how far the machine's speed
+    moved under the calibration (the profile's ``reference_spread``)."""
+    ref = [cp for cp in points if cp.name == QUICK_REFERENCE]
+    return ref + [cp for cp in points if cp.name != QUICK_REFERENCE] + ref
+
+
+def plan_points(plan: str) -> list[CalPoint]:
+    """The points of ``plan`` (:data:`PLANS`); a ConfigError naming the plans for another."""
+    if plan == "quick":
+        return quick_points()
+    if plan == "precise":
+        return calibration_points()
+    raise ConfigError(f"unknown calibration plan '{plan}' (known: {', '.join(PLANS)})")
+
+
+def plan_order(plan: str, points: Sequence[CalPoint]) -> list[CalPoint]:
+    """One pass's loads of ``plan``: :func:`quick_order` or :func:`pass_order`."""
+    return quick_order(points) if plan == "quick" else pass_order(points)
+
+
 def _cheap_prompt(cp: CalPoint) -> bool:
     """A prompt-only point at depth 0: seconds a load, measured :data:`PROMPT_LOADS` times a pass."""
     return cp.prompt and not cp.decode and cp.depth == 0
@@ -383,34 +440,32 @@ def pure_quantized_synthetic(synth: zoo.SynthSpec, type_name: str):
 RETIRED_LABELS = ("calib-deep", "calib-deep96", "calib-shallow")
 
 
-def calibration_model_paths(progress: Callable[[str], None] | None = None,
-                            retired: bool = True) -> dict[tuple[str, str], Any]:
+def calibration_model_paths(progress: Callable[[str], None] | None = None, retired: bool = True,
+                            only: Collection[tuple[str, str]] | None = None,
+                            bar: bool = False) -> dict[tuple[str, str], Any]:
     """Build (once; cached) every calibration model: (label, type) → path. The first run writes and quantizes
     about 3 GB of models (about 3 minutes on 2 cores). ``retired=False`` leaves out the models of
-    :data:`RETIRED_LABELS` (calibration itself: about 380 MB less to write on a fresh machine)."""
-    out = {}
+    :data:`RETIRED_LABELS` (calibration itself: about 380 MB less to write on a fresh machine); ``only``: just
+    these (a plan's: :func:`plan_models`). ``bar``: a tqdm bar on stderr (models done / total, time left)."""
+    jobs: list[tuple[tuple[str, str], str, Callable[[], Any]]] = []
+
+    def add(key, desc, make):
+        if only is None or key in only:
+            jobs.append((key, desc, make))
+
     for t in CALIB_TYPES:
-        if progress:
-            progress(f"calib-wide:{t} ({wide_spec(t).n_layer} layers)")
-        out[("calib-wide", t)] = pure_quantized_synthetic(wide_spec(t), t)
-        out[(PROMPT_LABEL, t)] = pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), t)
-    if progress:
-        progress(f"{WIDE96_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE96).n_layer} layers)")
-    out[(WIDE96_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE96), DEPTH_TYPE)
-    for t in ROW_PAIR_TYPES:
-        if progress:
-            progress(f"{WIDE512_LABEL}:{t} ({wide_spec(t, CALIB_WIDE512).n_layer} layers)")
-        out[(WIDE512_LABEL, t)] = pure_quantized_synthetic(wide_spec(t, CALIB_WIDE512), t)
-    if progress:
-        progress(f"{WIDE128_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_WIDE128).n_layer} layers)")
-    out[(WIDE128_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_WIDE128), DEPTH_TYPE)
-    if progress:
-        progress(f"{MHA_LABEL}:{DEPTH_TYPE} ({wide_spec(DEPTH_TYPE, CALIB_MHA).n_layer} layers)")
-    out[(MHA_LABEL, DEPTH_TYPE)] = pure_quantized_synthetic(wide_spec(DEPTH_TYPE, CALIB_MHA), DEPTH_TYPE)
+        add(("calib-wide", t), f"calib-wide:{t} ({wide_spec(t).n_layer} layers)",
+            lambda t=t: pure_quantized_synthetic(wide_spec(t), t))
+        add((PROMPT_LABEL, t), f"{PROMPT_LABEL}:{t}",
+            lambda t=t: pure_quantized_path(zoo.synthetic_path(CALIB_WIDE), t))
+    for label, base, types in ((WIDE96_LABEL, CALIB_WIDE96, (DEPTH_TYPE,)), (WIDE512_LABEL, CALIB_WIDE512, ROW_PAIR_TYPES),
+                               (WIDE128_LABEL, CALIB_WIDE128, (DEPTH_TYPE,)), (MHA_LABEL, CALIB_MHA, (DEPTH_TYPE,))):
+        for t in types:
+            add((label, t), f"{label}:{t} ({wide_spec(t, base).n_layer} layers)",
+                lambda t=t, base=base: pure_quantized_synthetic(wide_spec(t, base), t))
     for label, synth in ((WIDE128_PP_LABEL, CALIB_WIDE128), (WIDE256_PP_LABEL, CALIB_WIDE256)):
-        if progress:
-            progress(f"{label}:{DEPTH_TYPE} ({synth.n_layer} layers)")
-        out[(label, DEPTH_TYPE)] = pure_quantized_synthetic(synth, DEPTH_TYPE)
+        add((label, DEPTH_TYPE), f"{label}:{DEPTH_TYPE} ({synth.n_layer} layers)",
+            lambda synth=synth: pure_quantized_synthetic(synth, DEPTH_TYPE))
     for label, synth, types in (("calib-deep", CALIB_DEEP, ("F16", "Q4_0")),
                                 ("calib-deep96", CALIB_DEEP96, ("F16", "Q4_0")),
                                 ("calib-shallow", CALIB_SHALLOW, ("F16", "Q4_0")),
@@ -418,12 +473,23 @@ def calibration_model_paths(progress: Callable[[str], None] | None = None,
                                 ("calib-thin-shallow", CALIB_THIN_SHALLOW, (NARROW_TYPE,))):
         if label in RETIRED_LABELS and not retired:
             continue
-        f16 = zoo.synthetic_path(synth)
         for t in types:
+            add((label, t), f"{label}:{t}", lambda synth=synth, t=t: pure_quantized_path(zoo.synthetic_path(synth), t))
+    out = {}
+    with tqdm(total=len(jobs), desc="calibration models", unit="model", file=sys.stderr, disable=not bar,
+              dynamic_ncols=True, leave=False) as pbar:
+        for key, desc, make in jobs:
+            pbar.set_postfix_str(desc, refresh=True)
             if progress:
-                progress(f"{label}:{t}")
-            out[(label, t)] = pure_quantized_path(f16, t)
+                progress(desc)
+            out[key] = make()
+            pbar.update(1)
     return out
+
+
+def plan_models(points: Sequence[CalPoint]) -> set[tuple[str, str]]:
+    """The (label, type) models ``points`` load."""
+    return {(cp.label, cp.type_name) for cp in points}
 
 
 def calibration_stems() -> set[str]:
@@ -664,8 +730,8 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         # random, and predictions for other head_dims with it. Attention per multiply-add only instead.
         log.warning("no %s point measured: attention fitted per multiply-add only", WIDE128_LABEL)
         head_cells = False
-    kv_bytes = kv_bytes and any(p.get("label") == MHA_LABEL and p.get("depth", 0) > CALIB_N_GEN for p in points)
-    if not kv_bytes:
+    if kv_bytes and not any(p.get("label") == MHA_LABEL and p.get("depth", 0) > CALIB_N_GEN for p in points):
+        kv_bytes = False
         # without calib-mha at depth every rung groups 4 query heads on a KV head: the KV bytes are a fixed multiple
         # of the multiply-adds, and the fit would split attention between the two columns at random
         log.warning("no %s point at depth measured: attention's cost per KV byte not fitted (0)", MHA_LABEL)
@@ -821,6 +887,9 @@ def _quality_refusal(q: Mapping[str, Any], max_noisy_share: float, max_fit_resid
         why.append(f"the machine's speed moved by {100 * q['max_pass_drift']:.0f} % between the passes (at most "
                    f"{100 * MAX_PASS_DRIFT:.0f} % may): it slowed or sped up under the calibration, and the rates would "
                    "be of no one moment")
+    if q.get("max_reference_spread", 0) > MAX_PASS_DRIFT:
+        why.append(f"the machine's speed moved by {100 * q['max_reference_spread']:.0f} % between the reference rung's "
+                   f"first and last load (at most {100 * MAX_PASS_DRIFT:.0f} % may)")
     if q.get("max_residual", 0) > max_fit_residual:
         why.append(f"the fit misses a point by {100 * q['max_residual']:.1f} % ({q.get('max_residual_fit')}, "
                    f"{q.get('max_residual_threads')} thread(s); bound {100 * max_fit_residual:.0f} %)")
@@ -846,11 +915,14 @@ class _Run:
     best: dict           # (threads, point name) → {"tg"/"pp": Timing}, every load combined (combine_passes)
     failed: dict         # (threads, point name) → why it is not measured again
     say: Callable[[str], None]
+    tick: Callable[[], None] = lambda: None     # one load done (a progress bar's step)
+    grow: Callable[[int], None] = lambda n: None   # n more loads planned (settling)
 
     def load(self, cp: CalPoint, th: int, what: str) -> None:
         """One load of ``cp`` at ``th`` threads, its timings added to ``best``; a point that crashes, hangs or is
         refused goes to ``failed`` and is not measured again."""
         if (th, cp.name) in self.failed:
+            self.tick()
             return
         self.say(f"{cp.name}, {th} thread(s){what}")
         try:
@@ -864,15 +936,18 @@ class _Run:
             self.say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
             self.failed[(th, cp.name)] = {"config": cp.name, "threads": th, "status": status, "reason": str(exc)}
             self.best.pop((th, cp.name), None)
+            self.tick()
             return
         self.best[(th, cp.name)] = combine_passes(self.best.get((th, cp.name)), tm)
+        self.tick()
 
 
-def _measure_passes(run: _Run, passes: int, threads: Sequence[int], planned: Sequence[CalPoint]) -> None:
-    """Every pass of :func:`calibrate`: each thread count's :func:`pass_order` in turn."""
+def _measure_passes(run: _Run, passes: int, threads: Sequence[int], planned: Sequence[CalPoint],
+                    plan: str = "precise") -> None:
+    """Every pass of :func:`calibrate`: each thread count's :func:`plan_order` in turn."""
     for k in range(passes):
         for th in threads:
-            for cp in pass_order(planned):
+            for cp in plan_order(plan, planned):
                 run.load(cp, th, f", pass {k + 1} of {passes}" if passes > 1 else "")
 
 
@@ -928,7 +1003,8 @@ def to_settle(fits: Mapping[int, Mapping[str, Any]], best: Mapping, planned: Seq
 
 
 def settle(run: _Run, rounds: int, threads: Sequence[int], planned: Sequence[CalPoint], specs: Mapping,
-           bws: Mapping[int, Mapping[str, Any]]) -> tuple[dict[int, dict[str, Any]], dict[str, int]]:
+           bws: Mapping[int, Mapping[str, Any]],
+           fit_options: Mapping[str, Any] | None = None) -> tuple[dict[int, dict[str, Any]], dict[str, int]]:
     """Fit, then load again every point :func:`to_settle` names, at most ``rounds`` rounds (a round ends the
     settling when it names none), the fit redone after each. Returns (the last fits per thread count, extra loads
     per ``point/threads``)."""
@@ -939,7 +1015,7 @@ def settle(run: _Run, rounds: int, threads: Sequence[int], planned: Sequence[Cal
         for th in threads:
             pts = _fit_points(th, planned, run.best, specs)
             _enough_points(len(pts), len(planned), th)
-            fits[th] = fit_cpu(pts, bws[th]["bandwidth_gbs"], threads=th)
+            fits[th] = fit_cpu(pts, bws[th]["bandwidth_gbs"], threads=th, **(fit_options or {}))
 
     refit()
     for k in range(rounds):
@@ -947,6 +1023,7 @@ def settle(run: _Run, rounds: int, threads: Sequence[int], planned: Sequence[Cal
         if not todo:
             break
         run.say(f"settling {len(todo)} load(s), round {k + 1} of at most {rounds}")
+        run.grow(len(todo))
         for cp, th, why in todo:
             run.load(cp, th, f", settling ({why})")
             key = f"{cp.name}/{th}"
@@ -958,8 +1035,12 @@ def settle(run: _Run, rounds: int, threads: Sequence[int], planned: Sequence[Cal
 def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes: int = CALIB_PASSES,
               progress: Callable[[str], None] | None = None, store: bool = True, force: bool = False,
               rerun_above_cv: float = RERUN_ABOVE_CV, max_noisy_share: float = MAX_NOISY_SHARE,
-              max_fit_residual: float = MAX_FIT_RESIDUAL, settle_rounds: int = SETTLE_ROUNDS) -> dict[str, Any]:
+              max_fit_residual: float = MAX_FIT_RESIDUAL, settle_rounds: int = SETTLE_ROUNDS,
+              plan: str = "precise", bar: bool = False) -> dict[str, Any]:
     """Measure this host and fit the CPU speed model; store it in the host profile unless ``store`` is false.
+
+    ``plan``: "precise" (this procedure) or "quick" (:func:`quick_points`, one load each: ``passes`` and
+    ``settle_rounds`` are then 1 and 0, and the profile records ``reference_spread``). ``bar``: tqdm bars on stderr.
 
     ``threads``: thread counts to calibrate (default 1 and all cores). After ``passes`` passes, up to
     ``settle_rounds`` rounds load again the points whose median is uncertain or that the fit misses (:func:`settle`;
@@ -976,11 +1057,15 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     threads = sorted(set(threads or (1, ncpu)))
     if any(t < 1 for t in threads):
         raise ConfigError(f"calibrate: thread counts must be >= 1, got {list(threads)}")
+    planned = plan_points(plan)
+    if plan == "quick":
+        passes, settle_rounds = 1, 0
     say = progress or (lambda s: None)
-    say("building calibration models (cached after the first run)")
-    paths = calibration_model_paths(progress=lambda m: say(f"model {m}"), retired=False)
+    say(f"{plan} calibration: building its calibration models (cached after the first run)")
+    paths = calibration_model_paths(progress=None if bar else (lambda m: say(f"model {m}")), retired=False,
+                                    only=plan_models(planned), bar=bar)
     specs = {k: read_spec(p) for k, p in paths.items()}
-    result: dict[str, Any] = {"version": CALIBRATION_VERSION, "threads": {}, "points": [],
+    result: dict[str, Any] = {"version": CALIBRATION_VERSION, "plan": plan, "threads": {}, "points": [],
                               "models": sorted(str(p.name) for p in paths.values())}
     # what the profile was made with: the llama.cpp build and the CPU (rates.describe_host_rates compares them
     # with the ones in use whenever a prediction is shown)
@@ -995,7 +1080,6 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     except Exception as exc:  # build info is a nicety, never a reason to fail
         log.debug("build info unavailable: %s", exc)
     last_bw: dict[str, Any] | None = None
-    planned = calibration_points()
     bws: dict[int, dict[str, Any]] = {}
     for th in threads:
         say(f"memory bandwidth, {th} thread(s)")
@@ -1007,10 +1091,35 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
     # one after the other, the 2-thread points once came out 2.3x the 1-thread ones: more than two cores give).
     # Each depth point's context is filled once per calibration and restored by every later load (DEPTH_LOADS a
     # pass, every pass, both thread counts, the settling rounds) from a folder in the cache, removed at the end.
-    with kept_fills() as states:
-        run = _Run(paths, repetitions, rerun_above_cv, states, best, failed, say)
-        _measure_passes(run, passes, threads, planned)
-        fits, extra = settle(run, settle_rounds, threads, planned, specs, bws)
+    # quick: too few depth points for an effective cache's capacity, and no contrast for the per-cell and per-KV-byte
+    # columns (quick_points): attention per multiply-add (and split layer), as before those contrasts
+    fit_options = {"spill": False, "head_cells": False, "kv_bytes": False} if plan == "quick" else {}
+    loads = passes * len(threads) * len(plan_order(plan, planned))
+    with kept_fills() as states, tqdm(total=loads, desc=f"calibrate ({plan})", unit="load", file=sys.stderr,
+                                      disable=not bar, dynamic_ncols=True) as pbar:
+        count = {"done": 0, "total": loads, "start": time.monotonic()}
+
+        def grow(n: int) -> None:
+            count["total"] += n
+            pbar.total += n
+            pbar.refresh()
+
+        def tick() -> None:
+            count["done"] += 1
+            pbar.update(1)
+
+        def tell(msg: str) -> None:
+            if bar:
+                pbar.set_postfix_str(msg[:60], refresh=True)
+                return
+            # without a bar (a log, CI): the same figures on each line, loads done / total and the time left
+            done, total = count["done"], count["total"]
+            left = ((time.monotonic() - count["start"]) / done * (total - done)) if done else None
+            say(f"[{done}/{total}" + (f", ~{left / 60:.0f} min left" if left is not None else "") + f"] {msg}")
+
+        run = _Run(paths, repetitions, rerun_above_cv, states, best, failed, tell, tick=tick, grow=grow)
+        _measure_passes(run, passes, threads, planned, plan)
+        fits, extra = settle(run, settle_rounds, threads, planned, specs, bws, fit_options)
     result["points"] += list(failed.values())
     result["settled"] = extra
     result["passes"] = passes            # rates.pass_drift splits each point's loads by pass
@@ -1037,6 +1146,10 @@ def calibrate(threads: Sequence[int] | None = None, repetitions: int = 3, passes
         result["threads"][str(th)] = fit
         if th >= ncpu:
             last_bw = bws[th]            # all cores: the device's bandwidth
+    if plan == "quick":
+        # the reference rung's two loads, first and last: how far the machine's speed moved under the calibration
+        result["reference_spread"] = {str(th): round(best[(th, QUICK_REFERENCE)]["tg"].spread, 4) for th in threads
+                                      if "tg" in best.get((th, QUICK_REFERENCE), {})}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["measured_at"] = utc_stamp()
     q = calibration_quality(result, noisy_cv=rerun_above_cv)
@@ -1165,7 +1278,8 @@ def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[i
                                           "step_ms": {...}}}, "measured_at": ..., "binary": ...}
 
     A run that fails (a crash, a timeout) skips that type with a warning; RunFailed when none could be
-    measured. About a minute per thread count on a 2-core machine. ``types``: only these weight types."""
+    measured. About a minute per thread count on a 2-core machine. ``types``: only these weight types (default
+    :data:`QUICK_TYPES`, the workbook's; serving takes another type's curve from the nearest type)."""
     binary = binary or find_binary("llama-batched-bench", "V100LAB_LLAMA_BATCHED_BENCH")
     if binary is None:
         raise ConfigError("llama-batched-bench not found: build it (scripts/build-tools.sh), install the extra "
@@ -1176,8 +1290,10 @@ def calibrate_batching(threads: Sequence[int] | None = None, batches: Sequence[i
     if any(t < 1 for t in threads) or batches[0] < 1 or n_gen < 2 or repetitions < 1:
         raise ConfigError("calibrate_batching: threads, batches, n_gen (>= 2) and repetitions must be positive")
     say = progress or (lambda m: log.info("%s", m))
-    paths = {t: p for (label, t), p in calibration_model_paths(progress, retired=False).items()
-             if label == "calib-wide" and (types is None or t in types)}
+    types = QUICK_TYPES if types is None else types
+    paths = {t: p for (label, t), p in calibration_model_paths(progress, retired=False,
+                                                               only={("calib-wide", t) for t in types}).items()
+             if label == "calib-wide" and t in types}
     if not paths:
         raise ConfigError(f"calibrate_batching: no calibration model of type(s) {', '.join(types or ())}")
     n_prompt = 16

@@ -103,7 +103,8 @@ def check(cal: Mapping[str, Any] | None = None, threads: Iterable[int] | None = 
     todo = plan(cal, threads, types, prompt)
     stored = _stored(cal)
     say = progress or (lambda s: log.info("%s", s))
-    paths = calibration.calibration_model_paths(retired=False)
+    # only the rungs checked: after a quick calibration the precise plan's other models were never built
+    paths = calibration.calibration_model_paths(retired=False, only=calibration.plan_models([cp for cp, _, _ in todo]))
     t0 = time.perf_counter()
     seen: dict[tuple[str, int, str], list[float]] = {}
     failed: set[tuple[str, int, str]] = set()

@@ -471,7 +471,9 @@ def calibration_quality(cal: Mapping[str, Any], noisy_cv: float = 0.10,
     ses = [se for point in per_point for se in point]
     uncertain = [point for point in per_point if any(se > uncertain_se for se in point)]
     drift_by_threads = pass_drift(cal)
-    return {"threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
+    spread = {str(k): float(v) for k, v in (cal.get("reference_spread") or {}).items()}
+    return {"plan": cal.get("plan") or "precise", "reference_spread": spread,
+            "max_reference_spread": max(spread.values(), default=0.0), "threads": per, "max_residual": round(worst[0], 4), "max_residual_fit": worst[1],
             "max_residual_threads": worst[2], "noisy_points": len(noisy), "measured_points": len(measured),
             "noisy_cv": noisy_cv, "unsettled_points": len(unsettled), "superlinear": superlinear_scaling(cal),
             "misses": misses, "misses_beyond_noise": sum(1 for m in misses if m["beyond_noise"] is True),
@@ -542,6 +544,13 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
     else:
         age = None
         parts.append("host calibration of unknown date")
+    if (cal.get("plan") or "precise") == "quick":
+        # a quick profile's residuals leave few degrees of freedom: its spread is the reference rung's two loads
+        spread = q.get("max_reference_spread")
+        if spread is None:
+            spread = max((float(v) for v in (cal.get("reference_spread") or {}).values()), default=0.0)
+        parts.append(f"quick calibration (one load a point; its reference rung moved {100 * spread:.0f} % between "
+                     "its first and last load; `v100lab calibrate --precise` for the full procedure)")
     if q.get("max_residual_fit"):
         med = (q.get("threads", {}).get(str(q.get("max_residual_threads")), {})
                .get(f"{q['max_residual_fit']}_median_residual"))
@@ -563,6 +572,12 @@ def describe_host_rates(cal: Mapping[str, Any] | None = None, *, device=None,
         parts.append(checked)
     warnings += drift_warnings
     moved = q["max_pass_drift"] if "max_pass_drift" in q else max(pass_drift(cal).values(), default=0.0)
+    spread = max((float(v) for v in (cal.get("reference_spread") or {}).values()), default=0.0)
+    if spread > MAX_PASS_DRIFT:
+        warnings.append(f"the machine's speed moved by {100 * spread:.0f} % under the quick calibration (its reference "
+                        "rung, first and last load): predictions from it may be off by as much — calibrate again on a "
+                        "quiet machine (`v100lab calibrate`, or `--precise`), or bring it up to now "
+                        "(`v100lab calibrate --check`)")
     if moved > MAX_PASS_DRIFT:
         warnings.append(f"the machine's speed moved by {100 * moved:.0f} % between the calibration's passes: its rates "
                         "are of no one moment, and predictions from them may be off by as much — recalibrate on a "

@@ -1,8 +1,9 @@
 """``v100lab calibrate``: measure this host and store the speed model's profile for ``--device host``.
 
-About 20-70 minutes on a 2-core VM (20 on a Zen 5; 39 on a Zen 2; 70 on a Zen 3 before depth fills were kept; three
-passes over the points, the median of each kept, then settling rounds for the uncertain ones; plus building the
-calibration models once). Run it with nothing else busy: llama.cpp's threads spin while they wait, so any other process
+By default the quick plan (:func:`v100lab.measure.calibration.quick_points`: one load of each point the workbook's host
+predictions use, a few minutes on 2 cores, building its models included). ``--precise`` is the full procedure, about
+20-70 minutes on a 2-core VM (three passes over every point, the median of each kept, then settling rounds for the
+uncertain ones). Run it with nothing else busy: llama.cpp's threads spin while they wait, so any other process
 collapses throughput. ``--check`` is a drift check of a few minutes instead (:mod:`v100lab.measure.drift_check`).
 """
 
@@ -32,11 +33,16 @@ def add_arguments(p):
     p.add_argument("-t", "--threads", default="",
                    help="comma-separated thread counts to calibrate (default: 1 and all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
-    p.add_argument("--passes", type=int, default=calibration.CALIB_PASSES,
-                   help=f"passes over all points, the median kept per point (default {calibration.CALIB_PASSES}; "
+    p.add_argument("--precise", action="store_true",
+                   help="the full procedure (every point, three passes, settling rounds: 20-70 min on 2 cores) instead "
+                        "of the quick plan (one load of each point the workbook's predictions use: a few minutes); "
+                        "what the validation benchmarks use")
+    p.add_argument("--passes", type=int, default=None,
+                   help=f"with --precise: passes over all points, the median kept per point "
+                        f"(default {calibration.CALIB_PASSES}; "
                         "a shared VM slows a point for tens of seconds at a time, so one pass is not repeatable)")
-    p.add_argument("--settle-rounds", type=int, default=calibration.SETTLE_ROUNDS,
-                   help="after the passes, rounds that load again every point whose loads leave its median uncertain "
+    p.add_argument("--settle-rounds", type=int, default=None,
+                   help="with --precise: after the passes, rounds that load again every point whose loads leave its median uncertain "
                         f"by more than {100 * calibration.SETTLE_SE:.0f} %% or that the fit misses by more than "
                         f"{100 * RESIDUAL_TARGET:.0f} %% "
                         f"(default {calibration.SETTLE_ROUNDS}; 0: none)")
@@ -80,8 +86,11 @@ def _threads(text: str) -> list[int] | None:
 
 
 def _summary(cal: dict) -> list[str]:
-    lines = [f"calibrated in {cal.get('seconds', '?')} s, llama-cpp-python {cal.get('llama_cpp_python')}, "
-             f"build {cal.get('build_commit')}"]
+    lines = [f"{cal.get('plan') or 'precise'} calibration in {cal.get('seconds', '?')} s, llama-cpp-python "
+             f"{cal.get('llama_cpp_python')}, build {cal.get('build_commit')}"]
+    for th, v in sorted((cal.get("reference_spread") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"{th} thread(s): the reference rung ({calibration.QUICK_REFERENCE}) moved {100 * v:.1f} % between "
+                     "its first and last load")
     for th, p in sorted(cal.get("threads", {}).items(), key=lambda kv: int(kv[0])):
         costs = p.get("tg_s_per_weight", {})
         rates = ", ".join(f"{t} {1e-9 / c:.1f}" for t, c in sorted(costs.items(), key=lambda kv: kv[1]))
@@ -197,9 +206,14 @@ def run(args) -> int:
         raise ConfigError("--check measures a drift check: not with --show or --batching")
     if (args.no_apply or args.types or args.loads != drift_check.LOADS) and not args.check:
         raise ConfigError("--no-apply, --types and --loads go with --check")
-    if args.check and (args.force or args.passes != calibration.CALIB_PASSES or args.repetitions != 3
-                       or args.settle_rounds != calibration.SETTLE_ROUNDS):
-        raise ConfigError("--force, --passes, --repetitions and --settle-rounds are a calibration's: not with --check")
+    if args.check and (args.force or args.passes is not None or args.repetitions != 3
+                       or args.settle_rounds is not None or args.precise):
+        raise ConfigError("--force, --precise, --passes, --repetitions and --settle-rounds are a calibration's: "
+                          "not with --check")
+    if args.precise and (args.show or args.batching):
+        raise ConfigError("--precise is a calibration's plan: not with --show or --batching")
+    if not args.precise and (args.passes is not None or args.settle_rounds is not None):
+        raise ConfigError("--passes and --settle-rounds go with --precise (the quick plan loads each point once)")
     if args.check:
         return _run_check(args)
     if args.batching and not args.show:
@@ -227,13 +241,18 @@ def run(args) -> int:
     else:
         if not 1 <= args.repetitions <= MAX_REPETITIONS:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
-        if not 1 <= args.passes <= MAX_PASSES:
-            raise ConfigError(f"--passes must be between 1 and {MAX_PASSES}, got {args.passes}")
-        if not 0 <= args.settle_rounds <= MAX_PASSES:
-            raise ConfigError(f"--settle-rounds must be between 0 and {MAX_PASSES}, got {args.settle_rounds}")
+        passes = calibration.CALIB_PASSES if args.passes is None else args.passes
+        settle_rounds = calibration.SETTLE_ROUNDS if args.settle_rounds is None else args.settle_rounds
+        if not 1 <= passes <= MAX_PASSES:
+            raise ConfigError(f"--passes must be between 1 and {MAX_PASSES}, got {passes}")
+        if not 0 <= settle_rounds <= MAX_PASSES:
+            raise ConfigError(f"--settle-rounds must be between 0 and {MAX_PASSES}, got {settle_rounds}")
+        # a bar (loads done / total, time left) on a terminal; a line per load otherwise (logs, CI)
+        bar = not args.json and sys.stderr.isatty()
         say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
         cal = calibration.calibrate(threads=_threads(args.threads), repetitions=args.repetitions, progress=say,
-                                    force=args.force, passes=args.passes, settle_rounds=args.settle_rounds)
+                                    force=args.force, passes=passes, settle_rounds=settle_rounds,
+                                    plan="precise" if args.precise else "quick", bar=bar)
     if args.json:
         json.dump({"profile": str(host_profile_path()), "speed_calibration": cal}, sys.stdout, indent=2)
         print()
