@@ -176,7 +176,7 @@ def test_a_real_check_measures_calibrations_rungs_and_is_applied(fresh_cache, sm
     figure calibration stored, its ratio their median's; stored applied, the profile's line and the rates say so;
     `calibrate --check --no-apply` records it without applying, and a check against a calibration that changed is
     refused."""
-    from v100lab.cli.main import main as cli
+    from v100lab.cli import main as cli
 
     small_calibration([("F16", 0, False), ("Q4_0", 0, False), ("Q4_0", 128, False)])
     monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)
@@ -221,7 +221,7 @@ def test_the_base_rung_is_calibrations_depth_rung():
 
 
 def test_calibrate_check_errors_are_one_line(fresh_cache, capsys):
-    from v100lab.cli.main import main as cli
+    from v100lab.cli import main as cli
 
     assert cli.main(["calibrate", "--check"]) == 2
     assert "no calibration stored" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from v100lab.workbook import runner
-from v100lab.cli.main import main as cli
+from v100lab.cli import main as cli
 from v100lab.base.errors import ConfigError
 from v100lab.workbook.fleet import (
     Demand,

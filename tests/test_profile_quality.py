@@ -248,7 +248,7 @@ def test_calibrate_refuses_a_noisy_machine_then_force_stores_it(fresh_cache, sma
 def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
     """`calibrate --show` prints, per thread count, attention's cost beside the decode rates — the per multiply-add
     cost from the streaming rung's depths, the head_dim tail and the split-KV cost where the fit found them."""
-    from v100lab.cli.main import main as cli
+    from v100lab.cli import main as cli
 
     current = rates.current_build_facts()
     cal = _calibration(current)
@@ -267,7 +267,7 @@ def test_calibrate_show_says_what_attention_costs(fresh_cache, capsys):
 def test_calibrate_show_says_how_many_parameters_the_residuals_are_over(fresh_cache, capsys):
     """The fit's residuals mean something only with points to spare: `--show` prints the parameter count beside the
     point count, and says so when none are left (each residual then 0 by construction)."""
-    from v100lab.cli.main import main as cli
+    from v100lab.cli import main as cli
 
     cal = _calibration(rates.current_build_facts())
     n = len(cal["threads"]["1"]["tg_fit_rel_err"])
@@ -301,7 +301,7 @@ def test_misses_are_judged_against_their_own_loads(fresh_cache, capsys):
     """A point missed by more than 10 % is named with its loads' standard error: beyond NOISE_Z of them it is the
     model's miss, within them the machine's noise can account for it, with under three loads nobody can tell. The
     profile's line and `calibrate --show` say which."""
-    from v100lab.cli.main import main as cli
+    from v100lab.cli import main as cli
 
     cal = _calibration(rates.current_build_facts())
     steady, shaky = [100.0, 101.0, 99.0, 100.5, 99.5], [70.0, 130.0, 85.0, 115.0, 100.0]
@@ -332,7 +332,7 @@ def test_misses_are_judged_against_their_own_loads(fresh_cache, capsys):
 def test_a_quick_profile_says_so_and_how_far_its_reference_moved(fresh_cache, capsys):
     """A quick calibration (one load a point) says so beside every host prediction, with how far its reference
     rung moved between its first and last load; past MAX_PASS_DRIFT that is a warning and a reason to refuse it."""
-    from v100lab import cli
+    from v100lab.cli import main as cli
     from v100lab.predict import speed
     from v100lab.facts.config import RunConfig
     from v100lab.gguf.skeleton import skeleton_spec

@@ -284,7 +284,7 @@ def calibration_points() -> list[CalPoint]:
 
 # The quick plan (``v100lab calibrate``'s default; the procedure above is ``--precise``): one load of each point the
 # workbook's host predictions lean on, in one pass, no settling. On a shared 2-core VM a point's loads move by 5-10 %
-# (benchmarks/RESULTS.md, issue 18), more than the precise plan's half hour pins them below; the quick profile says
+# between passes, more than the precise plan's half hour pins them below; the quick profile says
 # so instead (the reference rung loaded first and last: :func:`quick_order`). Kept: the weight types of the default
 # model (Q4_1 with Q6_K/Q8_0 tensors) and of the quant ladder (Q8_0 … Q2_K and their K_M mixes' Q5_K/Q6_K), decode
 # and prompt; the row pairs (the default model's rows of 576); the thin pair (the per-layer overhead); attention on
