@@ -39,23 +39,24 @@ def where() -> str:
 
 def setup(params: Path) -> float:
     """Build (untimed) every model the scenario's notebooks use; returns the seconds it took."""
-    from v100lab.workbook import levers
+    from v100lab.workbook.levers import quantization, steps
+    from v100lab.gguf.skeleton import SKELETON_PREFIX
     from v100lab.models import zoo
     from v100lab.workbook.scenario import load_scenario
 
     t0 = time.perf_counter()
     sc = load_scenario(params)
     if sc.measure:
-        zoo.model_path(sc.measured_model) if not sc.measured_model.startswith(levers.SKELETON_PREFIX) else None
+        zoo.model_path(sc.measured_model) if not sc.measured_model.startswith(SKELETON_PREFIX) else None
         zoo.ladder(sc.ladder_model, tuple(q.upper() for q in sc.quants))
         for q in ("F16",) + tuple(q.upper() for q in sc.quants):
-            zoo.model_path(f"{levers.QUALITY_LADDER}:{q}")
-        st = levers.study(sc)
+            zoo.model_path(f"{quantization.QUALITY_LADDER}:{q}")
+        st = steps.study(sc)
         if st.measuring:
             from v100lab.advise.seed import load_seed_claims
 
             for stage in load_seed_claims()["stages"]:
-                model, _ = levers.stage_model(st, stage["quant"])
+                model, _ = steps.stage_model(st, stage["quant"])
                 zoo.model_path(model)
     return time.perf_counter() - t0
 

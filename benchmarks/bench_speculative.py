@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 
-from v100lab.workbook import levers
+from v100lab.workbook.levers import spec_decode
 from v100lab.measure.backends.server import find_llama_server
 from v100lab.measure.backends.types import tool_version
 from v100lab.base.buildflags import host_cpu
@@ -40,16 +40,16 @@ def main(argv=None) -> int:
     print(f"batched-decode calibration: {'stored' if stored_batching() else 'none (roofline)'}")
     sc = Scenario(model=args.model, device="host", n_threads=args.threads, repetitions=args.repetitions)
     t0 = time.monotonic()
-    df = levers.spec_sweep(sc)
+    df = spec_decode.spec_sweep(sc)
     print(f"measured in {time.monotonic() - t0:.0f} s; {df.attrs.get('conditions', '')}")
     if not (df["source"] == "measured").any():
         print(f"nothing measured: {df.attrs.get('why_not_measured')}", file=sys.stderr)
         return 1
     wide = df.pivot_table(index=["group", "value"], columns=["metric", "source"], values="result", aggfunc="first")
     print(wide.to_string(float_format=lambda x: f"{x:.3f}"))
-    for name, b in levers.best_draft_rows(df).items():
+    for name, b in spec_decode.best_draft_rows(df).items():
         print(f"{name}: best draft length {b['draft_max']}, {b['tg_tps']:.1f} tok/s ({b['speedup']:.2f}× none)")
-    err = levers.spec_median_error(df)
+    err = spec_decode.median_error(df)
     print(f"median |error| of predicted tok/s: {100 * err:.1f} % over "
           f"{int(((df.metric == 'tg_tps') & (df.source == 'predicted')).sum())} configurations")
     for f in df.attrs.get("failures") or []:

@@ -47,11 +47,12 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, overview, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## The map of the workbook
@@ -60,7 +61,7 @@ render.text_table(levers.scenario_facts(sc))
 # llama.cpp does out of the box (03), then each lever on its own (04–11), and all of them together (12).
 
 # %%
-render.text_table(levers.notebook_map())
+render.text_table(overview.notebook_map())
 
 # %% [markdown]
 # ## The seed's staircase
@@ -72,11 +73,11 @@ render.text_table(levers.notebook_map())
 # measured model, beside the prediction for it.
 
 # %%
-stairs = levers.staircase(sc)
+stairs = overview.staircase(sc)
 plots.staircase(stairs)
 
 # %%
-levers.caption_staircase(sc, stairs)
+captions.caption_staircase(sc, stairs)
 
 # %% [markdown]
 # ## The ceiling, by hand
@@ -86,22 +87,22 @@ levers.caption_staircase(sc, stairs)
 # and the V100's spec sheet, checked against the ceiling the package computed for the staircase above.
 
 # %% tags=["by-hand"]
-spec, v100, stage, claimed = levers.seed_stage()   # the last stage: the seed's model at the stage's quant, its V100
+spec, v100, stage, claimed = overview.seed_stage()   # the last stage: the seed's model at the stage's quant, its V100
 weights_gb = spec.weight_bytes / 1e9               # every tensor in the header, in GB (10^9 bytes)
 ceiling = v100.bandwidth_gbs / weights_gb          # GB/s ÷ GB read per token = tokens per second, at most
 print(f"{v100.name}: {v100.bandwidth_gbs:g} GB/s ÷ {weights_gb:.2f} GB = {ceiling:.1f} tok/s at most; "
       f"the seed claims up to {claimed[1]:g} tok/s")
-levers.agree(f"the seed's ceiling, stage {stage}", ceiling,
-             levers.value_of(stairs, metric="weights_ceiling_tg_tps", value=stage, device=v100.id), "tok/s")
+by_hand.agree(f"the seed's ceiling, stage {stage}", ceiling,
+             by_hand.value_of(stairs, metric="weights_ceiling_tg_tps", value=stage, device=v100.id), "tok/s")
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_overview(sc, stairs)
+summaries.summary_overview(sc, stairs)
 
 # %%
-levers.headline(stairs, lever="stage")
+baseline.headline(stairs, lever="stage")
 
 # %% [markdown]
 # ## Try it
@@ -112,4 +113,4 @@ levers.headline(stairs, lever="stage")
 # about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, device="t4", gpu=True))
+render.text_table(exercises.what_if(sc, device="t4", gpu=True))

@@ -51,17 +51,18 @@ cache_types: list[str] = ["f16", "q8_0", "q4_0"]  # KV cache types (01, 06)
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, overview, steps, summaries, triangle
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## The model, from its header
 
 # %%
-render.text_table(levers.header_facts(sc))
+render.text_table(triangle.header_facts(sc))
 
 # %% [markdown]
 # ## The KV cache, by hand
@@ -72,13 +73,13 @@ render.text_table(levers.header_facts(sc))
 # layers keep only their window.
 
 # %% tags=["by-hand"]
-spec = levers.study(sc).spec
-layers = levers.kv_layers(spec)             # the layers with a KV cache (recurrent layers have none)
+spec = steps.study(sc).spec
+layers = by_hand.kv_layers(spec)             # the layers with a KV cache (recurrent layers have none)
 heads = spec.n_head_kv(layers[0])           # KV heads per layer (header: attention.head_count_kv)
 per_token = len(layers) * heads * (spec.head_dim_k + spec.head_dim_v) * 2   # K and V in f16: 2 bytes each
 print(f"{len(layers)} layers × {heads} KV heads × ({spec.head_dim_k} + {spec.head_dim_v}) × 2 bytes "
       f"= {per_token / 1024:.1f} KiB per token")
-levers.agree("KV cache per token (f16)", per_token, levers.kv_bytes_per_token(spec), "bytes")
+by_hand.agree("KV cache per token (f16)", per_token, triangle.kv_bytes_per_token(spec), "bytes")
 
 # %% tags=["by-hand"]
 ctx = sc.n_ctx or spec.n_ctx_train                     # -c 0 means the model's training context
@@ -86,11 +87,11 @@ cells = -(-ctx // 256) * 256                           # llama.cpp rounds the ca
 window = spec.sliding_window or ctx                    # a sliding-window layer keeps its window + one micro-batch
 swa_cells = min(cells, -(-(window + min(sc.n_ubatch, sc.n_batch, ctx)) // 256) * 256)
 n_swa = len(spec.swa_layers)
-per_cell = heads * (spec.head_dim_k * levers.bytes_per_element(sc.cache_type_k)
-                    + spec.head_dim_v * levers.bytes_per_element(sc.cache_type_v))
+per_cell = heads * (spec.head_dim_k * by_hand.bytes_per_element(sc.cache_type_k)
+                    + spec.head_dim_v * by_hand.bytes_per_element(sc.cache_type_v))
 kv_total = ((len(layers) - n_swa) * cells + n_swa * swa_cells) * per_cell
 print(f"-c {ctx}, K {sc.cache_type_k} / V {sc.cache_type_v}: {kv_total / 2**20:,.1f} MiB of KV cache")
-levers.agree(f"KV cache at -c {ctx}", kv_total, levers.kv_cache_bytes(sc), "bytes")
+by_hand.agree(f"KV cache at -c {ctx}", kv_total, triangle.kv_cache_bytes(sc), "bytes")
 
 # %% [markdown]
 # ## Where every byte goes
@@ -101,11 +102,11 @@ levers.agree(f"KV cache at -c {ctx}", kv_total, levers.kv_cache_bytes(sc), "byte
 # too: a small model in RAM is nowhere near a limit, a 27B model on a 16 GB card is.
 
 # %%
-mem = levers.memory_breakdown(sc)
+mem = triangle.memory_breakdown(sc)
 plots.memory_breakdown(mem)
 
 # %%
-levers.caption_memory(sc, mem)
+captions.caption_memory(sc, mem)
 
 # %% [markdown]
 # ## What fits: quant × context × cache type
@@ -115,26 +116,26 @@ levers.caption_memory(sc, mem)
 # the scenario's, and the GPU beside this machine when the scenario predicts for its CPU.
 
 # %%
-grid = levers.fit_grid(sc)
+grid = triangle.fit_grid(sc)
 plots.fit_heatmap(grid)
 
 # %%
-levers.caption_fit(sc, grid)
+captions.caption_fit(sc, grid)
 
 # %% [markdown]
 # ## The largest context that fits, per quant and cache type (tokens)
 
 # %%
-render.text_table(levers.largest_context(grid))
+render.text_table(triangle.largest_context(grid))
 
 # %% [markdown]
 # ## The triangle, stated with this run's numbers
 
 # %%
-levers.summary_triangle(sc, mem, grid)
+summaries.summary_triangle(sc, mem, grid)
 
 # %%
-levers.headline_memory(mem)
+baseline.headline_memory(mem)
 
 # %% [markdown]
 # ## Try it
@@ -144,4 +145,4 @@ levers.headline_memory(mem)
 # the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, scale={"n_ctx": 0.5}, gpu=True))
+render.text_table(exercises.what_if(sc, scale={"n_ctx": 0.5}, gpu=True))

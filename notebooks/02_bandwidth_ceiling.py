@@ -47,21 +47,22 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, ceiling, exercises, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## The ceiling per quant on the scenario's device (and the seed's own table)
 
 # %%
-ceil = levers.ceilings(sc)
+ceil = ceiling.ceilings(sc)
 plots.ceilings(ceil)
 
 # %%
-levers.caption_ceilings(sc, ceil)
+captions.caption_ceilings(sc, ceil)
 
 # %% [markdown]
 # ## Both sides of the roofline, by hand
@@ -72,25 +73,25 @@ levers.caption_ceilings(sc, ceil)
 # matrix. Whichever side takes longer is the bound.
 
 # %% tags=["by-hand"]
-st = levers.study(sc)
+st = steps.study(sc)
 spec, dev = st.spec, st.device
-ceiling = dev.bandwidth_gbs * 1e9 / spec.weight_bytes     # bytes/s ÷ bytes per token
-print(f"{dev.name}: {dev.bandwidth_gbs:g} GB/s ÷ {spec.weight_bytes / 1e9:.3f} GB = {ceiling:,.1f} tok/s")
-levers.agree(f"the ceiling of {spec.file_type} on {dev.id}", ceiling,
-             levers.value_of(ceil, metric="weights_ceiling_tg_tps", source="predicted", model=st.label, device=dev.id,
+bandwidth_ceiling = dev.bandwidth_gbs * 1e9 / spec.weight_bytes     # bytes/s ÷ bytes per token
+print(f"{dev.name}: {dev.bandwidth_gbs:g} GB/s ÷ {spec.weight_bytes / 1e9:.3f} GB = {bandwidth_ceiling:,.1f} tok/s")
+by_hand.agree(f"the bandwidth ceiling of {spec.file_type} on {dev.id}", bandwidth_ceiling,
+             by_hand.value_of(ceil, metric="weights_ceiling_tg_tps", source="predicted", model=st.label, device=dev.id,
                              value=spec.file_type), "tok/s")
 
 # %% tags=["by-hand"]
-multiplied = spec.n_params - sum(t.n_elements for t in levers.not_multiplied(spec))
-experts = levers.expert_tensors(spec)                     # MoE: a token multiplies its top-k experts only
+multiplied = spec.n_params - sum(t.n_elements for t in by_hand.not_multiplied(spec))
+experts = by_hand.expert_tensors(spec)                     # MoE: a token multiplies its top-k experts only
 if experts:
     multiplied -= (1 - spec.expert_used_count / spec.expert_count) * sum(t.n_elements for t in experts)
 flops = 2 * multiplied                                    # one multiply-add per weight used
 print(f"{multiplied / 1e6:,.1f} M weights multiplied per token → {flops / 1e9:.3f} GFLOP per token")
-levers.agree("FLOPs per decoded token", flops, levers.flops_per_token(sc), "FLOP")
+by_hand.agree("FLOPs per decoded token", flops, ceiling.flops_per_token(sc), "FLOP")
 if dev.fp16_tflops:
     print(f"{dev.name}: {dev.fp16_tflops:g} TFLOP/s ÷ {flops / 1e9:.3f} GFLOP = {dev.fp16_tflops * 1e12 / flops:,.0f} "
-          f"tok/s on the compute side, against {ceiling:,.1f} on the memory side")
+          f"tok/s on the compute side, against {bandwidth_ceiling:,.1f} on the memory side")
 
 # %% [markdown]
 # ## The same model across the device catalog
@@ -101,11 +102,11 @@ if dev.fp16_tflops:
 # sits on its tick whatever the card's bandwidth.
 
 # %%
-cat = levers.catalog_ceilings(sc)
+cat = ceiling.catalog_ceilings(sc)
 plots.catalog(cat)
 
 # %%
-levers.caption_catalog(sc, cat)
+captions.caption_catalog(sc, cat)
 
 # %% [markdown]
 # ## This machine's roofline
@@ -114,11 +115,11 @@ levers.caption_catalog(sc, cat)
 # ceiling at this machine's measured bandwidth, the calibrated prediction, and the measured decode speed.
 
 # %%
-roof = levers.roofline(sc)
+roof = ceiling.roofline(sc)
 plots.roofline(roof)
 
 # %%
-levers.caption_roofline(sc, roof)
+captions.caption_roofline(sc, roof)
 
 # %% [markdown]
 # ## Published Apple Silicon rows against the speed model
@@ -127,20 +128,20 @@ levers.caption_roofline(sc, roof)
 # predicted by a fit on the *other* chips, so no row judges its own fit.
 
 # %%
-apple = levers.apple(sc)
+apple = ceiling.apple(sc)
 plots.apple(apple)
 
 # %%
-levers.caption_apple(sc, apple)
+captions.caption_apple(sc, apple)
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_ceiling(sc, ceil, cat, roof, apple)
+summaries.summary_ceiling(sc, ceil, cat, roof, apple)
 
 # %%
-levers.headline(roof, lever="quant")
+baseline.headline(roof, lever="quant")
 
 # %% [markdown]
 # ## Try it
@@ -150,4 +151,4 @@ levers.headline(roof, lever="quant")
 # its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, device="a100-80gb"))
+render.text_table(exercises.what_if(sc, device="a100-80gb"))

@@ -50,21 +50,22 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, overview, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Measured vs predicted
 
 # %%
-base = levers.baseline(sc)
-plots.sweep(base, levers.baseline_title(sc, "Baseline"), lever="config")
+base = baseline.baseline(sc)
+plots.sweep(base, baseline.baseline_title(sc, "Baseline"), lever="config")
 
 # %%
-levers.caption_baseline(sc, base)
+captions.caption_baseline(sc, base)
 
 # %% [markdown]
 # ## How close to the ceiling, by hand
@@ -74,11 +75,11 @@ levers.caption_baseline(sc, base)
 # time de-quantizing stays further below.
 
 # %% tags=["by-hand"]
-spec, machine, label = levers.subject(sc)   # the model measured here and this machine (else: the scenario's)
+spec, machine, label = by_hand.subject(sc)   # the model measured here and this machine (else: the scenario's)
 ceiling = machine.bandwidth_gbs * 1e9 / spec.weight_bytes
-measured = levers.value_of(base, metric="tg_tps", source="measured")
-levers.agree(f"the ceiling of {label} on {machine.id}", ceiling,
-             levers.value_of(base, metric="weights_ceiling_tg_tps", model=label, device=machine.id), "tok/s")
+measured = by_hand.value_of(base, metric="tg_tps", source="measured")
+by_hand.agree(f"the ceiling of {label} on {machine.id}", ceiling,
+             by_hand.value_of(base, metric="weights_ceiling_tg_tps", model=label, device=machine.id), "tok/s")
 if measured:
     print(f"efficiency: measured {measured:,.1f} tok/s ÷ ceiling {ceiling:,.1f} tok/s = {measured / ceiling:.0%}")
 
@@ -86,7 +87,7 @@ if measured:
 # ## What the load log says
 
 # %%
-diag = levers.load_diagnosis(sc)
+diag = baseline.load_diagnosis(sc)
 render.text_table(diag)
 
 # %% [markdown]
@@ -97,16 +98,16 @@ render.text_table(diag)
 # and `AVX512` entries of the system-info line). Every measured row carries these facts.
 
 # %%
-render.text_table(levers.run_environment())
+render.text_table(baseline.run_environment())
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_baseline(sc, base, diag)
+summaries.summary_baseline(sc, base, diag)
 
 # %%
-levers.headline(base, lever="config")
+baseline.headline(base, lever="config")
 
 # %% [markdown]
 # ## Try it
@@ -116,4 +117,4 @@ levers.headline(base, lever="config")
 # package's prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, n_ctx=0))
+render.text_table(exercises.what_if(sc, n_ctx=0))

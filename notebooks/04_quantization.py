@@ -48,21 +48,22 @@ perplexity_chunks: int = 4                # chunks scored per quant (cost: chunk
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, overview, quantization, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Speed per quant
 
 # %%
-ladder = levers.quant_ladder(sc)
+ladder = quantization.quant_ladder(sc)
 plots.quant_ladder(ladder)
 
 # %%
-levers.caption_ladder(sc, ladder)
+captions.caption_ladder(sc, ladder)
 
 # %% [markdown]
 # ## File size per quant
@@ -71,7 +72,7 @@ levers.caption_ladder(sc, ladder)
 plots.file_sizes(ladder)
 
 # %%
-levers.caption_file_sizes(sc, ladder)
+captions.caption_file_sizes(sc, ladder)
 
 # %% [markdown]
 # ## Bits per weight → file size → ceiling, by hand
@@ -83,13 +84,13 @@ levers.caption_file_sizes(sc, ladder)
 
 # %% tags=["by-hand"]
 quant = sc.quants[0].upper()
-rung = levers.rung_spec(sc, quant)                        # that rung's header
-machine = levers.subject(sc)[1]                           # where the ladder is measured (or predicted)
-size = rung.header_bytes + sum(t.n_elements * levers.bytes_per_element(t.type_name) for t in rung.tensors)
+rung = quantization.rung_spec(sc, quant)                        # that rung's header
+machine = by_hand.subject(sc)[1]                           # where the ladder is measured (or predicted)
+size = rung.header_bytes + sum(t.n_elements * by_hand.bytes_per_element(t.type_name) for t in rung.tensors)
 bits = 8 * (size - rung.header_bytes) / rung.n_params     # average bits per weight over the whole file
 print(f"{quant}: {rung.n_params / 1e6:,.1f} M weights in {size / 2**20:,.1f} MiB = {bits:.2f} bits per weight; "
       f"read once per token at {machine.bandwidth_gbs:g} GB/s: ≤ {machine.bandwidth_gbs * 1e9 / size:,.0f} tok/s")
-levers.agree(f"{quant} file size", size, levers.file_size(ladder, quant), "bytes")
+by_hand.agree(f"{quant} file size", size, quantization.file_size(ladder, quant), "bytes")
 
 # %% [markdown]
 # ## Quality per quant
@@ -105,20 +106,20 @@ levers.agree(f"{quant} file size", size, levers.file_size(ladder, quant), "bytes
 # positions, is the sharper signal.
 
 # %%
-qual = levers.quality_ladder(sc)
+qual = quantization.quality_ladder(sc)
 plots.quality(qual)
 
 # %%
-levers.caption_quality(sc, qual)
+captions.caption_quality(sc, qual)
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_quantization(sc, ladder, qual)
+summaries.summary_quantization(sc, ladder, qual)
 
 # %%
-levers.headline(ladder, lever="quant")
+baseline.headline(ladder, lever="quant")
 
 # %% [markdown]
 # ## Try it
@@ -128,4 +129,4 @@ levers.headline(ladder, lever="quant")
 # for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, quant="Q8_0"))
+render.text_table(exercises.what_if(sc, quant="Q8_0"))

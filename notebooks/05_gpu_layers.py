@@ -53,21 +53,22 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, gpu_layers, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## The -ngl sweep
 
 # %%
-ngl = levers.gpu_layers_sweep(sc)
+ngl = gpu_layers.gpu_layers_sweep(sc)
 plots.gpu_layers(ngl)
 
 # %%
-levers.caption_gpu_layers(sc, ngl)
+captions.caption_gpu_layers(sc, ngl)
 
 # %% [markdown]
 # ## One token split across the link, by hand
@@ -78,38 +79,38 @@ levers.caption_gpu_layers(sc, ngl)
 # costs about 10 µs of latency plus its bytes at the link's speed. The model and GPU are the sweep's.
 
 # %% tags=["by-hand"]
-gpu = levers.gpu_subject(sc)                                # the sweep's model and GPU
+gpu = steps.gpu_subject(sc)                                # the sweep's model and GPU
 spec, dev = gpu.spec, gpu.device
-host = levers.gpu_host() if dev.kind != "cpu" else dev      # a GPU's layers that do not fit run on its server's CPU
+host = steps.gpu_host() if dev.kind != "cpu" else dev      # a GPU's layers that do not fit run on its server's CPU
 k = spec.n_layer // 2                                       # -ngl k: half the layers
 run = spec.n_layer - spec.nextn_layers                      # layers plain decoding runs (MTP layers are skipped)
 split = run - (k - 1)                                       # the last k − 1 layers and the output layer go to the device
-on_device = sum(spec.layer_bytes[split:run]) + levers.output_bytes(spec)
+on_device = sum(spec.layer_bytes[split:run]) + by_hand.output_bytes(spec)
 on_host = sum(spec.layer_bytes[:split])
 link_s = 0.0 if dev.kind == "cpu" else 3 * 10e-6 + (2 * spec.n_embd + spec.n_vocab) * 4 / (dev.host_link_gbs * 1e9)
 t = on_device / (dev.bandwidth_gbs * 1e9) + on_host / (host.bandwidth_gbs * 1e9) + link_s
 print(f"-ngl {k}: {on_device / 1e9:.3f} GB at {dev.bandwidth_gbs:g} GB/s + {on_host / 1e9:.3f} GB at "
       f"{host.bandwidth_gbs:g} GB/s + link {link_s * 1e3:.3f} ms = {t * 1e3:.2f} ms per token (≤ {1 / t:,.1f} tok/s)")
-levers.agree(f"time per token with -ngl {k}", t, levers.offload_split(sc, k)["total_s"], "s")
+by_hand.agree(f"time per token with -ngl {k}", t, gpu_layers.offload_split(sc, k)["total_s"], "s")
 
 # %% [markdown]
 # ## The spill effect: context size with -ngl 999
 
 # %%
-spill = levers.spill_effect(sc)
+spill = gpu_layers.spill_effect(sc)
 plots.spill(spill)
 
 # %%
-levers.caption_spill(sc, spill)
+captions.caption_spill(sc, spill)
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_gpu_layers(sc, ngl, spill)
+summaries.summary_gpu_layers(sc, ngl, spill)
 
 # %%
-levers.headline(ngl, lever="n_gpu_layers")
+baseline.headline(ngl, lever="n_gpu_layers")
 
 # %% [markdown]
 # ## Try it
@@ -119,4 +120,4 @@ levers.headline(ngl, lever="n_gpu_layers")
 # for the seed's model on the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, n_gpu_layers=0, gpu=True))
+render.text_table(exercises.what_if(sc, n_gpu_layers=0, gpu=True))

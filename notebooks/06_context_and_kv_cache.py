@@ -51,31 +51,32 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, context, exercises, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## KV cache memory: predicted vs llama.cpp's log
 
 # %%
-kv = levers.kv_memory(sc)
+kv = context.kv_memory(sc)
 plots.kv_memory(kv)
 
 # %%
-levers.caption_kv(sc, kv)
+captions.caption_kv(sc, kv)
 
 # %% [markdown]
 # ## Decode speed against depth
 
 # %%
-depth = levers.depth_sweep(sc)
+depth = context.depth_sweep(sc)
 plots.sweep(depth, "Decode speed vs tokens already in the context", lever="n_depth", metrics=("tg_tps",))
 
 # %%
-levers.caption_depth(sc, depth)
+captions.caption_depth(sc, depth)
 
 # %% [markdown]
 # ## The KV cache a token reads at depth d, by hand
@@ -85,11 +86,11 @@ levers.caption_depth(sc, depth)
 # cells up to the next multiple of 256.
 
 # %% tags=["by-hand"]
-spec = levers.study(sc).spec
-layers = levers.kv_layers(spec)
+spec = steps.study(sc).spec
+layers = by_hand.kv_layers(spec)
 heads = spec.n_head_kv(layers[0])
-per_cell = heads * (spec.head_dim_k * levers.bytes_per_element(sc.cache_type_k)
-                    + spec.head_dim_v * levers.bytes_per_element(sc.cache_type_v))
+per_cell = heads * (spec.head_dim_k * by_hand.bytes_per_element(sc.cache_type_k)
+                    + spec.head_dim_v * by_hand.bytes_per_element(sc.cache_type_v))
 d = max(sc.depths)
 used = d + 1                                                          # the context so far and the new token
 cells = used if sc.flash_attn != "off" else max(256, -(-used // 256) * 256)
@@ -97,23 +98,23 @@ n_swa = len(spec.swa_layers)
 kv_read = ((len(layers) - n_swa) * cells + n_swa * min(cells, spec.sliding_window or cells)) * per_cell
 print(f"depth {d}: {kv_read / 2**20:,.2f} MiB of KV cache per token, beside {spec.weight_bytes / 2**20:,.1f} MiB "
       f"of weights ({kv_read / spec.weight_bytes:.1%})")
-levers.agree(f"KV read per token at depth {d}", kv_read, levers.kv_read_per_token(sc, d), "bytes")
+by_hand.agree(f"KV read per token at depth {d}", kv_read, context.kv_read_per_token(sc, d), "bytes")
 
 # %% [markdown]
 # ## Quantized V needs flash attention
 
 # %%
-qv = levers.quantized_v(sc)
+qv = context.quantized_v(sc)
 render.text_table(qv)
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_context(sc, kv, depth, qv)
+summaries.summary_context(sc, kv, depth, qv)
 
 # %%
-levers.headline(depth, lever="n_depth")
+baseline.headline(depth, lever="n_depth")
 
 # %% [markdown]
 # ## Try it
@@ -123,4 +124,4 @@ levers.headline(depth, lever="n_depth")
 # prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, cache_type_k="q8_0", cache_type_v="q8_0"))
+render.text_table(exercises.what_if(sc, cache_type_k="q8_0", cache_type_v="q8_0"))

@@ -49,21 +49,22 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, context, exercises, flash_attn, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Flash attention off vs on, at depth
 
 # %%
-fa = levers.flash_attn_sweep(sc)
+fa = flash_attn.flash_attn_sweep(sc)
 plots.sweep(fa, "Flash attention off vs on, at the deepest of the scenario's depths", lever="flash_attn")
 
 # %%
-levers.caption_flash_attn(sc, fa)
+captions.caption_flash_attn(sc, fa)
 
 # %% [markdown]
 # ## The cells a token reads, by hand
@@ -73,12 +74,12 @@ levers.caption_flash_attn(sc, fa)
 # included). Each cell holds K and V for every layer with a cache.
 
 # %% tags=["by-hand"]
-spec = levers.study(sc).spec
-layers = levers.kv_layers(spec)
+spec = steps.study(sc).spec
+layers = by_hand.kv_layers(spec)
 heads = spec.n_head_kv(layers[0])
-cell = heads * (spec.head_dim_k * levers.bytes_per_element(sc.cache_type_k)      # one layer's K and V for one cell
-                + spec.head_dim_v * levers.bytes_per_element(sc.cache_type_v))
-d = levers.flash_attn_depth(sc)
+cell = heads * (spec.head_dim_k * by_hand.bytes_per_element(sc.cache_type_k)      # one layer's K and V for one cell
+                + spec.head_dim_v * by_hand.bytes_per_element(sc.cache_type_v))
+d = flash_attn.flash_attn_depth(sc)
 cells_on = d + 1                                       # flash attention: the cells in use
 cells_off = max(256, -(-cells_on // 256) * 256)        # a matmul over the cells up to the next 256
 n_swa = len(spec.swa_layers)                           # sliding-window layers: at most their window (+ a micro-batch)
@@ -88,17 +89,17 @@ on = ((len(layers) - n_swa) * cells_on + n_swa * min(cells_on, window)) * cell
 off = ((len(layers) - n_swa) * cells_off + n_swa * min(cells_off, swa_cache)) * cell
 print(f"depth {d}: -fa on reads {cells_on} cells, -fa off {cells_off} ({on / 2**20:,.2f} vs {off / 2**20:,.2f} MiB "
       f"of KV cache per token)")
-levers.agree(f"KV read per token at depth {d}, -fa on", on, levers.kv_read_per_token(sc, d, "on"), "bytes")
-levers.agree(f"KV read per token at depth {d}, -fa off", off, levers.kv_read_per_token(sc, d, "off"), "bytes")
+by_hand.agree(f"KV read per token at depth {d}, -fa on", on, context.kv_read_per_token(sc, d, "on"), "bytes")
+by_hand.agree(f"KV read per token at depth {d}, -fa off", off, context.kv_read_per_token(sc, d, "off"), "bytes")
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_flash_attn(sc, fa)
+summaries.summary_flash_attn(sc, fa)
 
 # %%
-levers.headline(fa, lever="flash_attn")
+baseline.headline(fa, lever="flash_attn")
 
 # %% [markdown]
 # ## Try it
@@ -108,4 +109,4 @@ levers.headline(fa, lever="flash_attn")
 # device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, flash_attn="off"))
+render.text_table(exercises.what_if(sc, flash_attn="off"))

@@ -48,22 +48,23 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, batch_size, by_hand, captions, exercises, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Prompt processing against -ub
 
 # %%
-batch = levers.batch_sweep(sc)
+batch = batch_size.batch_sweep(sc)
 plots.sweep(batch, "-ub: prompt processing of a prompt longer than the largest -ub", lever="n_ubatch",
             metrics=("pp_tps",), ceiling=False)
 
 # %%
-levers.caption_batch(sc, batch)
+captions.caption_batch(sc, batch)
 
 # %% [markdown]
 # ## Weights read per prompt, by hand
@@ -71,26 +72,26 @@ levers.caption_batch(sc, batch)
 # Steps = prompt tokens ÷ `-ub`, rounded up; each step reads every layer's weights once.
 
 # %% tags=["by-hand"]
-spec = levers.study(sc).spec
-prompt = levers.batch_prompt(sc)
+spec = steps.study(sc).spec
+prompt = batch_size.batch_prompt(sc)
 per_step = sum(spec.layer_bytes)                          # every repeating layer's weights (header)
 small, large = min(sc.batch_sizes), max(sc.batch_sizes)
 steps_small, steps_large = -(-prompt // small), -(-prompt // large)
 print(f"{prompt} tokens: {steps_small} steps with -ub {small}, {steps_large} with -ub {large}; "
       f"{steps_small * per_step / 1e9:.3f} vs {steps_large * per_step / 1e9:.3f} GB of weights read")
-levers.agree(f"weights read per prompt with -ub {small}", steps_small * per_step,
-             levers.prompt_weight_bytes(sc, small), "bytes")
-levers.agree(f"weights read per prompt with -ub {large}", steps_large * per_step,
-             levers.prompt_weight_bytes(sc, large), "bytes")
+by_hand.agree(f"weights read per prompt with -ub {small}", steps_small * per_step,
+             batch_size.prompt_weight_bytes(sc, small), "bytes")
+by_hand.agree(f"weights read per prompt with -ub {large}", steps_large * per_step,
+             batch_size.prompt_weight_bytes(sc, large), "bytes")
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_batch(sc, batch)
+summaries.summary_batch(sc, batch)
 
 # %%
-levers.headline(batch, metric="pp_tps", lever="n_ubatch")
+baseline.headline(batch, metric="pp_tps", lever="n_ubatch")
 
 # %% [markdown]
 # ## Try it
@@ -100,4 +101,4 @@ levers.headline(batch, metric="pp_tps", lever="n_ubatch")
 # model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, n_ubatch=64))
+render.text_table(exercises.what_if(sc, n_ubatch=64))

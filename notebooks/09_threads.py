@@ -44,21 +44,22 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, ceiling, exercises, overview, summaries, threads
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Prompt processing and decode against -t
 
 # %%
-threads = levers.threads_sweep(sc)
-plots.sweep(threads, "-t: CPU threads", lever="n_threads")
+sweep = threads.threads_sweep(sc)
+plots.sweep(sweep, "-t: CPU threads", lever="n_threads")
 
 # %%
-levers.caption_threads(sc, threads)
+captions.caption_threads(sc, sweep)
 
 # %% [markdown]
 # ## The arithmetic a token costs, by hand
@@ -67,15 +68,15 @@ levers.caption_threads(sc, threads)
 # measured prompt speed and the result is the arithmetic rate the threads reached.
 
 # %% tags=["by-hand"]
-spec, machine, label = levers.subject(sc)
-multiplied = spec.n_params - sum(t.n_elements for t in levers.not_multiplied(spec))
-experts = levers.expert_tensors(spec)                     # MoE: a token multiplies its top-k experts only
+spec, machine, label = by_hand.subject(sc)
+multiplied = spec.n_params - sum(t.n_elements for t in by_hand.not_multiplied(spec))
+experts = by_hand.expert_tensors(spec)                     # MoE: a token multiplies its top-k experts only
 if experts:
     multiplied -= (1 - spec.expert_used_count / spec.expert_count) * sum(t.n_elements for t in experts)
 flops = 2 * multiplied
-levers.agree(f"FLOPs per token of {label}", flops, levers.flops_per_token(sc, spec), "FLOP")
-most = max(levers.thread_values(sc))
-pp = levers.value_of(threads, metric="pp_tps", source="measured", value=most)
+by_hand.agree(f"FLOPs per token of {label}", flops, ceiling.flops_per_token(sc, spec), "FLOP")
+most = max(threads.thread_values(sc))
+pp = by_hand.value_of(sweep, metric="pp_tps", source="measured", value=most)
 if pp:
     print(f"-t {most}: {pp:,.0f} prompt tok/s × {flops / 1e9:.3f} GFLOP = {pp * flops / 1e9:,.1f} GFLOP/s "
           f"({pp * flops / 1e9 / most:,.1f} per thread)")
@@ -84,10 +85,10 @@ if pp:
 # ## What this run showed
 
 # %%
-levers.summary_threads(sc, threads)
+summaries.summary_threads(sc, sweep)
 
 # %%
-levers.headline(threads, lever="n_threads")
+baseline.headline(sweep, lever="n_threads")
 
 # %% [markdown]
 # ## Try it
@@ -96,4 +97,4 @@ levers.headline(threads, lever="n_threads")
 # the answer below (the package's prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, n_threads=1))
+render.text_table(exercises.what_if(sc, n_threads=1))

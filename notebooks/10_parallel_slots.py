@@ -47,21 +47,22 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, overview, parallel, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Every slot busy: all streams together and each stream against -np
 
 # %%
-par = levers.parallel_sweep(sc)
+par = parallel.parallel_sweep(sc)
 plots.parallel(par)
 
 # %%
-levers.caption_parallel(sc, par)
+captions.caption_parallel(sc, par)
 
 # %% [markdown]
 # ## Latency under load: time to first token, time per output token, the gaps between tokens
@@ -71,11 +72,11 @@ levers.caption_parallel(sc, par)
 # steps, so TTFT grows with the users, and every later step decodes one token for each of them.
 
 # %%
-lat = levers.parallel_latency(sc)
+lat = parallel.parallel_latency(sc)
 plots.parallel_latency(lat)
 
 # %%
-levers.caption_parallel_latency(sc, lat)
+captions.caption_parallel_latency(sc, lat)
 
 # %% [markdown]
 # ## One user: the seed's "use 1 slot" tested
@@ -84,11 +85,11 @@ levers.caption_parallel_latency(sc, lat)
 # against the same server with more slots: is its decode slower?
 
 # %%
-user = levers.one_user(sc)
+user = parallel.one_user(sc)
 plots.one_user(user)
 
 # %%
-levers.caption_one_user(sc, user)
+captions.caption_one_user(sc, user)
 
 # %% [markdown]
 # ## What -np does to each slot's context and to the KV cache
@@ -98,11 +99,11 @@ levers.caption_one_user(sc, user)
 # server's own load log where it ran.
 
 # %%
-ctx = levers.slot_context(sc)
+ctx = parallel.slot_context(sc)
 plots.slot_context(ctx)
 
 # %%
-levers.caption_slot_context(sc, ctx)
+captions.caption_slot_context(sc, ctx)
 
 # %% [markdown]
 # ### The context of one slot, by hand
@@ -112,10 +113,10 @@ levers.caption_slot_context(sc, ctx)
 
 # %% tags=["by-hand"]
 n = max(sc.parallel_slots)
-c = -(-(sc.n_ctx or levers.study(sc).spec.n_ctx_train) // 256) * 256
+c = -(-(sc.n_ctx or steps.study(sc).spec.n_ctx_train) // 256) * 256
 per_slot = -(-(c // n) // 256) * 256
 print(f"-c {c} over -np {n}: {per_slot} tokens per slot (with --kv-unified: one stream of {c})")
-levers.agree(f"context per slot at -np {n}", per_slot, levers.context_per_slot(sc, n), "tokens")
+by_hand.agree(f"context per slot at -np {n}", per_slot, parallel.context_per_slot(sc, n), "tokens")
 
 # %% [markdown]
 # ## The ceiling of N streams, by hand
@@ -124,16 +125,16 @@ levers.agree(f"context per slot at -np {n}", per_slot, levers.context_per_slot(s
 # state) once per slot: N tokens for weights + N × (KV + state) bytes. At depth 1024 (a few turns into a chat):
 
 # %% tags=["by-hand"]
-st = levers.study(sc)
+st = steps.study(sc)
 spec, dev = st.spec, st.device
-read = spec.weight_bytes - sum(t.n_bytes for t in levers.not_multiplied(spec))   # weights one step reads
-experts = levers.expert_tensors(spec)   # MoE: the top-k share of the experts, as the speed model counts it
+read = spec.weight_bytes - sum(t.n_bytes for t in by_hand.not_multiplied(spec))   # weights one step reads
+experts = by_hand.expert_tensors(spec)   # MoE: the top-k share of the experts, as the speed model counts it
 if experts:
     read -= (1 - spec.expert_used_count / spec.expert_count) * sum(t.n_bytes for t in experts)
-layers = levers.kv_layers(spec)
+layers = by_hand.kv_layers(spec)
 heads = spec.n_head_kv(layers[0])
-cell = heads * (spec.head_dim_k * levers.bytes_per_element(sc.cache_type_k)
-                + spec.head_dim_v * levers.bytes_per_element(sc.cache_type_v))
+cell = heads * (spec.head_dim_k * by_hand.bytes_per_element(sc.cache_type_k)
+                + spec.head_dim_v * by_hand.bytes_per_element(sc.cache_type_v))
 d = 1024
 used = d + 1 if sc.flash_attn != "off" else max(256, -(-(d + 1) // 256) * 256)
 n_swa = len(spec.swa_layers)
@@ -146,16 +147,16 @@ one = dev.bandwidth_gbs * 1e9 / (read + kv_slot + state_slot)
 many = slots * dev.bandwidth_gbs * 1e9 / (read + slots * (kv_slot + state_slot))
 print(f"{dev.name}: one stream ≤ {one:,.1f} tok/s; {slots} streams ≤ {many:,.1f} tok/s together, "
       f"{many / slots:,.1f} each")
-levers.agree(f"ceiling of {slots} streams at depth {d}", many, levers.aggregate_ceiling(sc, slots, d), "tok/s")
+by_hand.agree(f"ceiling of {slots} streams at depth {d}", many, parallel.aggregate_ceiling(sc, slots, d), "tok/s")
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_parallel(sc, par, lat, user, ctx)
+summaries.summary_parallel(sc, par, lat, user, ctx)
 
 # %%
-levers.headline(par, lever="n_parallel")
+baseline.headline(par, lever="n_parallel")
 
 # %% [markdown]
 # ## Try it
@@ -165,4 +166,4 @@ levers.headline(par, lever="n_parallel")
 # change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, n_parallel=4))
+render.text_table(exercises.what_if(sc, n_parallel=4))

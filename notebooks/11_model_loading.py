@@ -42,17 +42,18 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, loading, overview, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## The load modes of this llama.cpp build
 
 # %%
-modes = levers.load_modes()
+modes = loading.load_modes()
 render.text_table(modes)
 
 # %% [markdown]
@@ -62,11 +63,11 @@ render.text_table(modes)
 # and the time from there to the first token.
 
 # %%
-load = levers.mmap_mlock(sc)
+load = loading.mmap_mlock(sc)
 plots.load_times(load)
 
 # %%
-levers.caption_load(sc, load)
+captions.caption_load(sc, load)
 
 # %% [markdown]
 # ## What loading reads, by hand
@@ -75,20 +76,20 @@ levers.caption_load(sc, load)
 # `--mlock` pins in RAM.
 
 # %% tags=["by-hand"]
-spec, machine, label = levers.subject(sc)
+spec, machine, label = by_hand.subject(sc)
 size = spec.header_bytes + spec.weight_bytes           # the header, then every tensor's data
 print(f"{label}: {spec.header_bytes / 1024:,.1f} KiB of header + {spec.weight_bytes / 2**20:,.1f} MiB of tensors; "
       f"copying it at {machine.bandwidth_gbs:g} GB/s takes at least {size / (machine.bandwidth_gbs * 1e9) * 1e3:,.1f} ms")
-levers.agree(f"{label}: the file's size", size, spec.file_bytes, "bytes")
+by_hand.agree(f"{label}: the file's size", size, spec.file_bytes, "bytes")
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_loading(sc, modes, load)
+summaries.summary_loading(sc, modes, load)
 
 # %%
-levers.headline_load(load)
+baseline.headline_load(load)
 
 # %% [markdown]
 # ## Try it
@@ -98,4 +99,4 @@ levers.headline_load(load)
 # device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, use_mmap=False))
+render.text_table(exercises.what_if(sc, use_mmap=False))

@@ -48,23 +48,24 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, final, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## The tuned command
 
 # %%
-render.command(levers.tuned_command(sc))
+render.command(final.tuned_command(sc))
 
 # %% [markdown]
 # ## Why each flag is there, and what it buys
 
 # %%
-render.text_table(levers.command_reasons(sc), code=["flag"])
+render.text_table(final.command_reasons(sc), code=["flag"])
 
 # %% [markdown]
 # ## What tune measured, beside what it predicted
@@ -73,10 +74,10 @@ render.text_table(levers.command_reasons(sc), code=["flag"])
 # default): a flag stays in the command only for a gain beyond the noise of the two runs.
 
 # %%
-render.text_table(levers.measured_candidates(sc), code=["candidate"])
+render.text_table(final.measured_candidates(sc), code=["candidate"])
 
 # %%
-render.text_table(levers.flag_checks(sc), code=["flag"])
+render.text_table(final.flag_checks(sc), code=["flag"])
 
 # %% [markdown]
 # ## The same search for the GPU
@@ -84,7 +85,7 @@ render.text_table(levers.flag_checks(sc), code=["flag"])
 # The tuned command for the GPU the lessons are about (predicted: nothing runs there from here), to copy.
 
 # %%
-render.command(levers.gpu_command(sc))
+render.command(final.gpu_command(sc))
 
 # %% [markdown]
 # ## The tuned configuration's KV cache, by hand
@@ -92,21 +93,21 @@ render.command(levers.gpu_command(sc))
 # The same arithmetic as in 01, for the tuned quant, cache types and context.
 
 # %% tags=["by-hand"]
-best = levers.final_config(sc).best
-tuned = levers.spec_at_quant(sc.model, best.quant)     # the scenario's model at the tuned quant
+best = final.final_config(sc).best
+tuned = steps.spec_at_quant(sc.model, best.quant)     # the scenario's model at the tuned quant
 cfg = best.config
-layers = levers.kv_layers(tuned)
+layers = by_hand.kv_layers(tuned)
 heads = tuned.n_head_kv(layers[0])
 cells = -(-(cfg.n_ctx or tuned.n_ctx_train) // 256) * 256
 window = tuned.sliding_window or cells
 swa_cells = min(cells, -(-(window + min(cfg.n_ubatch, cfg.n_batch, cells)) // 256) * 256)
 n_swa = len(tuned.swa_layers)
-per_cell = heads * (tuned.head_dim_k * levers.bytes_per_element(cfg.cache_type_k)
-                    + tuned.head_dim_v * levers.bytes_per_element(cfg.cache_type_v))
+per_cell = heads * (tuned.head_dim_k * by_hand.bytes_per_element(cfg.cache_type_k)
+                    + tuned.head_dim_v * by_hand.bytes_per_element(cfg.cache_type_v))
 kv_total = ((len(layers) - n_swa) * cells + n_swa * swa_cells) * per_cell
 print(f"{best.quant}, -c {cfg.n_ctx}, K {cfg.cache_type_k} / V {cfg.cache_type_v}: {kv_total / 2**20:,.1f} MiB of "
       f"KV cache beside {tuned.weight_bytes / 2**30:,.2f} GiB of weights")
-levers.agree("KV cache of the tuned configuration", kv_total, best.kv_bytes, "bytes")
+by_hand.agree("KV cache of the tuned configuration", kv_total, best.kv_bytes, "bytes")
 
 # %% [markdown]
 # ## This scenario's own staircase
@@ -115,11 +116,11 @@ levers.agree("KV cache of the tuned configuration", kv_total, best.kv_bytes, "by
 # device, and each stage's flags measured here with the measured model.
 
 # %%
-stairs = levers.own_staircase(sc)
+stairs = final.own_staircase(sc)
 plots.sweep(stairs, "From llama.cpp's defaults to the tuned command", lever="stage", metrics=("tg_tps",))
 
 # %%
-levers.caption_own_staircase(sc, stairs)
+captions.caption_own_staircase(sc, stairs)
 
 # %% [markdown]
 # ## The seed's final command, flag by flag
@@ -127,17 +128,17 @@ levers.caption_own_staircase(sc, stairs)
 # The seed's own command for its V100, against the tuned one for the same device and assumed model.
 
 # %%
-verdict = levers.seed_verdict_table(sc)
+verdict = final.seed_verdict_table(sc)
 render.text_table(verdict, code=["seed", "tuned"])
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_final(sc, stairs, verdict)
+summaries.summary_final(sc, stairs, verdict)
 
 # %%
-levers.headline(stairs, lever="stage")
+baseline.headline(stairs, lever="stage")
 
 # %% [markdown]
 # ## Try it
@@ -147,4 +148,4 @@ levers.headline(stairs, lever="stage")
 # the GPU the lesson is about, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, scale={"n_ctx": 4}, gpu=True))
+render.text_table(exercises.what_if(sc, scale={"n_ctx": 4}, gpu=True))

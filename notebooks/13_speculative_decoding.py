@@ -46,11 +46,13 @@ repetitions: int = 5                    # repetitions per test (llama-bench -r);
 
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
-from v100lab.workbook import levers, plots, render
+from v100lab.workbook import plots, render
+from v100lab.workbook.levers import by_hand, exercises, overview, spec_decode, steps
+from v100lab.predict.speculative import alpha_from_rate, tokens_per_pass
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
-render.text_table(levers.scenario_facts(sc))
+render.text_table(overview.scenario_facts(sc))
 
 # %% [markdown]
 # ## Measured: decode speed and acceptance over the draft length
@@ -60,11 +62,11 @@ render.text_table(levers.scenario_facts(sc))
 # verifying n + 1 tokens at once on this machine; grey bars: the share of drafted tokens accepted.
 
 # %%
-spec = levers.spec_sweep(sc)
+spec = spec_decode.spec_sweep(sc)
 plots.speculative(spec)
 
 # %%
-levers.caption_speculative(sc, spec)
+spec_decode.caption_speculative(sc, spec)
 
 # %% [markdown]
 # ### Tokens per pass and the ceiling, by hand
@@ -78,12 +80,12 @@ alpha, n = 0.6, 4
 e = (1 - alpha ** (n + 1)) / (1 - alpha)
 r = (e - 1) / n
 print(f"α {alpha}, n {n}: {e:.3f} tokens per pass; llama-server would report {r:.3f} of drafted tokens accepted")
-levers.agree("tokens per pass", e, levers.tokens_per_pass(alpha, n), "tokens")
-levers.agree("α from the reported ratio", alpha, levers.alpha_from_rate(r, n))
-st = levers.study(sc)
+by_hand.agree("tokens per pass", e, tokens_per_pass(alpha, n), "tokens")
+by_hand.agree("α from the reported ratio", alpha, alpha_from_rate(r, n))
+st = steps.study(sc)
 plain = st.device.bandwidth_gbs * 1e9 / st.spec.weight_bytes
 print(f"{st.device.name}: plain ceiling {plain:,.1f} tok/s; speculative ceiling {plain * e:,.1f} tok/s")
-levers.agree("ceiling for speculative decode", plain * e, levers.spec_ceiling(sc, alpha, n), "tok/s")
+by_hand.agree("ceiling for speculative decode", plain * e, spec_decode.spec_ceiling(sc, alpha, n), "tok/s")
 
 # %% [markdown]
 # ## Predicted on the scenario's device: where a longer draft stops paying
@@ -93,11 +95,11 @@ levers.agree("ceiling for speculative decode", plain * e, levers.spec_ceiling(sc
 # extra columns outweigh what the last drafted token is still worth.
 
 # %%
-what = levers.spec_what_if(sc)
+what = spec_decode.what_if(sc)
 plots.speculative_what_if(what)
 
 # %%
-levers.caption_spec_what_if(sc, what)
+spec_decode.caption_spec_what_if(sc, what)
 
 # %% [markdown]
 # ## The seed's V100 with an MTP head (predicted)
@@ -106,14 +108,14 @@ levers.caption_spec_what_if(sc, what)
 # one layer and the output head; α is assumed (said in the note). Labelled predicted: nothing here ran on a V100.
 
 # %%
-mtp = levers.seed_mtp(sc)
+mtp = spec_decode.seed_mtp(sc)
 render.text_table(mtp[["value", "metric", "result", "unit", "source", "note"]])
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-levers.summary_speculative(sc, spec, what, mtp)
+spec_decode.summary_speculative(sc, spec, what, mtp)
 
 # %% [markdown]
 # ## Try it
@@ -123,4 +125,4 @@ levers.summary_speculative(sc, spec, what, mtp)
 # answer below (the package's prediction for the scenario's model on its device, now and with the change).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(levers.what_if(sc, quant="Q8_0", draft=(0.7, 4)))
+render.text_table(exercises.what_if(sc, quant="Q8_0", draft=(0.7, 4)))

@@ -1,5 +1,5 @@
 """The by-hand cells' weight count for a MoE model (02, 09, 10): a token multiplies only its top-k experts,
-so the by-hand arithmetic subtracts the unused share of ``levers.expert_tensors`` and agrees with the speed
+so the by-hand arithmetic subtracts the unused share of ``by_hand.expert_tensors`` and agrees with the speed
 model (``work.decode_work``) within the notebooks' 1 %. No model file is read: skeletons of the synthetic
 presets."""
 
@@ -8,7 +8,7 @@ import pytest
 from v100lab.models import synth
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import get_device
-from v100lab.workbook.levers import expert_tensors, not_multiplied
+from v100lab.workbook.levers.by_hand import expert_tensors, not_multiplied
 from v100lab.gguf.skeleton import skeleton_spec
 from v100lab.predict.work import Placed, decode_work
 

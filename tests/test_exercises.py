@@ -1,4 +1,4 @@
-"""Every notebook's "try it" answer (levers.what_if), built for the notebook's default scenario with predictions
+"""Every notebook's "try it" answer (exercises.what_if), built for the notebook's default scenario with predictions
 only: it changes something, on the subject the lesson is about, and shows the quantity the question asks for."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from v100lab.workbook import levers
+from v100lab.workbook.levers import exercises, steps
 from v100lab.workbook.scenario import from_notebook
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
@@ -34,8 +34,8 @@ def _answer(path: Path):
     exec("from typing import Optional\n" + params.split("\n", 1)[1], ns)
     ns["measure"] = False
     sc = from_notebook(ns)
-    expr = re.fullmatch(r"render\.text_table\((levers\.what_if\(.+\))\)", cells[-1].split("\n", 1)[1].strip()).group(1)
-    return sc, eval(expr, {"levers": levers, "sc": sc})   # the answer cell's own call, predictions only
+    expr = re.fullmatch(r"render\.text_table\((exercises\.what_if\(.+\))\)", cells[-1].split("\n", 1)[1].strip()).group(1)
+    return sc, eval(expr, {"exercises": exercises, "sc": sc})   # the answer cell's own call, predictions only
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[p.stem for p in SOURCES])
@@ -48,7 +48,7 @@ def test_every_answer_changes_what_its_question_asks(path):
     asked = [k for k in rows if k.startswith(ASKED[path.stem[:2]])]
     assert asked, f"{path.stem}: no row for {ASKED[path.stem[:2]]!r}"
     assert rows[asked[0]][0] != rows[asked[0]][1], f"{path.stem}: {asked[0]} does not change"
-    on_gpu = levers.beside(sc)
+    on_gpu = steps.beside(sc)
     if path.stem[:2] in ON_GPU and on_gpu is not None:
         assert rows["device"][0] == on_gpu.device.name and on_gpu.label in rows["model and quant"][0], path.stem
 

@@ -10,6 +10,8 @@ notebooks exactly as ``papermill notebooks/X.ipynb out.ipynb -f params/ci.yaml``
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import inspect
 import re
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab.workbook import levers
+from v100lab.workbook.levers import by_hand, ceiling, gpu_layers, steps, triangle
 from v100lab.facts.config import RunConfig
 from v100lab.workbook.levers.course import LESSONS, keys_of
 from v100lab.workbook.scenario import keys, parameters_cell_source, read_parameters
@@ -52,7 +54,7 @@ def _code_after_parameters(nb):
 # ------------------------------------------------------------------------------------------------
 
 def test_the_notebooks_are_the_course_in_order():
-    assert [p.stem for p in NOTEBOOKS] == list(EXPECTED), "notebooks/ and levers.course.LESSONS disagree"
+    assert [p.stem for p in NOTEBOOKS] == list(EXPECTED), "notebooks/ and course.LESSONS disagree"
     assert [p.stem for p in find_notebooks(str(NB_DIR / "[0-9][0-9]_*.ipynb"))] == list(EXPECTED), \
         "v100lab batch's discovery must find every notebook, in the course's order"
     assert EXPECTED[0] == "00_overview"
@@ -146,20 +148,20 @@ def test_parameters_cell_holds_the_keys_the_notebook_reads(path):
 
 
 def _modules_called(nb) -> set:
-    """The levers modules whose functions the notebook's cells call (levers.NAME → NAME's module)."""
-    names = set(re.findall(r"levers\.(\w+)\(", "\n".join(c.source for c in nb.cells if c.cell_type == "code")))
-    mods = {inspect.getmodule(getattr(levers, n)) for n in names}
-    return {m for m in mods if m is not None and m.__name__.startswith("v100lab.workbook.levers")}
+    """The levers modules whose functions the notebook's cells call (``MODULE.NAME(`` → MODULE)."""
+    calls = set(re.findall(r"\b(\w+)\.\w+\(", "\n".join(c.source for c in nb.cells if c.cell_type == "code")))
+    return {importlib.import_module(f"v100lab.workbook.levers.{m}") for m in calls
+            if importlib.util.find_spec(f"v100lab.workbook.levers.{m}") is not None}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_the_notebooks_keys_are_read_by_its_steps(path):
     """Every key in a notebook's parameters cell is read by the code its cells call: ``sc.KEY`` in one of the
     levers modules it calls (a llama.cpp flag counts when that code builds ``sc.run_config()``), or it is one
-    of the keys :func:`levers.study` reads. A key nobody reads would be a knob that does nothing."""
+    of the keys :func:`steps.study` reads. A key nobody reads would be a knob that does nothing."""
     nb = _read(path)
-    source = "\n".join(inspect.getsource(m) for m in _modules_called(nb) | {levers.steps})
-    read = set(re.findall(r"\bsc\.(\w+)", source)) | set(levers.STUDY_PARAMETERS)
+    source = "\n".join(inspect.getsource(m) for m in _modules_called(nb) | {steps})
+    read = set(re.findall(r"\bsc\.(\w+)", source)) | set(steps.STUDY_PARAMETERS)
     if "run_config()" in source:
         read |= set(RunConfig.__dataclass_fields__)
     unread = [k for k in keys_of(path) if k not in read]
@@ -231,27 +233,27 @@ def test_no_formulas_or_loops_outside_by_hand_cells(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_every_notebook_works_its_key_quantity_out_by_hand(path):
     """At least one by-hand cell per notebook; each does arithmetic and checks every figure it computes
-    against the package with levers.agree (which fails beyond 1 %), under a markdown cell that explains it."""
+    against the package with by_hand.agree (which fails beyond 1 %), under a markdown cell that explains it."""
     nb = _read(path)
     hand = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and BY_HAND in _tags(c)]
     assert hand, f"{path.name} has no cell tagged {BY_HAND!r}"
     for i, cell in hand:
         tree = ast.parse(cell.source)
         assert any(isinstance(n, ast.BinOp) for n in ast.walk(tree)), f"{path.name} cell {i} computes nothing"
-        agrees = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "levers.agree"]
-        assert agrees, f"{path.name} cell {i}: a by-hand cell checks its result with levers.agree"
+        agrees = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "by_hand.agree"]
+        assert agrees, f"{path.name} cell {i}: a by-hand cell checks its result with by_hand.agree"
         assert nb.cells[i - 1].cell_type == "markdown" or BY_HAND in _tags(nb.cells[i - 1]), \
             f"{path.name} cell {i}: say in words what the by-hand cell computes"
 
 
 def test_agree_fails_loudly_beyond_one_percent(capsys):
-    levers.agree("x", 100.5, 100.0, "B")
+    by_hand.agree("x", 100.5, 100.0, "B")
     assert "ratio 1.0050" in capsys.readouterr().out
     with pytest.raises(AssertionError, match=r"\+1\.50 %"):
-        levers.agree("x", 101.5, 100.0, "B")
+        by_hand.agree("x", 101.5, 100.0, "B")
     with pytest.raises(AssertionError):
-        levers.agree("x", 0.98, 1.0)
-    levers.agree("x", 1.0, None)   # nothing to compare with: printed, not checked
+        by_hand.agree("x", 0.98, 1.0)
+    by_hand.agree("x", 1.0, None)   # nothing to compare with: printed, not checked
     assert "no package value" in capsys.readouterr().out
 
 
@@ -266,7 +268,7 @@ def test_closes_with_an_exercise_and_its_collapsed_answer(path):
     assert answer.cell_type == "code" and "answer" in _tags(answer), path.name
     hidden = answer.metadata.get("jupyter", {})
     assert hidden.get("source_hidden") and hidden.get("outputs_hidden"), f"{path.name}: the answer is collapsed"
-    assert re.fullmatch(r"render\.text_table\(levers\.what_if\(sc, .+\)\)", answer.source.strip()), answer.source
+    assert re.fullmatch(r"render\.text_table\(exercises\.what_if\(sc, .+\)\)", answer.source.strip()), answer.source
 
 
 def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
@@ -280,7 +282,7 @@ def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
 def test_last_cells_summarise_from_the_numbers():
     for path in NOTEBOOKS:
         code = [c.source for c in _read(path).cells if c.cell_type == "code"]
-        assert any(re.match(r"levers\.summary_\w+\(sc", s) for s in code), f"{path.name} has no summary cell"
+        assert any(re.match(r"\w+\.summary_\w+\(sc", s) for s in code), f"{path.name} has no summary cell"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -304,7 +306,7 @@ def test_executes_on_ci_params(path, tmp_path):
     images = [o for o in outputs if "image/png" in (o.get("data") or {})]
     n_plots = sum(1 for c in nb.cells if c.cell_type == "code" and "plots." in c.source)
     assert len(images) == n_plots, f"{path.name}: {n_plots} plot cells but {len(images)} images"
-    summary = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("levers.summary_")][0]
+    summary = [c for c in nb.cells if c.cell_type == "code" and re.match(r"\w+\.summary_", c.source)][0]
     md = [o["data"]["text/markdown"] for o in summary.outputs if "text/markdown" in (o.get("data") or {})]
     assert md and md[0].count("\n- ") + 1 >= 2, f"{path.name}: the summary says too little: {md}"
     assert re.search(r"\d", md[0]), "a summary written from the numbers contains numbers"
@@ -312,7 +314,7 @@ def test_executes_on_ci_params(path, tmp_path):
         if cell.cell_type == "code" and BY_HAND in _tags(cell):
             text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
             assert re.search(r"ratio \d\.\d{4}|no package value", text), f"{path.name}: by-hand cell printed {text!r}"
-    if any("levers.headline(" in c.source for c in nb.cells if c.cell_type == "code"):
+    if any("baseline.headline(" in c.source for c in nb.cells if c.cell_type == "code"):
         h = read_headline(nb)
         assert h is not None and (h["measured_tok_s"] or h["predicted_tok_s"]), h
 
@@ -339,7 +341,7 @@ def test_a_bad_parameter_stops_at_the_validation_cell(tmp_path, bad, key):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_every_plot_is_followed_by_what_to_look_at(path):
     """Under each plot, a cell that writes from the plotted frame's numbers what to look at
-    (``levers.caption_*(sc, frame)``), before any other code cell."""
+    (``captions.caption_*(sc, frame)``, or the lever module's own caption), before any other code cell."""
     nb = _read(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     for i, cell in enumerate(code):
@@ -347,7 +349,7 @@ def test_every_plot_is_followed_by_what_to_look_at(path):
             continue
         frame = re.search(r"plots\.\w+\((\w+)", cell.source).group(1)
         nxt = code[i + 1].source.strip() if i + 1 < len(code) else ""
-        assert re.fullmatch(rf"levers\.caption_\w+\(sc, {frame}\)", nxt), \
+        assert re.fullmatch(rf"\w+\.caption_\w+\(sc, {frame}\)", nxt), \
             f"{path.name}: the plot of {frame!r} is not followed by its caption (got {nxt!r})"
 
 
@@ -398,27 +400,27 @@ def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
 
     sc = load_scenario({**read_parameters(ROOT / "params" / "default.yaml"), "measure": False,
                         "quants": ["Q8_0", "Q4_0"], "ctx_sizes": [2048, 32768], "cache_types": ["f16"]})
-    gpu = levers.beside(sc)
+    gpu = steps.beside(sc)
     assert gpu is not None and gpu.device.id == "v100-16gb" and gpu.device.kind == "gpu"
-    assert levers.beside(sc.with_(compare_gpu="none")) is None
-    assert levers.beside(sc.with_(device="t4")) is None, "a GPU scenario is its own target"
+    assert steps.beside(sc.with_(compare_gpu="none")) is None
+    assert steps.beside(sc.with_(device="t4")) is None, "a GPU scenario is its own target"
 
-    grid = levers.fit_grid(sc)
+    grid = triangle.fit_grid(sc)
     fits = grid[grid["metric"] == "fits"]
     assert set(fits["device"]) == {"host", "v100-16gb"}
     assert fits[fits["device"] == "host"]["result"].min() == 1.0, "the 135M model fits everywhere here"
     assert fits[fits["device"] == "v100-16gb"]["result"].min() == 0.0, "red cells on the V100"
     assert "-c 2048" in grid.attrs["conditions"] and "-fa" in grid.attrs["conditions"]
 
-    ngl = levers.gpu_layers_sweep(sc)
+    ngl = gpu_layers.gpu_layers_sweep(sc)
     tg = ngl[(ngl["metric"] == "tg_tps") & (ngl["source"] == "predicted")]
     assert set(tg["device"]) == {"v100-16gb"} and tg["result"].nunique() > 10, "the sweep moves on the GPU"
     assert "depth" in ngl.attrs["conditions"]
-    spill = levers.spill_effect(sc)
+    spill = gpu_layers.spill_effect(sc)
     spilled = spill[spill["metric"] == "layers_spilled"].set_index("value")["result"]
     assert spilled["2048"] < spilled["32768"], "the spill step"
 
-    cat = levers.catalog_ceilings(sc.with_(compare_devices=("t4", "h200")))
+    cat = ceiling.catalog_ceilings(sc.with_(compare_devices=("t4", "h200")))
     floor = cat[cat["metric"] == "overhead_floor_tg_tps"].set_index("value")["result"]
     pred = cat[(cat["metric"] == "tg_tps") & (cat["source"] == "predicted")].set_index("value")["result"]
     ceil = cat[cat["metric"] == "weights_ceiling_tg_tps"].set_index("value")["result"]

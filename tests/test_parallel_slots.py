@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from v100lab.workbook import levers
+from v100lab.workbook.levers import parallel, steps
 from v100lab.gguf import llama_context
 from v100lab.workbook.levers import parallel
 from v100lab.workbook.levers.steps import seed_target_model
@@ -29,7 +29,7 @@ def _scenario(**over):
 
 
 def _frames(sc):
-    return (levers.parallel_sweep(sc), levers.parallel_latency(sc), levers.one_user(sc), levers.slot_context(sc))
+    return (parallel.parallel_sweep(sc), parallel.parallel_latency(sc), parallel.one_user(sc), parallel.slot_context(sc))
 
 
 def test_predictions_only_when_measure_is_false():
@@ -58,12 +58,12 @@ def test_predictions_only_when_measure_is_false():
     unified = ctx[(ctx["metric"] == "n_ctx_seq") & (ctx["group"] == "--kv-unified")].set_index("value")["result"]
     assert split.to_dict() == {"1": 2048.0, "2": 1024.0, "4": 512.0}
     assert set(unified) == {2048.0}
-    assert levers.context_per_slot(sc, 4) == 512 and levers.context_per_slot(sc, 4, unified=True) == 2048
+    assert parallel.context_per_slot(sc, 4) == 512 and parallel.context_per_slot(sc, 4, unified=True) == 2048
 
 
 def test_the_claim_row_moves_to_the_largest_slot_count_swept():
     sc = _scenario(measure=False, parallel_slots=[1, 2])
-    user = levers.one_user(sc)
+    user = parallel.one_user(sc)
     cl = user[user["source"] == "claimed"]
     assert cl["value"].tolist() == ["2"] and "tested at -np 2" in cl["note"].iloc[0]
     assert user.attrs["claim"]["tested_at"] == 2
@@ -91,7 +91,7 @@ def test_no_llama_server_says_why(monkeypatch):
     monkeypatch.setattr(parallel, "find_llama_server", lambda: None)
     parallel.serving_sweep.cache_clear()
     try:
-        par = levers.parallel_sweep(_scenario(n_gen=4))
+        par = parallel.parallel_sweep(_scenario(n_gen=4))
     finally:
         parallel.serving_sweep.cache_clear()
     assert not (par["source"] == "measured").any()
@@ -136,7 +136,7 @@ def test_real_llama_server_per_slot_count(llama_server):
     ratio = user[(user["source"] == "measured") & (user["metric"] == parallel_claim()["metric"])]
     assert ratio.set_index("value")["result"]["1"] == pytest.approx(1.0) and ratio["result"].gt(0).all()
     # llama-server's own log: the context per slot and the KV cache it allocated, as llama.cpp's arithmetic says
-    spec = levers.study(sc).measured_spec
+    spec = steps.study(sc).measured_spec
     for v in ("1", "2"):
         got = ctx[(ctx["value"] == v) & (ctx["group"] == "split")]
         meas = got[got["source"] == "measured"].set_index("metric")["result"]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from v100lab.workbook import levers
+from v100lab.workbook.levers import baseline, context, flash_attn, quantization, threads
 from v100lab.measure.backends.server import free_port, served_model
 from v100lab.base.errors import ConfigError, RunFailed
 from v100lab.workbook.levers.steps import capture_load, study
@@ -83,12 +83,12 @@ def test_study_measures_the_served_model(remote, default_model):
 @pytest.mark.server
 def test_baseline_and_depth_measured_over_http(remote):
     sc = _scenario(remote)
-    df = levers.baseline(sc)
+    df = baseline.baseline(sc)
     meas = df[df["source"] == "measured"]
     assert set(meas["metric"]) == {"tg_tps", "pp_tps"}, df.attrs
     assert all(f"backend server:{remote}" in n and "timed client-side" in n for n in meas["note"])
     assert not df.attrs.get("why_not_measured")
-    depth = levers.depth_sweep(sc)                                # depth is a request-time lever
+    depth = context.depth_sweep(sc)                                # depth is a request-time lever
     dm = depth[depth["source"] == "measured"]
     assert sorted(dm["value"].astype(int)) == [0, 16] and all(f"server:{remote}" in n for n in dm["note"])
 
@@ -96,7 +96,7 @@ def test_baseline_and_depth_measured_over_http(remote):
 @pytest.mark.server
 def test_load_time_sweep_and_load_log_skipped_with_reason(remote):
     sc = _scenario(remote)
-    df = levers.flash_attn_sweep(sc)
+    df = flash_attn.flash_attn_sweep(sc)
     assert not (df["source"] == "measured").any()
     why = df.attrs["why_not_measured"]
     assert f"remote llama-server at {remote} was started with its own flags" in why
@@ -113,9 +113,9 @@ def test_no_server_at_the_url_is_the_reason():
 @pytest.mark.server
 def test_steps_that_load_llama_cpp_predict_and_say_why(remote):
     sc = _scenario(remote, quants=["Q4_0"])
-    diag = levers.load_diagnosis(sc)                             # llama.cpp's load log: read only for a load here
+    diag = baseline.load_diagnosis(sc)                             # llama.cpp's load log: read only for a load here
     assert "nothing loaded" in " ".join(diag["value"]) and any("load log" in s for s in diag["source"])
-    ladder = levers.quant_ladder(sc)                             # other models: a restart per rung
+    ladder = quantization.quant_ladder(sc)                             # other models: a restart per rung
     assert not (ladder["source"] == "measured").any()
     assert "restart per value" in ladder.attrs["why_not_measured"]
 
@@ -132,7 +132,7 @@ def test_llama_server_binary_reports_its_model_and_is_measured(default_model):
     with ServerBackend(binary=binary).open(default_model, RunConfig(n_ctx=256, n_threads=1)) as server:
         assert served_model(server.url) == {"kind": "llama-server", "url": server.url, "model": str(default_model)}
         sc = _scenario(server.url)
-        df = levers.baseline(sc)
+        df = baseline.baseline(sc)
         meas = df[df["source"] == "measured"]
         assert set(meas["metric"]) == {"tg_tps", "pp_tps"} and all(f"server:{server.url}" in n for n in meas["note"])
-        assert "restart per value" in levers.threads_sweep(sc.with_(thread_counts=[1, 2])).attrs["why_not_measured"]
+        assert "restart per value" in threads.threads_sweep(sc.with_(thread_counts=[1, 2])).attrs["why_not_measured"]

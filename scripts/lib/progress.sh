@@ -2,7 +2,8 @@
 #   run_with_progress LABEL EXPECTED_S LOG CMD...
 # runs CMD with its output in LOG and, while it runs, says on stderr how long it has taken against the expected
 # duration and, when the build prints its steps ("[123/456]", as CMake/ninja do), how many are done — on a terminal
-# one line rewritten every 2 s, otherwise a line every 30 s. Returns CMD's status; a final line gives the time taken.
+# one line rewritten every 2 s, otherwise a line every 30 s; the time left comes from the steps' pace once ten are
+# done. Returns CMD's status; a final line gives the time taken.
 _fmt_s() { printf '%dm%02ds' $(( $1 / 60 )) $(( $1 % 60 )); }
 
 run_with_progress() {
@@ -20,6 +21,8 @@ run_with_progress() {
     next=$(( el + every ))
     step="$(grep -o '\[[0-9]\+/[0-9]\+\]' "$log" 2>/dev/null | tail -n 1 | tr -d '[]')"
     left=$(( expected > el ? expected - el : 0 ))
+    # once the build has counted some of its steps, their pace says more than the expected duration
+    if [ -n "$step" ] && [ "${step%/*}" -ge 10 ]; then left=$(( el * (${step#*/} - ${step%/*}) / ${step%/*} )); fi
     msg="$label: $(_fmt_s "$el") elapsed of ~$(_fmt_s "$expected") expected${step:+, step $step}"
     [ "$left" -gt 0 ] && msg="$msg (~$(_fmt_s "$left") left)"
     if [ "$tty" = 1 ]; then printf '\r\033[K%s' "$msg" >&2; else echo "$msg" >&2; fi

@@ -67,6 +67,7 @@ from v100lab.base.errors import V100labError
 from v100lab.facts.loadlog import normalize_line  # re-exported: the doctor reads lines as loadlog does
 from v100lab.predict.speed import ceiling_tps
 from v100lab.base.safeio import json_safe, read_bounded, shorten, term_text
+from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ class Diagnosis:
         """The JSON form (a contract); a NaN or infinity a log may hold becomes null."""
         return json_safe({
             "source": self.source, "kind": self.kind, "device": self.device, "device_guessed": self.device_guessed,
-            "model_bytes": self.model_bytes, "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps),
+            "model_bytes": self.model_bytes, "weights_ceiling_tg_tps": json_number(self.weights_ceiling_tg_tps),
             "host_free_bytes": self.host_free_bytes, "n_loads": self.n_loads,
             "findings": [f.as_dict() for f in self.findings],
             "speeds": [{"phase": s.phase, "tok_s": s.tps, "n_tokens": s.n_tokens, "origin": s.origin,
@@ -271,9 +272,6 @@ class Diagnosis:
             lines.append(f"  note: {t(n)}")
         return "\n".join(lines)
 
-
-def _r(x: float | None, nd: int = 3):
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
 # ------------------------------------------------------------------------------------------------

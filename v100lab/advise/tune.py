@@ -51,6 +51,7 @@ from v100lab.models.resolve import resolve
 from v100lab.predict.memory import margin_bytes
 from v100lab.facts.results import TPS, Observation, tidy_frame
 from v100lab.base.safeio import shell_join, shell_word
+from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +114,11 @@ class Candidate:
         return {"quant": self.quant, "label": self.label, "config": self.config.as_dict(), "fits": self.fits,
                 "margin_bytes": self.margin_bytes, "used_bytes": self.used_bytes,
                 "offloaded_layers": self.offloaded_layers, "n_layer_total": self.n_layer_total,
-                "tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps),
-                "physical_ceiling_tg_tps": _r(self.physical_ceiling_tg_tps), "bound": self.bound, "kv_bytes": self.kv_bytes, "compute_bytes": self.compute_bytes,
+                "tg_tps": json_number(self.tg_tps), "pp_tps": json_number(self.pp_tps), "weights_ceiling_tg_tps": json_number(self.weights_ceiling_tg_tps),
+                "physical_ceiling_tg_tps": json_number(self.physical_ceiling_tg_tps), "bound": self.bound, "kv_bytes": self.kv_bytes, "compute_bytes": self.compute_bytes,
                 "depth": self.depth, "weight_bytes": self.weight_bytes,
-                "measured_tg_tps": _r(self.measured_tg_tps), "measured_cv": _r(self.measured_cv, 4),
-                "measured_best_tg_tps": _r(self.measured_best_tg_tps),
+                "measured_tg_tps": json_number(self.measured_tg_tps), "measured_cv": json_number(self.measured_cv, 4),
+                "measured_best_tg_tps": json_number(self.measured_best_tg_tps),
                 "note": self.note, "tight_device": self.tight_device,
                 "blockers": [b.as_dict() for b in self.blockers]}
 
@@ -135,8 +136,21 @@ class Reason:
         return f"{self.flag:<24} {self.why}"
 
 
+class Recommendation:
+    """What a recommendation shares: its ``argv`` (a llama-server command) and its ``best`` choice's config."""
+
+    @property
+    def command(self) -> str:
+        """The llama-server command to copy: each argument one shell word, free of control characters."""
+        return shell_join(self.argv)
+
+    @property
+    def config(self) -> RunConfig:
+        return self.best.config
+
+
 @dataclass(frozen=True)
-class TuneResult:
+class TuneResult(Recommendation):
     """The chosen configuration, its llama-server command, a reason per flag, and every candidate."""
 
     model: str
@@ -151,15 +165,6 @@ class TuneResult:
     measured: bool = False
     notes: tuple[str, ...] = ()
     speculation: Mapping[str, Any] | None = None   # :func:`speculation_advice` (one user only)
-
-    @property
-    def command(self) -> str:
-        """The llama-server command to copy: each argument one shell word, free of control characters."""
-        return shell_join(self.argv)
-
-    @property
-    def config(self) -> RunConfig:
-        return self.best.config
 
     @property
     def predicted_tg_tps(self) -> float:
@@ -199,8 +204,8 @@ class TuneResult:
     def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "device": self.device, "fits": True, "quant": self.quant, "min_ctx": self.min_ctx,
                 "margin_bytes": self.margin_bytes, "measured": self.measured,
-                "predicted_tg_tps": _r(self.best.tg_tps), "predicted_pp_tps": _r(self.best.pp_tps),
-                "weights_ceiling_tg_tps": _r(self.best.weights_ceiling_tg_tps), "measured_tg_tps": _r(self.best.measured_tg_tps),
+                "predicted_tg_tps": json_number(self.best.tg_tps), "predicted_pp_tps": json_number(self.best.pp_tps),
+                "weights_ceiling_tg_tps": json_number(self.best.weights_ceiling_tg_tps), "measured_tg_tps": json_number(self.best.measured_tg_tps),
                 "config": self.best.config.as_dict(), "argv": list(self.argv), "command": self.command,
                 "reasons": [asdict(r) for r in self.reasons], "best": self.best.as_dict(),
                 "candidates": [c.as_dict() for c in self.candidates], "notes": list(self.notes),
@@ -246,8 +251,8 @@ def speculation_advice(spec, devices, cfg: RunConfig, depth: int, file_arg: str,
     p = speculative.predict(spec, devices, cfg, spec_type=kind, n_draft=n, alpha=alpha, depth=depth,
                             n_max=SPEC_MAX_DRAFT)
     base = {"spec_type": kind, "draft_max": n, "alpha": p.alpha, "alpha_source": p.alpha_source,
-            "predicted_tg_tps": _r(p.tps), "plain_tg_tps": _r(p.plain_tps), "speedup": _r(p.speedup),
-            "tokens_per_pass": _r(p.tokens_per_pass)}
+            "predicted_tg_tps": json_number(p.tps), "plain_tg_tps": json_number(p.plain_tps), "speedup": json_number(p.speedup),
+            "tokens_per_pass": json_number(p.tokens_per_pass)}
     a = f"α {p.alpha:g} {p.alpha_source}"
     if probe.best_n == 0 or p.speedup < SPEC_MIN_GAIN:
         return {**base, "verdict": "not recommended", "command": None, "flags": None,
@@ -263,9 +268,6 @@ def speculation_advice(spec, devices, cfg: RunConfig, depth: int, file_arg: str,
                    f"({p.speedup:.2f}×); the gain is only as good as α — text that repeats itself (code edits, "
                    "quoting) accepts more, free prose less"}
 
-
-def _r(x, nd: int = 3):
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
 @dataclass(frozen=True)

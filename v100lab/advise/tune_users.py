@@ -48,13 +48,13 @@ from typing import Any
 from v100lab.advise import tune
 from v100lab.gguf import llama_context
 from v100lab.predict import memory, rates, serving, speed
-from v100lab.advise.tune import TIE, Candidate, NothingFits, Reason
+from v100lab.advise.tune import TIE, Candidate, NothingFits, Reason, Recommendation
 from v100lab.facts.config import ALL_LAYERS, RunConfig
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError
 from v100lab.predict.memory import margin_bytes
 from v100lab.facts.results import TPS, Observation, tidy_frame
-from v100lab.base.safeio import shell_join
+from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
 
@@ -232,12 +232,12 @@ class ServingPlan:
         c = self.candidate
         return {"label": self.label, "quant": self.quant, "slots": self.slots, "fits": self.fits,
                 "slo_met": self.slo_met if self.serving is not None else None,
-                "slo_excess": _r(self.excess, 4), "config": self.config.as_dict(),
+                "slo_excess": json_number(self.excess, 4), "config": self.config.as_dict(),
                 "offloaded_layers": c.offloaded_layers, "n_layer_total": c.n_layer_total,
                 "margin_bytes": c.margin_bytes, "used_bytes": c.used_bytes, "tight_device": c.tight_device,
                 "kv_bytes": c.kv_bytes, "compute_bytes": c.compute_bytes,
-                "tg_tps": _r(self.tg_tps), "tg_tps_per_stream": _r(self.tg_tps_per_stream),
-                "output_tps": _r(self.output_tps), "ttft_ms": _r(self.ttft_ms), "tpot_ms": _r(self.tpot_ms),
+                "tg_tps": json_number(self.tg_tps), "tg_tps_per_stream": json_number(self.tg_tps_per_stream),
+                "output_tps": json_number(self.output_tps), "ttft_ms": json_number(self.ttft_ms), "tpot_ms": json_number(self.tpot_ms),
                 "serving": self.serving.as_dict() if self.serving is not None else None,
                 "note": c.note, "blockers": [b.as_dict() for b in c.blockers]}
 
@@ -250,9 +250,6 @@ class ServingPlan:
                 f"stream, {self.tg_tps:.1f} aggregate; output {s.output_throughput:.1f} tok/s "
                 f"({s.request_throughput:.3g} req/s)")
 
-
-def _r(x, nd: int = 3):
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
 def _serve(m, devices, c: Candidate, w: Workload) -> ServingPlan:
@@ -271,7 +268,7 @@ def _serve(m, devices, c: Candidate, w: Workload) -> ServingPlan:
 # ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class WorkloadResult:
+class WorkloadResult(Recommendation):
     """The recommended configuration for a workload: its llama-server command, a reason per flag, its
     predicted serving figures, whether it meets the SLO, and every plan evaluated (best first)."""
 
@@ -285,15 +282,6 @@ class WorkloadResult:
     margin_bytes: int
     notes: tuple[str, ...] = ()
     per_slot: tuple[ServingPlan, ...] = ()     # the choice at each slot count where one fits, fewest slots first
-
-    @property
-    def command(self) -> str:
-        """The llama-server command to copy: each argument one shell word, free of control characters."""
-        return shell_join(self.argv)
-
-    @property
-    def config(self) -> RunConfig:
-        return self.best.config
 
     @property
     def quant(self) -> str:
@@ -354,10 +342,10 @@ class WorkloadResult:
         return {"model": self.model, "device": self.device, "workload": self.workload.as_dict(), "fits": True,
                 "slo_met": b.slo_met, "slo_message": self.slo_message(), "quant": self.quant,
                 "margin_bytes": self.margin_bytes, "slots": b.slots, "slot_ctx": self.workload.slot_ctx,
-                "predicted": {"tg_tps": _r(b.tg_tps), "tg_tps_per_stream": _r(b.tg_tps_per_stream),
-                              "output_tps": _r(b.output_tps), "ttft_ms": _r(b.ttft_ms), "tpot_ms": _r(b.tpot_ms),
-                              "e2el_ms": _r(b.serving.e2el_ms), "queue_ms": _r(b.serving.queue_ms),
-                              "request_tps": _r(b.serving.request_throughput)},
+                "predicted": {"tg_tps": json_number(b.tg_tps), "tg_tps_per_stream": json_number(b.tg_tps_per_stream),
+                              "output_tps": json_number(b.output_tps), "ttft_ms": json_number(b.ttft_ms), "tpot_ms": json_number(b.tpot_ms),
+                              "e2el_ms": json_number(b.serving.e2el_ms), "queue_ms": json_number(b.serving.queue_ms),
+                              "request_tps": json_number(b.serving.request_throughput)},
                 "config": b.config.as_dict(), "argv": list(self.argv), "command": self.command,
                 "reasons": [asdict(r) for r in self.reasons], "best": b.as_dict(),
                 "per_slots": [p.as_dict() for p in self.per_slots()],

@@ -59,6 +59,11 @@ _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # terminal-safe text
 # ------------------------------------------------------------------------------------------------
 
+def json_number(x, nd: int = 3) -> float | None:
+    """A figure as JSON output shows it: rounded to ``nd`` decimals; None when missing or not finite."""
+    return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+
 def _escape_char(c: str) -> str:
     if c in _NAMED_ESCAPES:
         return _NAMED_ESCAPES[c]

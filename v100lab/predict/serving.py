@@ -59,6 +59,7 @@ from v100lab.gguf.llama_context import nearest_type
 from v100lab.predict.rates import effective_threads
 from v100lab.base.safeio import cache_dir, read_json_dict
 from v100lab.facts.spec import ModelSpec
+from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +93,13 @@ class BatchPrediction:
         return self.batch / self.t_step_s
 
     def as_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "depth": self.depth, "t_step_ms": _r(self.t_step_s * 1e3, 4),
-                "per_sequence_tps": _r(self.per_sequence_tps), "aggregate_tps": _r(self.aggregate_tps),
-                "t_weights_ms": _r(self.t_weights_s * 1e3, 4), "t_kv_ms": _r(self.t_kv_s * 1e3, 4),
-                "t_overhead_ms": _r(self.t_overhead_s * 1e3, 4), "t_link_ms": _r(self.t_link_s * 1e3, 4),
+        return {"batch": self.batch, "depth": self.depth, "t_step_ms": json_number(self.t_step_s * 1e3, 4),
+                "per_sequence_tps": json_number(self.per_sequence_tps), "aggregate_tps": json_number(self.aggregate_tps),
+                "t_weights_ms": json_number(self.t_weights_s * 1e3, 4), "t_kv_ms": json_number(self.t_kv_s * 1e3, 4),
+                "t_overhead_ms": json_number(self.t_overhead_s * 1e3, 4), "t_link_ms": json_number(self.t_link_s * 1e3, 4),
                 "bound": self.bound, "compute_bound_batch": self.compute_bound_batch,
-                "single_tg_tps": _r(self.single_tg_tps), "notes": list(self.notes)}
+                "single_tg_tps": json_number(self.single_tg_tps), "notes": list(self.notes)}
 
-
-def _r(x, nd: int = 3):
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
 def predict_batch(spec: ModelSpec, devices, cfg: RunConfig | None = None, batch: int = 1, depth: int = 0,
@@ -206,9 +204,9 @@ class ServingPrediction:
     def as_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "n_parallel": self.n_parallel,
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-                "output_throughput": _r(self.output_throughput), "request_throughput": _r(self.request_throughput),
-                "ttft_ms": _r(self.ttft_ms), "tpot_ms": _r(self.tpot_ms), "e2el_ms": _r(self.e2el_ms),
-                "queue_ms": _r(self.queue_ms), "decode_ts": _r(self.decode_ts), "t_pp_ms": _r(self.t_pp_s * 1e3),
+                "output_throughput": json_number(self.output_throughput), "request_throughput": json_number(self.request_throughput),
+                "ttft_ms": json_number(self.ttft_ms), "tpot_ms": json_number(self.tpot_ms), "e2el_ms": json_number(self.e2el_ms),
+                "queue_ms": json_number(self.queue_ms), "decode_ts": json_number(self.decode_ts), "t_pp_ms": json_number(self.t_pp_s * 1e3),
                 "phases": self.phases,
                 "batch": self.batch.as_dict()}
 

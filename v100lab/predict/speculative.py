@@ -29,6 +29,7 @@ from v100lab.predict import serving, speed
 from v100lab.facts.config import SPEC_TYPES, RunConfig
 from v100lab.base.errors import ConfigError
 from v100lab.facts.spec import ModelSpec
+from v100lab.base.safeio import json_number
 
 # n-gram self-speculation looks drafts up in the tokens so far: no model pass (common/ngram-*.cpp)
 NGRAM_TYPES = tuple(t for t in SPEC_TYPES if t.startswith("ngram"))
@@ -160,7 +161,7 @@ class SpecPrediction:
         return self.plain_ceiling_tps * self.tokens_per_pass
 
     def as_dict(self) -> dict[str, Any]:
-        r = serving._r
+        r = json_number
         return {"spec_type": self.spec_type, "alpha": r(self.alpha), "alpha_source": self.alpha_source,
                 "draft_max": self.n_draft, "tokens_per_pass": r(self.tokens_per_pass),
                 "t_verify_ms": r(self.t_verify_s * 1e3, 4), "t_draft_ms": r(self.t_draft_s * 1e3, 4),

@@ -44,6 +44,7 @@ from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple
                            fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
 from v100lab.facts.spec import ModelSpec
 from v100lab.predict.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
+from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,8 @@ class DevicePrediction:
                 "t_memory_ms": round(self.t_memory_s * 1e3, 4), "t_compute_ms": round(self.t_compute_s * 1e3, 4),
                 "t_overhead_ms": round(self.t_overhead_s * 1e3, 4), "t_tg_ms": round(self.t_tg_s * 1e3, 4),
                 "t_pp_ms": round(self.t_pp_s * 1e3, 3), "bound": self.bound, "pp_bound": self.pp_bound,
-                "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps), "rates": self.rates_source}
+                "weights_ceiling_tg_tps": json_number(self.weights_ceiling_tg_tps), "rates": self.rates_source}
 
-
-def _r(x: float, nd: int = 3):
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
 @dataclass(frozen=True)
@@ -137,8 +135,8 @@ class Prediction:
         return 1e3 / self.tg_tps
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tg_tps": _r(self.tg_tps), "pp_tps": _r(self.pp_tps), "weights_ceiling_tg_tps": _r(self.weights_ceiling_tg_tps),
-                "physical_ceiling_tg_tps": _r(self.physical_ceiling_tg_tps), "bound": self.bound,
+        return {"tg_tps": json_number(self.tg_tps), "pp_tps": json_number(self.pp_tps), "weights_ceiling_tg_tps": json_number(self.weights_ceiling_tg_tps),
+                "physical_ceiling_tg_tps": json_number(self.physical_ceiling_tg_tps), "bound": self.bound,
                 "pp_bound": self.pp_bound, "depth": self.depth, "n_prompt": self.n_prompt,
                 "t_link_ms": round(self.t_link_s * 1e3, 4),
                 "by_device": {k: v.as_dict() for k, v in self.by_device.items()}, "notes": list(self.notes)}
