@@ -10,7 +10,7 @@ scripts/setup.sh
 # that failed is not retried). Without it the notebooks say so and show predictions, labelled.
 scripts/build-tools.sh .venv || echo "workbook: no same-commit llama-server; server measurements are skipped" >&2
 if ! .venv/bin/python -c 'import sys; from v100lab.predict.rates import stored_calibration; sys.exit(not stored_calibration())'; then
-  echo "workbook: calibrating this machine once (v100lab calibrate, the quick plan: ~3-5 min on 2 cores, building" \
+  echo "workbook: calibrating this machine once (v100lab calibrate, the quick plan: ~5-10 min on 2 cores, building" \
        "its models included; \`v100lab calibrate --precise\` is the full procedure, 20-70 min)" >&2
   # --force: on a noisy machine the profile is stored anyway, its quality recorded and shown beside every
   # host prediction, rather than the workbook not running at all
@@ -27,7 +27,7 @@ fi
 # batched decode (for notebook 10's -np predictions), once, when the same-commit llama-batched-bench is there
 if [ -x .venv/bin/llama-batched-bench ] && \
    ! .venv/bin/python -c 'import sys; from v100lab.predict.serving import stored_batching; sys.exit(not stored_batching())'; then
-  echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1 min)" >&2
+  echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1-4 min)" >&2
   .venv/bin/v100lab calibrate --batching || echo "workbook: batched-decode calibration failed; -np predictions use the roofline" >&2
 fi
 exec .venv/bin/v100lab batch params/default.yaml --out reports "$@"
