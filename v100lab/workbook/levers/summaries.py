@@ -316,7 +316,7 @@ def summary_context(sc: Scenario, kv, depth_df, qv):
 
 def _effect(df, metric: str, lever: str) -> str:
     """The measured effect of a lever on one metric: the range over its values and the best one — a "best"
-    only when it beats the runner-up beyond the noise (:func:`~v100lab.levers.text.best_of`). One value: the
+    only when it beats the runner-up beyond the noise (:func:`~v100lab.workbook.levers.text.best_of`). One value: the
     figure measured."""
     m = pick(df, metric=metric, source="measured", lever=lever)
     if not len(m):
