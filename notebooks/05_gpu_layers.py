@@ -54,7 +54,7 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
 from v100lab.workbook import plots, render
-from v100lab.workbook.levers import baseline, by_hand, captions, exercises, gpu_layers, overview, steps, summaries
+from v100lab.workbook.levers import baseline, by_hand, captions, exercises, offload, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
@@ -64,7 +64,7 @@ render.text_table(overview.scenario_facts(sc))
 # ## The -ngl sweep
 
 # %%
-ngl = gpu_layers.gpu_layers_sweep(sc)
+ngl = offload.gpu_layers_sweep(sc)
 plots.gpu_layers(ngl)
 
 # %%
@@ -91,13 +91,13 @@ link_s = 0.0 if dev.kind == "cpu" else 3 * 10e-6 + (2 * spec.n_embd + spec.n_voc
 t = on_device / (dev.bandwidth_gbs * 1e9) + on_host / (host.bandwidth_gbs * 1e9) + link_s
 print(f"-ngl {k}: {on_device / 1e9:.3f} GB at {dev.bandwidth_gbs:g} GB/s + {on_host / 1e9:.3f} GB at "
       f"{host.bandwidth_gbs:g} GB/s + link {link_s * 1e3:.3f} ms = {t * 1e3:.2f} ms per token (≤ {1 / t:,.1f} tok/s)")
-by_hand.agree(f"time per token with -ngl {k}", t, gpu_layers.offload_split(sc, k)["total_s"], "s")
+by_hand.agree(f"time per token with -ngl {k}", t, offload.offload_split(sc, k)["total_s"], "s")
 
 # %% [markdown]
 # ## The spill effect: context size with -ngl 999
 
 # %%
-spill = gpu_layers.spill_effect(sc)
+spill = offload.spill_effect(sc)
 plots.spill(spill)
 
 # %%

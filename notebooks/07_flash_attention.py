@@ -50,7 +50,7 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
 from v100lab.workbook import plots, render
-from v100lab.workbook.levers import baseline, by_hand, captions, context, exercises, flash_attn, overview, steps, summaries
+from v100lab.workbook.levers import baseline, by_hand, captions, context, exercises, flash_attention, overview, steps, summaries
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
@@ -60,7 +60,7 @@ render.text_table(overview.scenario_facts(sc))
 # ## Flash attention off vs on, at depth
 
 # %%
-fa = flash_attn.flash_attn_sweep(sc)
+fa = flash_attention.flash_attn_sweep(sc)
 plots.sweep(fa, "Flash attention off vs on, at the deepest of the scenario's depths", lever="flash_attn")
 
 # %%
@@ -79,7 +79,7 @@ layers = by_hand.kv_layers(spec)
 heads = spec.n_head_kv(layers[0])
 cell = heads * (spec.head_dim_k * by_hand.bytes_per_element(sc.cache_type_k)      # one layer's K and V for one cell
                 + spec.head_dim_v * by_hand.bytes_per_element(sc.cache_type_v))
-d = flash_attn.flash_attn_depth(sc)
+d = flash_attention.flash_attn_depth(sc)
 cells_on = d + 1                                       # flash attention: the cells in use
 cells_off = max(256, -(-cells_on // 256) * 256)        # a matmul over the cells up to the next 256
 n_swa = len(spec.swa_layers)                           # sliding-window layers: at most their window (+ a micro-batch)

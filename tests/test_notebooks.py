@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from v100lab.workbook.levers import by_hand, ceiling, gpu_layers, steps, triangle
+from v100lab.workbook.levers import by_hand, ceiling, offload, steps, triangle
 from v100lab.facts.config import RunConfig
 from v100lab.workbook.levers.course import LESSONS, keys_of
 from v100lab.workbook.scenario import keys, parameters_cell_source, read_parameters
@@ -412,11 +412,11 @@ def test_the_default_scenario_also_predicts_for_the_seeds_gpu():
     assert fits[fits["device"] == "v100-16gb"]["result"].min() == 0.0, "red cells on the V100"
     assert "-c 2048" in grid.attrs["conditions"] and "-fa" in grid.attrs["conditions"]
 
-    ngl = gpu_layers.gpu_layers_sweep(sc)
+    ngl = offload.gpu_layers_sweep(sc)
     tg = ngl[(ngl["metric"] == "tg_tps") & (ngl["source"] == "predicted")]
     assert set(tg["device"]) == {"v100-16gb"} and tg["result"].nunique() > 10, "the sweep moves on the GPU"
     assert "depth" in ngl.attrs["conditions"]
-    spill = gpu_layers.spill_effect(sc)
+    spill = offload.spill_effect(sc)
     spilled = spill[spill["metric"] == "layers_spilled"].set_index("value")["result"]
     assert spilled["2048"] < spilled["32768"], "the spill step"
 
@@ -443,3 +443,13 @@ def test_the_tuned_command_names_its_model_by_a_path_a_reader_can_use():
 
     lines = render.command_lines(["llama-server", "-m", "m.gguf", "--batch-size", "2048", "-ts", "1,-2", "--mlock"])
     assert lines == ["llama-server", "-m m.gguf", "--batch-size 2048", "-ts 1,-2", "--mlock"], "a flag never splits"
+
+
+def test_no_lever_module_is_named_after_a_scenario_key():
+    """A notebook imports the lever modules it calls after its parameters cell: a module named after a scenario
+    key (gpu_layers, flash_attn) would replace that parameter."""
+    from v100lab.workbook import levers
+    from v100lab.workbook.scenario import keys
+
+    modules = {p.stem for p in Path(levers.__file__).parent.glob("*.py")} - {"__init__"}
+    assert not modules & set(keys()), sorted(modules & set(keys()))

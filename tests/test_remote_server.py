@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from v100lab.workbook.levers import baseline, context, flash_attn, quantization, threads
+from v100lab.workbook.levers import baseline, context, flash_attention, quantization, threads
 from v100lab.measure.backends.server import free_port, served_model
 from v100lab.base.errors import ConfigError, RunFailed
 from v100lab.workbook.levers.steps import capture_load, study
@@ -96,7 +96,7 @@ def test_baseline_and_depth_measured_over_http(remote):
 @pytest.mark.server
 def test_load_time_sweep_and_load_log_skipped_with_reason(remote):
     sc = _scenario(remote)
-    df = flash_attn.flash_attn_sweep(sc)
+    df = flash_attention.flash_attn_sweep(sc)
     assert not (df["source"] == "measured").any()
     why = df.attrs["why_not_measured"]
     assert f"remote llama-server at {remote} was started with its own flags" in why

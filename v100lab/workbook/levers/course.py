@@ -45,11 +45,11 @@ LESSONS = (
            "baseline"),
     Lesson("04_quantization", "The quant ladder: speed and file size measured vs predicted; perplexity and KL "
                               "divergence.", "quantization"),
-    Lesson("05_gpu_layers", "-ngl: predicted for the device; the spill step when layers stop fitting.", "gpu_layers"),
+    Lesson("05_gpu_layers", "-ngl: predicted for the device; the spill step when layers stop fitting.", "offload"),
     Lesson("06_context_and_kv_cache", "Context and cache types: KV memory, decode speed vs depth, quantized V needs "
                                       "flash attention.", "context"),
     Lesson("07_flash_attention", "-fa off vs on at depth: what flash attention changes, measured vs predicted.",
-           "flash_attn"),
+           "flash_attention"),
     Lesson("08_batch_size", "-b/-ub: prompt processing over the micro-batch size, with a prompt longer than the "
                             "largest.", "batch_size"),
     Lesson("09_threads", "-t: prompt processing and decode over CPU threads.", "threads"),
