@@ -170,6 +170,9 @@ def run(args) -> int:
         doc["warnings"].append(f"depth {args.depth} + n_prompt {args.n_prompt} exceeds the context per sequence "
                                f"({mplan.n_ctx_seq})")
     doc["predicted"] = _predicted(spec, devices, cfg, mplan, args)
+    # a device file without a field that moves this prediction by more than 10 %: say which, so it gets added
+    doc["warnings"] += speed.assumption_warnings(spec, speed.placement_from_plan(mplan, devices), cfg,
+                                                 depth=args.depth, n_prompt=max(1, args.n_prompt))
     if args.alpha is not None and cfg.spec_type == "none":
         raise ConfigError("--alpha is the acceptance of drafted tokens: it needs --spec-type")
     spec_doc = speculative_document(spec, devices, cfg, mplan, args)
