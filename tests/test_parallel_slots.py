@@ -15,7 +15,6 @@ import pytest
 
 from v100lab.workbook.levers import parallel, steps
 from v100lab.gguf import llama_context
-from v100lab.workbook.levers import parallel
 from v100lab.workbook.levers.steps import seed_target_model
 from v100lab.workbook.levers.text import claim_verdict
 from v100lab.workbook.scenario import from_notebook, read_parameters
