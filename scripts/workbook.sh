@@ -27,7 +27,9 @@ fi
 # batched decode (for notebook 10's -np predictions), once, when the same-commit llama-batched-bench is there
 if [ -x .venv/bin/llama-batched-bench ] && \
    ! .venv/bin/python -c 'import sys; from v100lab.predict.serving import stored_batching; sys.exit(not stored_batching())'; then
-  echo "workbook: measuring batched decode once (v100lab calibrate --batching, ~1-4 min)" >&2
-  .venv/bin/v100lab calibrate --batching || echo "workbook: batched-decode calibration failed; -np predictions use the roofline" >&2
+  # only the weight type of the scenario's model (notebook 10's -np curve): seconds, not every type's minutes
+  model="$(.venv/bin/python -c 'import sys; from v100lab.workbook.scenario import read_parameters; print(read_parameters(sys.argv[1]).get("model") or "default")' params/default.yaml)"
+  echo "workbook: measuring batched decode once for $model's weight type (v100lab calibrate --batching --model, ~30 s)" >&2
+  .venv/bin/v100lab calibrate --batching --model "$model" || echo "workbook: batched-decode calibration failed; -np predictions use the roofline" >&2
 fi
 exec .venv/bin/v100lab batch params/default.yaml --out reports "$@"

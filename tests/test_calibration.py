@@ -903,3 +903,10 @@ def test_the_quick_plans_points_pin_the_costs_the_predictions_use(threads):
     assert fit["attn_s_per_head_cell"] == 0.0 and fit["attn_s_per_op"] > _C_ATTN
     assert max(abs(e) for e in fit["tg_fit_rel_err"]) < 0.01
     assert fit["tg_parameters"] < len(pts)          # a degree of freedom left: the residuals are not 0 by construction
+
+
+def test_batched_decode_is_measured_for_the_type_holding_most_of_a_models_layer_bytes():
+    """`calibrate --batching --model M` measures one curve: the calibrated type nearest M's main weight type."""
+    assert calibration.batching_type(skeleton_spec("llama2-7b", "Q4_0")) == "Q4_0"
+    assert calibration.batching_type(skeleton_spec("llama2-7b", "Q4_K_M")) == "Q4_K"
+    assert calibration.batching_type(skeleton_spec("llama2-7b", "F16")) == "Q8_0"   # nearest in bits per weight

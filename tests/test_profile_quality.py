@@ -365,6 +365,10 @@ def test_a_quick_profile_says_so_and_how_far_its_reference_moved(fresh_cache, ca
     (["calibrate", "--check", "--precise"], "not with --check"),
     (["calibrate", "--batching", "--precise"], "--precise is a calibration's plan"),
     (["calibrate", "--precise", "--passes", "0"], "--passes must be between 1 and"),
+    (["calibrate", "--types", "Q4_0"], "--types goes with --check or --batching"),
+    (["calibrate", "--model", "default"], "--model goes with --batching"),
+    (["calibrate", "--batching", "--model", "default", "--types", "Q4_0"], "--types or --model, not both"),
+    (["calibrate", "--batching", "--types", "Q4_0,IQ9_X"], "no calibration model of type IQ9_X"),
 ])
 def test_calibrate_plan_flags_are_checked_before_anything_runs(fresh_cache, capsys, argv, message):
     from v100lab.cli import main as cli

@@ -53,7 +53,7 @@ from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import Device
 from v100lab.base.errors import ConfigError, RunFailed, OutputError
 from v100lab.gguf.header import read_spec
-from v100lab.gguf.llama_context import CTX_PAD, fa_prompt_cells, pad, type_sizef
+from v100lab.gguf.llama_context import CTX_PAD, fa_prompt_cells, nearest_type, pad, type_sizef
 from v100lab.predict.rates import (MAX_PASS_DRIFT, NOISE_Z, NOISY_MACHINE_SE, PROFILE_KEY, RESIDUAL_TARGET, calibration_quality, current_build_facts, median_standard_error)
 from v100lab.predict.serving import BATCH_CALIBRATION_VERSION, CALIB_BATCHES, batching_path, stored_batching
 from v100lab.predict.work import attn_missed_head_cells, single_device_work
@@ -297,6 +297,22 @@ QUICK_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1", "Q3_K", "Q2_K")
 QUICK_DEPTHS = (512, 1024, 2048)
 #: the quick plan's reference point: loaded first and again last, how far it moved is the profile's spread
 QUICK_REFERENCE = f"calib-wide:{DEPTH_TYPE}"
+
+
+def batching_type(spec) -> str:
+    """The calibrated weight type (:data:`QUICK_TYPES`) nearest the type holding most of ``spec``'s layer bytes:
+    the one batched-decode curve a model needs (``calibrate --batching --model``)."""
+    by_type: dict[str, int] = {}
+    for t in spec.tensors:
+        if t.layer is not None and len(t.shape) >= 2:
+            by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+    if not by_type:
+        raise ConfigError(f"{spec.name}: no weight matrices in its layers, so no weight type to measure")
+    main = max(by_type, key=by_type.get)
+    near = main if main in QUICK_TYPES else nearest_type(main, QUICK_TYPES)
+    if near is None:
+        raise ConfigError(f"{spec.name}: its weights are {main}, which no calibration model stands in for")
+    return near
 
 
 def quick_points() -> list[CalPoint]:

@@ -20,6 +20,7 @@ from v100lab.facts.devices import host_profile_path
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.predict.rates import (NOISE_Z, RESIDUAL_TARGET, describe_host_rates, stored_calibration, stored_misses, calibration_problem)
 from v100lab.predict.serving import batching_path
+from v100lab.models.resolve import resolve
 from v100lab.workbook.render import term_text
 
 NAME = "calibrate"
@@ -63,7 +64,12 @@ def add_arguments(p):
                         "the calibration's own rates")
     p.add_argument("--types", default="",
                    help="with --check: comma-separated weight types whose rungs to decode (default: every type "
-                        "calibration measured; e.g. Q4_0 for a check of about a minute)")
+                        "calibration measured; e.g. Q4_0 for a check of about a minute); with --batching: the weight "
+                        f"types to measure (default: all {len(calibration.QUICK_TYPES)} of the workbook's, ~1.5 min; "
+                        "`serving` borrows a missing type's curve from the nearest one)")
+    p.add_argument("--model", default="",
+                   help="with --batching: measure only the weight type of this model's matrices (an alias, a path; "
+                        "e.g. default: a few seconds per type instead of every type)")
     p.add_argument("--loads", type=int, default=drift_check.LOADS,
                    help=f"with --check: loads of each rung (default {drift_check.LOADS}: their median is kept, their "
                         "spread gives its standard error)")
@@ -181,6 +187,19 @@ def _check_lines(rec: dict) -> list[str]:
     return lines
 
 
+def _batching_types(args) -> list[str] | None:
+    """--batching's weight types: those of --types, the calibrated type nearest --model's matrices, or None (all)."""
+    if args.model:
+        _, spec = resolve(args.model)
+        return [calibration.batching_type(spec)]
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    unknown = [t for t in types if t not in calibration.QUICK_TYPES]
+    if unknown:
+        raise ConfigError(f"--types: no calibration model of type {', '.join(unknown)} "
+                          f"(known: {', '.join(calibration.QUICK_TYPES)})")
+    return types or None
+
+
 def _run_check(args) -> int:
     if not 1 <= args.loads <= MAX_PASSES:
         raise ConfigError(f"--loads must be between 1 and {MAX_PASSES}, got {args.loads}")
@@ -204,8 +223,14 @@ def _run_check(args) -> int:
 def run(args) -> int:
     if args.check and (args.show or args.batching):
         raise ConfigError("--check measures a drift check: not with --show or --batching")
-    if (args.no_apply or args.types or args.loads != drift_check.LOADS) and not args.check:
-        raise ConfigError("--no-apply, --types and --loads go with --check")
+    if (args.no_apply or args.loads != drift_check.LOADS) and not args.check:
+        raise ConfigError("--no-apply and --loads go with --check")
+    if args.types and not (args.check or args.batching):
+        raise ConfigError("--types goes with --check or --batching")
+    if args.model and not args.batching:
+        raise ConfigError("--model goes with --batching")
+    if args.model and args.types:
+        raise ConfigError("--batching takes --types or --model, not both")
     if args.check and (args.force or args.passes is not None or args.repetitions != 3
                        or args.settle_rounds is not None or args.precise):
         raise ConfigError("--force, --precise, --passes, --repetitions and --settle-rounds are a calibration's: "
@@ -221,7 +246,7 @@ def run(args) -> int:
             raise ConfigError(f"--repetitions must be between 1 and {MAX_REPETITIONS}, got {args.repetitions}")
         say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
         res = calibration.calibrate_batching(threads=_threads(args.threads), repetitions=max(1, args.repetitions - 1),
-                                             progress=say)
+                                             progress=say, types=_batching_types(args))
         if args.json:
             json.dump({"batching": str(batching_path()), "batch_calibration": res}, sys.stdout, indent=2)
             print()
