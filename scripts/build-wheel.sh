@@ -24,6 +24,9 @@ if ! ls "$dir"/*.whl >/dev/null 2>&1; then
       run_with_progress "build-wheel: $spec" "$expected" "$log" \
         "$py" -m pip wheel -v --no-deps --no-cache-dir --no-binary "$name" -w "$dir.tmp" "$spec"; then
     tail -n 30 "$log" >&2
+    # the first error the build reports, one line (for the caller named by $V100LAB_BUILD_ERROR)
+    first="$(grep -v 'WARNING: Location' "$log" | grep -m1 -E -A4 'CMake Error|error:|Error [0-9]' | tr -s ' \n' ' ' | cut -c1-300 || true)"
+    [ -z "${V100LAB_BUILD_ERROR:-}" ] || printf '%s\n' "${first:-no error line in the log} (log: $log)" >"$V100LAB_BUILD_ERROR"
     echo "build-wheel: compiling $spec failed (log: $log)" >&2
     exit 1
   fi

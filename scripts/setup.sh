@@ -133,7 +133,11 @@ cuda_build() {
       args="$cuda_args"
     fi
   fi
-  install_llama "$args" cuda "$cuda_reason" || { cuda_fallback compile "see the compiler output above"; return 0; }
+  local errf; errf="$(mktemp "${TMPDIR:-/tmp}/v100lab-build-error.XXXXXX")"
+  if ! V100LAB_BUILD_ERROR="$errf" install_llama "$args" cuda "$cuda_reason"; then
+    cuda_fallback compile "$(cat "$errf" 2>/dev/null || true)"; rm -f "$errf"; return 0
+  fi
+  rm -f "$errf"
   [ "$dry" = 1 ] || "$vpy" -m v100lab.base.cudabuild --link-runtime --prefix .venv >&2 || true
 }
 

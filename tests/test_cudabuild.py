@@ -216,7 +216,8 @@ def setup_plan(tmp_path, answer: str, **extra) -> str:
 
 def test_setup_plan_on_a_t4_builds_for_the_card(tmp_path):
     out = setup_plan(tmp_path, "t4.csv")
-    assert "build: cuda" in out and "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=75 -DGGML_NATIVE=OFF" in out
+    assert "build: cuda" in out and "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=75 " in out
+    assert "-DGGML_NATIVE=OFF" in out    # (with -DGGML_CUDA_NO_VMM=ON between them where there is no driver)
     assert "toolkit wheels: nvidia-cuda-nvcc==" in out
 
 
@@ -271,3 +272,15 @@ def test_prepare_toolkit_gives_cmake_the_names_it_looks_for(tmp_path):
     other = tmp_path / "other" / "lib"
     other.mkdir(parents=True)
     assert cudabuild.prepare_toolkit(str(other.parent), (str(tmp_path / "nowhere"),)) == []
+
+
+def test_without_the_drivers_library_the_build_goes_without_the_vmm_pool(tmp_path):
+    """ggml-cuda links the driver (CUDA::cuda_driver) for its VMM pool: a machine without libcuda.so.1 (a build
+    machine, or this driverless one with a recorded answer) can only compile the build with GGML_CUDA_NO_VMM."""
+    with_driver = plan_build(gpus("t4.csv"), (), CPU, registry=REGISTRY)
+    without = plan_build(gpus("t4.csv"), (), CPU, registry=REGISTRY, driver_library=False)
+    assert "-DGGML_CUDA_NO_VMM=ON" not in with_driver.args and "-DGGML_CUDA_NO_VMM=ON" in without.args
+    assert "no libcuda.so.1" in without.reason and "no libcuda.so.1" not in with_driver.reason
+    assert cudabuild.driver_library((str(tmp_path),)) is None
+    (tmp_path / "libcuda.so.1").write_text("")
+    assert cudabuild.driver_library((str(tmp_path),)) == str(tmp_path / "libcuda.so.1")

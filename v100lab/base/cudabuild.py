@@ -182,9 +182,11 @@ def registry_toolkit(site_packages: str | None = None) -> Toolkit:
 
 
 def plan_build(gpus: tuple[Gpu, ...], toolkits: tuple[Toolkit, ...], cpu_args: list[str] | tuple[str, ...],
-               *, registry: Toolkit | None = None, detect_error: str = "") -> CudaPlan:
+               *, registry: Toolkit | None = None, detect_error: str = "", driver_library: bool = True) -> CudaPlan:
     """The CUDA build for ``gpus`` with one of ``toolkits`` (the machine's) or ``registry`` (the pinned wheels;
-    None: not offered), or the reason there is none. Pure: the same inputs give the same plan."""
+    None: not offered), or the reason there is none. ``driver_library``: the driver's ``libcuda.so.1`` is on this
+    machine (ggml-cuda links it for its VMM memory pool; without it the build goes without the pool,
+    ``-DGGML_CUDA_NO_VMM=ON``, and can only be compiled here). Pure: the same inputs give the same plan."""
     cpu = tuple(cpu_args)
     if not gpus:
         why = detect_error or "nvidia-smi lists no GPU"
@@ -201,11 +203,14 @@ def plan_build(gpus: tuple[Gpu, ...], toolkits: tuple[Toolkit, ...], cpu_args: l
         toolkits, key=lambda t: t.version, reverse=True)
     chosen = next((t for t in candidates if _serves(t, archs, driver)), None)
     if chosen is not None:
-        args = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(map(str, archs))}") + cpu
+        # ggml/src/ggml-cuda/CMakeLists.txt links CUDA::cuda_driver unless GGML_CUDA_NO_VMM
+        no_vmm = () if driver_library else ("-DGGML_CUDA_NO_VMM=ON",)
+        args = ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(map(str, archs))}") + no_vmm + cpu
         env = (("CUDACXX", chosen.nvcc), ("CUDAToolkit_ROOT", chosen.root)) if chosen.nvcc else ()
         install = REGISTRY_WHEELS if chosen.source == "registry" and not chosen.nvcc else ()
+        pool = "" if driver_library else "; no libcuda.so.1 on this machine: without the VMM pool (GGML_CUDA_NO_VMM)"
         return CudaPlan(True, args, f"CUDA build for {cards} with {chosen.label}, driver {drivers[0]} "
-                        f"(CUDA {driver[0]}.x)", toolkit=chosen, install=install, env=env, **base)
+                        f"(CUDA {driver[0]}.x){pool}", toolkit=chosen, install=install, env=env, **base)
     # no toolkit serves: say the one thing that would make one
     old = [g for g in gpus if g.sm < 75]
     have = ", ".join(t.label for t in candidates) or "none"
@@ -293,7 +298,8 @@ def host_plan(prefix: str | None = None, cpu_args: list[str] | None = None) -> C
     cpu = buildflags.host_cmake_args() if cpu_args is None else cpu_args
     if not gpus:  # no toolkit probing on a box without a card
         return plan_build((), (), cpu, detect_error=why)
-    return plan_build(gpus, machine_toolkits(), cpu, registry=registry_toolkit(site_packages(prefix or sys.prefix)))
+    return plan_build(gpus, machine_toolkits(), cpu, registry=registry_toolkit(site_packages(prefix or sys.prefix)),
+                      driver_library=driver_library() is not None)
 
 
 #: the CUDA libraries ggml-cuda needs at run time (cudart, cuBLAS)
@@ -321,6 +327,12 @@ DRIVER_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-
                    "/usr/local/nvidia/lib64")
 
 
+def driver_library(driver_lib_dirs: tuple[str, ...] = DRIVER_LIB_DIRS) -> str | None:
+    """The driver's ``libcuda.so.1`` on this machine, or None."""
+    return next((os.path.join(d, "libcuda.so.1") for d in driver_lib_dirs
+                 if os.path.exists(os.path.join(d, "libcuda.so.1"))), None)
+
+
 def prepare_toolkit(root: str, driver_lib_dirs: tuple[str, ...] = DRIVER_LIB_DIRS) -> list[str]:
     """Make the registry's wheels a toolkit CMake's FindCUDAToolkit accepts: the wheels ship ``libcudart.so.13``
     but not the ``libcudart.so`` it looks for, and no ``lib/stubs/libcuda.so`` (ggml-cuda links the driver
@@ -335,8 +347,7 @@ def prepare_toolkit(root: str, driver_lib_dirs: tuple[str, ...] = DRIVER_LIB_DIR
             os.symlink(os.path.basename(versioned), dev)
             made.append(dev)
     stub = os.path.join(lib, "stubs", "libcuda.so")
-    driver = next((os.path.join(d, "libcuda.so.1") for d in driver_lib_dirs
-                   if os.path.exists(os.path.join(d, "libcuda.so.1"))), None)
+    driver = driver_library(driver_lib_dirs)
     if driver and not os.path.lexists(stub):
         os.makedirs(os.path.dirname(stub), exist_ok=True)
         os.symlink(driver, stub)
