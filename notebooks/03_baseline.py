@@ -68,6 +68,19 @@ plots.sweep(base, baseline.baseline_title(sc, "Baseline"), lever="config")
 captions.caption_baseline(sc, base)
 
 # %% [markdown]
+# ### The machine while it ran
+#
+# The seed's first diagnosis came from `nvidia-smi -l 1`: a few hundred MB on the card and the GPU idle meant
+# the weights were not there. The same view, recorded once a second while the baseline ran: with an NVIDIA GPU,
+# its memory used, utilisation and power; without one, llama.cpp's own memory and CPU use (100 % = one core).
+
+# %%
+plots.machine_during_run(base)
+
+# %%
+captions.caption_machine(sc, base)
+
+# %% [markdown]
 # ## How close to the ceiling, by hand
 #
 # The efficiency of a run is what it measured divided by what the bandwidth allows: the ceiling of the model

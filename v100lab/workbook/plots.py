@@ -911,3 +911,49 @@ def speculative_what_if(df):
     ax.legend(title="per-token acceptance", fontsize=8)
     _suptitle(fig, "Predicted: where a longer draft stops paying (circled: the best length)", df)
     return fig
+
+
+def machine_during_run(df):
+    """The machine watched while the frame's tests ran (``df.attrs["monitor_series"]``: (test, samples) pairs, one
+    sample a second), the tests one after another: with an NVIDIA GPU its memory used, utilisation and power per
+    card (the seed's ``nvidia-smi -l 1``); without one, llama.cpp's process memory and CPU use."""
+    series = df.attrs.get("monitor_series") or []
+    gpu = any(s.get("gpus") for _, samples in series for s in samples)
+    panels = ((("mem_used_bytes", "GPU memory used (MiB)", 2**20), ("util_pct", "GPU utilisation (%)", 1),
+               ("power_w", "GPU power (W)", 1)) if gpu else
+              (("rss_bytes", "llama.cpp's resident memory (MiB)", 2**20),
+               ("cpu_pct", "llama.cpp's CPU use (%, 100 = one core)", 1)))
+    fig, axes = _figure(ncols=len(panels), width=4.2, height=3.2)
+    if not series:
+        why = df.attrs.get("why_not_measured") or "nothing was measured, so nothing was watched"
+        for i, ax in enumerate(axes[0]):
+            _empty(ax, mpl_text(f"not watched: {why}") if i == 0 else "")
+        return fig
+    for ax, (key, label, scale) in zip(axes[0], panels):
+        offset, bounds = 0.0, []
+        for test, samples in series:
+            if gpu:
+                n = max(len(s.get("gpus") or ()) for s in samples)
+                for i in range(n):
+                    pts = [(offset + s["t"], s["gpus"][i][key] / scale) for s in samples
+                           if len(s.get("gpus") or ()) > i and s["gpus"][i].get(key) is not None]
+                    if pts:
+                        ax.plot(*zip(*pts), marker=".", color=SOURCE_COLORS["measured"], label=f"GPU {i}")
+            else:
+                pts = [(offset + s["t"], s[key] / scale) for s in samples[(1 if key == "cpu_pct" else 0):]
+                       if s.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker=".", color=SOURCE_COLORS["measured"], label="measured")
+            bounds.append((offset, test))
+            offset += max((s["t"] for s in samples), default=0.0) + 0.5
+        for x, test in bounds:
+            ax.axvline(x, color="#999", lw=0.6, ls=":")
+            ax.text(x, 1.0, f" {mpl_text(test)}", transform=ax.get_xaxis_transform(), va="top", fontsize=8,
+                    color="#555")
+        ax.set_xlabel("time (s), the tests one after another")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        _dedupe_legend(ax, fontsize=8)
+    what = "the GPU, as nvidia-smi -l 1 shows it" if gpu else "no NVIDIA GPU here: llama.cpp's process instead"
+    _suptitle(fig, f"The machine while the baseline ran: {what}", df, fontsize=11)
+    return fig

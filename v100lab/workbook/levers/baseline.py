@@ -46,15 +46,16 @@ def baseline(sc: Scenario):
         rows += predict_rows(st.spec, st.label, st.device, cfg, lever="config", value="baseline",
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
                              metrics=("tg_tps", "pp_tps", "weights_ceiling_tg_tps", "physical_ceiling_tg_tps"))
-    failures = []
+    failures, series = [], []
     if st.measuring:
         rows += predict_rows(st.measured_spec, st.measured_label, st.host, cfg, lever="config", value="baseline",
                              n_prompt=sc.n_prompt, n_gen=sc.n_gen,
                              metrics=("tg_tps", "pp_tps", "weights_ceiling_tg_tps", "physical_ceiling_tg_tps"))
-        obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, bench_tests(sc))
+        obs, failures = measure_sweep(st, "n_ctx", [cfg.n_ctx], cfg, bench_tests(sc), monitor_series=series)
 
         rows += [replace(o, lever="config", value="baseline") for o in obs]
     return lever_frame(rows, failures, why_not_measured=st.why_not_measured, depth=sc.n_gen // 2,
+                  monitor_series=series,
                   title=baseline_title(sc), conditions=conditions(cfg, st.measured_label or st.label,
                                         depth=f"0 (pp{sc.n_prompt}, tg{sc.n_gen} × {sc.repetitions})"))
 

@@ -289,6 +289,35 @@ def caption_baseline(sc: Scenario, base):
     return _caption(*out, _not_measured(base))
 
 
+def caption_machine(sc: Scenario, base):
+    """Under the machine's series while the baseline ran: peak memory against the model's weights, and how busy
+    the GPU or the CPU was."""
+    series = base.attrs.get("monitor_series") or []
+    samples = [s for _, ss in series for s in ss]
+    if not samples:
+        return _caption(_not_measured(base))
+    st = study(sc)
+    weights = st.measured_spec.weight_bytes if st.measured_spec is not None else 0
+    gpus = [g for s in samples for g in (s.get("gpus") or ())]
+    if gpus:
+        peak = max(g.get("mem_used_bytes") or 0 for g in gpus)
+        util = [g["util_pct"] for g in gpus if g.get("util_pct") is not None]
+        power = [g["power_w"] for g in gpus if g.get("power_w") is not None]
+        return _caption(md("The card held at most {p} MiB against {w} MiB of weights{u}{pw}: a card holding far "
+                           "less than the weights, or sitting idle, is the seed's first diagnosis (not offloaded).",
+                           p=fmt(peak / MIB), w=fmt(weights / MIB),
+                           u=f", busy {sum(util) / len(util):.0f} % of the time on average" if util else "",
+                           pw=f", drawing {sum(power) / len(power):.0f} W on average" if power else ""))
+    rss = [s["rss_bytes"] for s in samples if s.get("rss_bytes")]
+    cpu = [s["cpu_pct"] for _, ss in series for s in ss[1:] if s.get("cpu_pct") is not None]
+    return _caption(md("No NVIDIA GPU here, so llama.cpp's own process: at most {p} MiB resident against {w} MiB "
+                       "of weights (the weights are mapped from the file, so they count once read), and {c} % CPU "
+                       "on average with -t {t} (100 % = one core; llama.cpp's threads spin while they wait, so "
+                       "this says how many cores it held, not how much work it did).",
+                       p=fmt(max(rss) / MIB) if rss else "?", w=fmt(weights / MIB),
+                       c=f"{sum(cpu) / len(cpu):.0f}" if cpu else "?", t=sc.run_config().threads))
+
+
 def caption_ladder(sc: Scenario, ladder):
     """Under the quant ladder: the measured spread across quants against the noise, and the prediction's."""
     out = []

@@ -428,8 +428,13 @@ def measured_rows(rows: Sequence[Mapping[str, Any]], label: str) -> tuple[list[O
 
 
 def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, tests: Sequence[str],
-                  depths: Sequence[int] = (0,), backend: str | None = None, model: str | None = None):
+                  depths: Sequence[int] = (0,), backend: str | None = None, model: str | None = None,
+                  monitor_series: list | None = None):
     """Measured rows of a bench sweep of the measured model on this machine (one model load per value).
+
+    ``monitor_series``: a list to receive, for each measured test, ``(test, samples)`` — the machine watched
+    once a second while it ran (:class:`v100lab.measure.monitor.Monitor`: memory, CPU, and GPU memory,
+    utilisation and power where there is an NVIDIA GPU); None: not watched.
 
     Through a remote llama-server (``st.remote``) only request-time levers are measured (depth, or a lever
     whose values all give one configuration); a load-time sweep returns no rows and says why
@@ -440,7 +445,10 @@ def measure_sweep(st: Study, lever: str, values: Sequence[Any], cfg: RunConfig, 
         return _skipped(st.why_not_restarted())
     rows = harness.sweep(str(model or st.measured_path), cfg, lever, list(values), tests=list(tests),
                          depths=list(depths), repetitions=st.sc.repetitions, backend=st.backend or backend,
-                         results=None, progress=False, monitor=False)
+                         results=None, progress=False, monitor=monitor_series is not None)
+    if monitor_series is not None:
+        monitor_series += [(str(r.get("test") or ""), list(r.get("monitor_series") or ())) for r in rows
+                           if r.get("status") == "ok" and r.get("monitor_series")]
     return measured_rows(rows, st.measured_label)
 
 
