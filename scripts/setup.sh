@@ -84,6 +84,9 @@ stamp_of() { echo ".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh 
 stamp="$(stamp_of "$args")"
 [ "$dry" != 1 ] && [ -f "$stamp" ] && exit 0
 
+# ggml-cuda's kernels for one architecture, CPU-seconds (measured with the registry's nvcc: benchmarks/RESULTS.md,
+# "CUDA toolkit check")
+CUDA_CPU_S_PER_ARCH=7200
 # install_llama ARGS SOURCE [GPU-NOTE]: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per
 # flag set; the CUDA toolkit's CUDACXX/CUDAToolkit_ROOT from the plan). The wheel is built before anything is
 # replaced, so a failed compile leaves the installed llama.cpp as it was. Status 1 when the compile fails.
@@ -98,8 +101,14 @@ install_llama() {
   else
     say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time"
   fi
+  # the compile's expected CPU time, for its progress line: a CUDA build adds ggml-cuda's kernels per architecture
+  local cpu_s=480 archs
+  if [ "$s" = cuda ]; then
+    archs="$(printf '%s\n' "$a" | sed -n 's/.*-DCMAKE_CUDA_ARCHITECTURES=\([^ ]*\).*/\1/p' | tr ';' '\n' | grep -c . || true)"
+    cpu_s=$(( 480 + ${archs:-1} * CUDA_CPU_S_PER_ARCH ))
+  fi
   whl="$( [ -z "$cuda_env" ] || [ "$s" != cuda ] || eval "export $cuda_env"
-          PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")" || return 1
+          V100LAB_BUILD_CPU_S="$cpu_s" PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")" || return 1
   "$vpy" -m pip install -q --no-deps --force-reinstall "$whl"
   "$vpy" -m v100lab.base.buildflags --record="$a" --source="$s" ${note:+--gpu-note="$note"} >/dev/null
 }
