@@ -133,7 +133,7 @@ def simd_builds(sc: Scenario):
         runs = "yes" if not missing else f"no: the CPU lacks {' '.join(sorted(set(missing)))}"
         types = buildflags.repack_types(args, cpu.flags, "x86_64")
         if _same_flags(args, in_use):
-            speed = "measured: the build in use"
+            speed = "measured: the build in use" + ("" if args == safe else " (the same flags as the safe build here)")
         elif missing:
             speed = "cannot run here"
         else:
