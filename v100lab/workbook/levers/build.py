@@ -248,11 +248,13 @@ def base_type(quant: str) -> str:
 
 
 def measured_rungs(sc: Scenario) -> list[str]:
-    """The rungs decoded here, at most :data:`MEASURED_RUNGS`: the model's own quant, the first quant of ``quants``
-    whose type this build repacks, and the first it does not — the contrast the lesson is about, kept short."""
+    """The rungs decoded here, at most :data:`MEASURED_RUNGS`: the model's own quant, a quant of ``quants`` whose
+    type this build repacks (a single type first), and the first it does not — the contrast the lesson is about,
+    kept short."""
     ladder = _ladder(sc)
     own, rest = ladder[0], ladder[1:]
-    repacked = next((q for q in rest if base_type(q) in REPACK_TYPES), None)
+    # a single type (Q4_0) before a mix named after one (Q4_K_M keeps some tensors in Q6_K)
+    repacked = next((q for q in sorted(rest, key=lambda q: base_type(q) != q) if base_type(q) in REPACK_TYPES), None)
     plain = next((q for q in rest if base_type(q) not in REPACK_TYPES), None)
     return [q for q in dict.fromkeys([own, repacked, plain]) if q][:MEASURED_RUNGS]
 
