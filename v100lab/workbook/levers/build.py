@@ -309,11 +309,11 @@ def caption_decode(sc: Scenario, ladder):
         bound = ladder[(ladder["value"] == q) & (ladder["metric"] == "tg_tps") & (ladder["source"] == "predicted")]
         b = bound["bound"].iloc[0] if len(bound) else ""
         if x:
-            out.append(md("{q}: {x} tok/s measured, {s} of its bandwidth ceiling {c}; predicted {p} ({b}-bound, "
-                          "error {e}).", q=q, x=fmt(x), s=f"{x / ceil[q]:.0%}" if q in ceil else "—",
+            out.append(md("{q}: {x} tok/s measured, {s} of its bandwidth ceiling {c}; predicted {p} (the whole "
+                          "token {b}-bound, error {e}).", q=q, x=fmt(x), s=f"{x / ceil[q]:.0%}" if q in ceil else "—",
                           c=fmt(ceil.get(q)), p=fmt(r["predicted"]), b=b, e=pct(r["predicted"], x)))
         else:
-            out.append(md("{q}: predicted {p} tok/s ({b}-bound), bandwidth ceiling {c}.", q=q, p=fmt(r["predicted"]),
+            out.append(md("{q}: predicted {p} tok/s (the whole token {b}-bound), bandwidth ceiling {c}.", q=q, p=fmt(r["predicted"]),
                           b=b, c=fmt(ceil.get(q))))
     if ladder.attrs.get("why_not_measured"):
         out.append(md("Not measured: {why}.", why=ladder.attrs["why_not_measured"]))
