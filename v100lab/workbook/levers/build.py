@@ -128,7 +128,7 @@ def simd_builds(sc: Scenario):
                 ("AVX-512 (-DGGML_AVX512=ON)", _variant(safe, GGML_AVX2=True, GGML_AVX512=True)))
     rows = []
     for name, args in variants:
-        missing = [f for _, needs in buildflags.X86_OPTIONS if buildflags.option_on(args, _) for f in needs
+        missing = [f for opt, needs in buildflags.X86_OPTIONS if buildflags.option_on(args, opt) for f in needs
                    if f not in cpu.flags]
         runs = "yes" if not missing else f"no: the CPU lacks {' '.join(sorted(set(missing)))}"
         types = buildflags.repack_types(args, cpu.flags, "x86_64")
