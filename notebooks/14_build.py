@@ -111,9 +111,10 @@ by_hand.agree("Q4_1 bandwidth time per weight", t_read,
 # %% [markdown]
 # ## Measured: decode over the quant ladder
 #
-# The measured model at its own quant and at the rungs notebook 04 builds with llama.cpp's quantizer, decoded here
-# (solid, ± sd) beside the calibrated prediction (dashed) and the bandwidth ceiling (blue line). A compute-bound
-# rung sits far below its ceiling, by its de-quantization cost.
+# The measured model's ladder, the rungs notebook 04 builds with llama.cpp's quantizer: every rung predicted with
+# the calibration beside its bandwidth ceiling (blue line); two decoded here (± sd) — the model's own quant and the
+# contrast the lesson is about (a type this build repacks, where the model's own is not). A compute-bound rung sits
+# far below its ceiling, by its de-quantization cost.
 
 # %%
 ladder = build.decode_ladder(sc)

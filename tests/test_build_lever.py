@@ -54,8 +54,8 @@ def test_the_rungs_decoded_are_the_own_quant_a_repacked_one_and_a_plain_one():
     rungs = build.measured_rungs(sc)
     assert rungs[0] == "Q4_1", "the default model's own quant first"
     assert len(rungs) <= build.MEASURED_RUNGS
-    assert any(build.base_type(q) in build.REPACK_TYPES for q in rungs)
-    assert any(build.base_type(q) not in build.REPACK_TYPES for q in rungs[1:])
+    assert rungs == ["Q4_1", "Q4_0"], "Q4_1 is not repacked: the contrast is a repacked single type"
+    assert build.measured_rungs(_ci(quants=["Q8_0", "Q4_K_M"])) == ["Q4_1", "Q4_K_M"]
 
 
 @pytest.mark.parametrize("card, cuda13_alone, arch", [("v100-16gb", False, 70), ("p40", False, 61), ("t4", True, 75),

@@ -44,8 +44,8 @@ ASSUMED_DRIVERS = ("580.95.05", "535.274.02")
 MACHINE_CUDA12 = cudabuild.Toolkit((12, 9), "/usr/local/cuda-12.9/bin/nvcc", "/usr/local/cuda-12.9", "machine")
 PS = 1e12
 LEVER_BUILD = "build"
-#: rungs of the ladder decoded here (the rest predicted): enough for the repacked / not repacked contrast
-MEASURED_RUNGS = 3
+#: rungs of the ladder decoded here (the rest predicted): the model's own and one for the repacked contrast
+MEASURED_RUNGS = 2
 
 
 # ----------------------------------------------------------------------------------------------- this CPU's build
@@ -248,15 +248,16 @@ def base_type(quant: str) -> str:
 
 
 def measured_rungs(sc: Scenario) -> list[str]:
-    """The rungs decoded here, at most :data:`MEASURED_RUNGS`: the model's own quant, a quant of ``quants`` whose
-    type this build repacks (a single type first), and the first it does not — the contrast the lesson is about,
-    kept short."""
+    """The rungs decoded here, at most :data:`MEASURED_RUNGS`: the model's own quant, then the contrast the lesson
+    is about, kept short — a quant of ``quants`` whose type this build repacks when the own one is not (a single
+    type first), else the first that is not repacked."""
     ladder = _ladder(sc)
     own, rest = ladder[0], ladder[1:]
+    own_repacked = base_type(own) in REPACK_TYPES
     # a single type (Q4_0) before a mix named after one (Q4_K_M keeps some tensors in Q6_K)
-    repacked = next((q for q in sorted(rest, key=lambda q: base_type(q) != q) if base_type(q) in REPACK_TYPES), None)
-    plain = next((q for q in rest if base_type(q) not in REPACK_TYPES), None)
-    return [q for q in dict.fromkeys([own, repacked, plain]) if q][:MEASURED_RUNGS]
+    other = next((q for q in sorted(rest, key=lambda q: base_type(q) != q)
+                  if (base_type(q) in REPACK_TYPES) != own_repacked), None)
+    return [q for q in dict.fromkeys([own, other] + rest) if q][:MEASURED_RUNGS]
 
 
 def decode_ladder(sc: Scenario):
