@@ -18,9 +18,10 @@ SOURCES = sorted(NB_DIR.glob("[0-9][0-9]_*.py"))
 ASKED = {"00": "decode at depth 0", "01": "KV cache", "02": "bandwidth ceiling", "03": "KV cache",
          "04": "memory on the device", "05": "decode at depth 0", "06": "KV cache", "07": "decode halfway",
          "08": "prompt steps", "09": "prompt processing", "10": "slots × context each",
-         "11": "load time", "12": "decode halfway", "13": "decode with"}
+         "11": "load time", "12": "decode halfway", "13": "decode with",
+         "14": "CUDA architecture"}
 # lessons about a GPU: answered for the seed's model on the GPU beside this machine, not the CPU's small model
-ON_GPU = {"00", "01", "05", "12"}
+ON_GPU = {"00", "01", "05", "12", "14"}
 
 
 def _cells(path: Path) -> list[str]:

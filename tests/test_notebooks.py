@@ -60,7 +60,7 @@ def test_the_notebooks_are_the_course_in_order():
     assert EXPECTED[0] == "00_overview"
     # the final configuration puts together every lever before it; a lever it does not tune may follow it
     final = next(i for i, name in enumerate(EXPECTED) if name.endswith("_final_config"))
-    assert all(name.startswith("13_speculative") for name in EXPECTED[final + 1:]), EXPECTED[final + 1:]
+    assert all(name.startswith(("13_speculative", "14_build")) for name in EXPECTED[final + 1:]), EXPECTED[final + 1:]
     assert len({name[:2] for name in EXPECTED}) == len(EXPECTED), "numbers are unique"
     assert [int(name[:2]) for name in EXPECTED] == list(range(len(EXPECTED))), "numbered without gaps"
     assert not (NB_DIR / "make_notebooks.py").exists(), "the notebooks are edited as text now (jupytext)"

@@ -174,7 +174,7 @@ def write_record(cmake_args: str, source: str, prefix: str | None = None, gpu: s
 
 
 # ----------------------------------------------------------------------------------------- kernel facts
-def _option_on(cmake_args: str, option: str) -> bool | None:
+def option_on(cmake_args: str, option: str) -> bool | None:
     """``-DOPTION=ON`` → True, ``=OFF`` → False, not named → None (the last mention wins, as in CMake)."""
     found = None
     for m in re.finditer(rf"-D{option}=(\w+)", cmake_args or ""):
@@ -192,14 +192,14 @@ def f16_simd_step(cmake_args: str | None, cpu_flags=(), machine: str | None = No
     flags = set(cpu_flags)
     if machine not in ("x86_64", "amd64", "i686", "i386"):
         return 32 if machine in ("aarch64", "arm64") else 16
-    native = _option_on(cmake_args or "", "GGML_NATIVE")
+    native = option_on(cmake_args or "", "GGML_NATIVE")
     if native is not False:               # -march=native: the host's features
         if "avx512f" in flags:
             return 128 if "avx512_fp16" in flags else 64
         return 32 if "avx" in flags else 16
-    if _option_on(cmake_args, "GGML_AVX512"):
+    if option_on(cmake_args, "GGML_AVX512"):
         return 64                         # the named options never include -mavx512fp16
-    if _option_on(cmake_args, "GGML_AVX2") or _option_on(cmake_args, "GGML_AVX"):
+    if option_on(cmake_args, "GGML_AVX2") or option_on(cmake_args, "GGML_AVX"):
         return 32
     return 16
 
@@ -240,11 +240,11 @@ def repack_types(cmake_args: str | None, cpu_flags=(), machine: str | None = Non
     if machine not in ("x86_64", "amd64", "i686", "i386"):
         return REPACK_TYPES_AVX2
     flags = set(cpu_flags)
-    if _option_on(cmake_args or "", "GGML_NATIVE") is not False:      # -march=native: the host's features
+    if option_on(cmake_args or "", "GGML_NATIVE") is not False:      # -march=native: the host's features
         avx512, avx2 = "avx512f" in flags, "avx2" in flags
     else:
-        avx512 = bool(_option_on(cmake_args, "GGML_AVX512"))
-        avx2 = avx512 or bool(_option_on(cmake_args, "GGML_AVX2"))
+        avx512 = bool(option_on(cmake_args, "GGML_AVX512"))
+        avx2 = avx512 or bool(option_on(cmake_args, "GGML_AVX2"))
     return REPACK_TYPES_AVX512 if avx512 else REPACK_TYPES_AVX2 if avx2 else frozenset()
 
 

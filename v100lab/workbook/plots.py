@@ -956,4 +956,67 @@ def machine_during_run(df):
         _dedupe_legend(ax, fontsize=8)
     what = "the GPU, as nvidia-smi -l 1 shows it" if gpu else "no NVIDIA GPU here: llama.cpp's process instead"
     _suptitle(fig, f"The machine while the baseline ran: {what}", df, fontsize=11)
+
+
+# ------------------------------------------------------------------------------------------------
+# 14: the build
+# ------------------------------------------------------------------------------------------------
+
+def dequant_costs(df):
+    """Per weight type, this machine: the calibrated decode cost per weight (de-quantizing and multiplying) beside
+    the time the weight's bytes take at the bandwidth; a repacked type's bar is hatched. Without a calibration,
+    the bandwidth side alone and why."""
+    fig, axes = _figure(width=8.0, height=4.2)
+    ax = axes[0][0]
+    d = df[df["lever"] == "weight_type"]
+    if not len(d):
+        _empty(ax, "no rows")
+        return fig
+    types = list(dict.fromkeys(d["value"]))
+    comp = d[d["metric"] == "compute_ps_per_weight"].set_index("value")
+    mem = d[d["metric"] == "memory_ps_per_weight"].set_index("value")
+    xs = list(range(len(types)))
+    ax.bar([x + 0.2 for x in xs], [mem["result"].get(t, float("nan")) for t in types], width=0.4, color="#bdbdbd",
+           label="reading its bytes at the bandwidth")
+    if len(comp):
+        repacked = [str(comp["note"].get(t, "")).find("not repacked") < 0 for t in types]
+        ax.bar([x - 0.2 for x in xs], [comp["result"].get(t, float("nan")) for t in types], width=0.4,
+               color=SOURCE_COLORS["predicted"], hatch=None, label="de-quantizing and multiplying (calibrated)")
+        ax.bar([x - 0.2 for x, r in zip(xs, repacked) if r], [comp["result"][t] for t, r in zip(types, repacked) if r],
+               width=0.4, color=SOURCE_COLORS["predicted"], hatch="//", edgecolor="white",
+               label="… a type this build repacks")
+    else:
+        _empty(ax, mpl_text(df.attrs.get("why_not_calibrated") or "not calibrated"))
+        ax.bar([x + 0.2 for x in xs], [mem["result"].get(t, float("nan")) for t in types], width=0.4, color="#bdbdbd")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([mpl_text(t) for t in types])
+    ax.set_xlabel("weight type (most bits first)")
+    ax.set_ylabel("decode time per weight (ps)")
+    _dedupe_legend(ax, loc="upper right")
+    _suptitle(fig, "Decode per weight: de-quantizing vs reading, per type", df)
+    return fig
+
+
+def build_speed(df):
+    """Decode speed per build (a CPU-only build against the CUDA build): predicted on the scenario's card, and
+    measured where this machine has a CUDA build."""
+    fig, axes = _figure(width=7.0, height=3.4)
+    ax = axes[0][0]
+    d = df[df["metric"] == "tg_tps"] if len(df) else df
+    if not len(d):
+        _empty(ax, mpl_text(df.attrs.get("why_not_measured") or "no NVIDIA card in this scenario"))
+        return fig
+    rows = list(dict.fromkeys(zip(d["source"], d["value"])))
+    ys = list(range(len(rows)))
+    vals = [d[(d["source"] == s) & (d["value"] == v)]["result"].mean() for s, v in rows]
+    sds = [d[(d["source"] == s) & (d["value"] == v)]["sd"].max() for s, v in rows]
+    ax.barh(ys, vals, xerr=sds, color=[SOURCE_COLORS[s] for s, _ in rows], height=0.6)
+    for y, (s, v), x in zip(ys, rows, vals):
+        ax.text(x, y, f" {x:,.1f}", va="center", fontsize=8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([mpl_text(f"{v} ({s})") for s, v in rows], fontsize=8)
+    ax.set_xlabel("decode speed (tok/s)")
+    card = df.attrs.get("card") or ""
+    ax.set_title(mpl_text(f"on {card}" if card else "this machine"), fontsize=10)
+    _suptitle(fig, "What the build is worth: a CPU-only build vs the CUDA build", df)
     return fig

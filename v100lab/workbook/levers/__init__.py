@@ -2,7 +2,7 @@
 measured, for one lever — and its ``PARAMETERS`` (the scenario keys its parameters cell holds): ``overview`` 00,
 ``triangle`` 01, ``ceiling`` 02, ``baseline`` 03, ``quantization`` 04, ``offload`` 05, ``context`` 06,
 ``flash_attention`` 07, ``batch_size`` 08, ``threads`` 09, ``parallel`` 10, ``loading`` 11, ``final`` 12,
-``spec_decode`` 13; ``course`` lists them in reading order.
+``spec_decode`` 13, ``build`` 14; ``course`` lists them in reading order.
 
 What every notebook shares lives beside them under a name that says so: ``steps`` (the scenario resolved once:
 what is studied, predicted, measured, and why not), ``by_hand`` (the by-hand cells' ``agree``), ``exercises``

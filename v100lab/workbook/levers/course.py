@@ -62,6 +62,9 @@ LESSONS = (
     Lesson("13_speculative_decoding", "Speculative decoding: a draft checked in one pass, measured acceptance and "
                                       "tok/s vs predicted over the draft length; the seed's V100 with MTP.",
            "spec_decode"),
+    Lesson("14_build", "The build: this CPU's SIMD level and repacked types, de-quantization cost per weight type vs "
+                       "the bandwidth, the measured quant ladder; the CUDA architecture and toolkit for the card.",
+           "build"),
 )
 
 _BY_NAME = {lesson.notebook: lesson for lesson in LESSONS}

@@ -14,6 +14,7 @@ from v100lab.predict import memory, speculative, speed
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import ConfigError
 from v100lab.workbook.scenario import Scenario
+from v100lab.workbook.levers.build import card_plan
 from v100lab.workbook.levers.steps import GIB, MIB, beside, devices_for, spec_at_quant, study
 
 # The rows a change adds to the answer, beside the ones every answer has: what the lesson asks about.
@@ -45,8 +46,24 @@ def _load_rows(spec, device, cfg) -> dict[str, str]:
             "pages locked in RAM (--mlock)": "yes" if cfg.use_mlock else "no"}
 
 
+def _cuda_rows(device) -> dict[str, str]:
+    """The CUDA build for ``device`` (:func:`v100lab.workbook.levers.build.card_plan`): its architecture, and the
+    toolkit it takes with the registry's CUDA 13 alone and with a machine's CUDA 12.9 (a driver of the 580 branch)."""
+    if device.kind != "gpu" or not device.compute_capability:
+        return {"CUDA architecture (-DCMAKE_CUDA_ARCHITECTURES)": "— (no NVIDIA card)"}
+    alone, with12 = card_plan(device), card_plan(device, machine_cuda12=True)
+
+    def toolkit(plan):
+        return plan.toolkit.label if plan.cuda else "none: needs CUDA 12.x" if plan.archs and min(plan.archs) < 75 \
+            else "none"
+    return {"CUDA architecture (-DCMAKE_CUDA_ARCHITECTURES)": f"{device.compute_capability} → "
+            f"{';'.join(map(str, with12.archs or alone.archs))}",
+            "toolkit with the registry's CUDA 13 alone": toolkit(alone),
+            "toolkit with a CUDA 12.9 on the machine too": toolkit(with12)}
+
+
 def _state(sc: Scenario, quant: str | None, gpu: bool, device: str | None, keys,
-           draft: tuple[float, int] | None = None) -> dict[str, Any]:
+           draft: tuple[float, int] | None = None, cuda_build: bool = False) -> dict[str, Any]:
     model, spec, label, device = _subject(sc, gpu, device)
     spec = spec_at_quant(model, quant) if quant else spec
     devs = devices_for(device)
@@ -91,6 +108,8 @@ def _state(sc: Scenario, quant: str | None, gpu: bool, device: str | None, keys,
         out["longest single conversation (tokens)"] = f"{sizes.n_ctx_seq:,}"
     if keys & _LOAD_KEYS:
         out.update(_load_rows(spec, device, cfg))
+    if cuda_build:
+        out.update(_cuda_rows(device))
     if draft is not None:
         alpha, n = draft
         sp = speculative.predict(spec, devs, fitted, spec_type="ngram-simple", n_draft=n, alpha=alpha)
@@ -100,12 +119,13 @@ def _state(sc: Scenario, quant: str | None, gpu: bool, device: str | None, keys,
 
 
 def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str | None = None, gpu: bool = False,
-            draft: tuple[float, int] | None = None, **changes):
+            draft: tuple[float, int] | None = None, cuda_build: bool = False, **changes):
     """The answer to a "try it", predicted now and with the change — keys set to new values (``n_threads=1``),
     numeric keys scaled (``scale={"n_ctx": 0.5}``), the model at another quant (``quant="Q8_0"``). With ``gpu``,
     for the seed's model on the GPU beside this machine (``device=`` then swaps that GPU). Rows: what fits,
     memory, decode, prompt, the bandwidth ceiling, and what the changed key's lesson asks (steps, slots, loading);
-    with ``draft=(α, n)`` also speculative decode with n n-gram tokens drafted at per-token acceptance α."""
+    with ``draft=(α, n)`` also speculative decode with n n-gram tokens drafted at per-token acceptance α; with
+    ``cuda_build`` also the CUDA build for the card (its architecture, and the toolkit that compiles it)."""
     import pandas as pd  # heavy third-party dependency
 
     new = dict(changes)
@@ -121,8 +141,8 @@ def what_if(sc: Scenario, scale: Mapping[str, float] | None = None, quant: str |
         raise ConfigError("what_if: name a change (a key, scale=, quant= or device=)")
     after = sc.with_(**new) if new else sc
     keys = set(new)
-    before_state = _state(sc, None, gpu, None, keys, draft)
-    after_state = _state(after, quant, gpu, device, keys, draft)
+    before_state = _state(sc, None, gpu, None, keys, draft, cuda_build)
+    after_state = _state(after, quant, gpu, device, keys, draft, cuda_build)
     rows = [(k, before_state[k], after_state[k]) for k in before_state]
     df = pd.DataFrame(rows, columns=["", "now", f"with {what}"])
     df.attrs["change"] = what
