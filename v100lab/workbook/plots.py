@@ -956,6 +956,7 @@ def machine_during_run(df):
         _dedupe_legend(ax, fontsize=8)
     what = "the GPU, as nvidia-smi -l 1 shows it" if gpu else "no NVIDIA GPU here: llama.cpp's process instead"
     _suptitle(fig, f"The machine while the baseline ran: {what}", df, fontsize=11)
+    return fig
 
 
 # ------------------------------------------------------------------------------------------------
