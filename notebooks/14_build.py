@@ -50,7 +50,7 @@ repetitions: int = 5                      # repetitions per test (llama-bench -r
 # %%
 # Validate the parameters above (papermill's injected ones included): a wrong type or value stops here.
 from v100lab.workbook import plots, render
-from v100lab.workbook.levers import build, by_hand, exercises, overview
+from v100lab.workbook.levers import baseline, build, by_hand, exercises, overview
 from v100lab.workbook.scenario import from_notebook
 
 sc = from_notebook(globals())
@@ -167,6 +167,9 @@ build.caption_gpu_build(sc, gpu)
 
 # %%
 build.summary_build(sc, costs, ladder, plans, gpu)
+
+# %%
+baseline.headline(ladder, lever="quant")
 
 # %% [markdown]
 # ## Try it
