@@ -317,6 +317,11 @@ def test_executes_on_ci_params(path, tmp_path):
     if any("baseline.headline(" in c.source for c in nb.cells if c.cell_type == "code"):
         h = read_headline(nb)
         assert h is not None and (h["measured_tok_s"] or h["predicted_tok_s"]), h
+        if h["measured_tok_s"]:
+            # a run that measured decoded its reference at its start and again at its headline
+            ref = h["reference"]
+            assert ref["start"]["tps"] > 0 and ref["end"]["tps"] > 0 and ref["shift"]["ratio"] > 0, ref
+            assert h["measured_points"] and all(p["setup"] for p in h["measured_points"]), h["measured_points"]
 
 
 @pytest.mark.slow

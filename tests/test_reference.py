@@ -145,16 +145,30 @@ def test_the_index_survives_a_reference_that_is_not_numbers():
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_a_run_records_its_start_and_end_references(tmp_path):
-    from v100lab.workbook.scenario import load_scenario
+def test_a_run_records_its_start_and_end_references():
     from pathlib import Path
+
+    from v100lab.workbook.scenario import load_scenario
 
     sc = load_scenario(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
     start = steps.reference_start(sc)
     assert start is not None and start["tps"] > 0 and start["threads"] == 1 and start["when"] == "start"
     assert start["model"].endswith(".gguf") and start["repetitions"] == 3
     assert steps.reference_start(sc) is start, "one start per run (kernel)"
+    # no step has measured yet: the end is decoded when asked
     ref = steps.reference_end()
     assert ref["start"] is start and ref["end"]["tps"] > 0 and ref["end"]["when"] == "end"
     assert ref["shift"]["ratio"] == pytest.approx(ref["end"]["tps"] / start["tps"], rel=1e-3)
     assert isinstance(ref["shift"]["moved"], bool)
+    # a step that measured speeds: the reference decoded after it, its spreads widened by the drift since the last
+    common = dict(model="m", quant="Q4_1", device="host", lever="n_depth", value="0", metric="tg_tps", unit="tok/s")
+    df = steps.lever_frame([Observation(**common, result=100.0, source="measured", sd=1.0, repetitions=3),
+                            Observation(**common, result=90.0, source="predicted")])
+    shift = df.attrs["reference_shift"]
+    assert shift["ratio"] > 0
+    measured = df[df["source"] == "measured"]["sd"].iloc[0]
+    assert measured == pytest.approx(spread_with_drift(100.0, 1.0, shift["drift"]))
+    after = steps.reference_end()
+    assert after["end"]["when"] == "after measuring", "the end is the reference after the last measuring step"
+    # a step that measured no speed decodes nothing
+    assert "reference_shift" not in steps.lever_frame([Observation(**common, result=90.0, source="predicted")]).attrs

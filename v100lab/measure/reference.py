@@ -4,9 +4,11 @@ On a shared VM the same configuration decodes 10-30 % apart minutes apart, more 
 repetitions one measurement takes back to back. A notebook run therefore measures one small configuration that
 never changes — the default model, :data:`TEST` (a short decode) at depth 0, ``-c`` :data:`N_CTX`, the
 scenario's threads, :data:`REPETITIONS` repetitions in one load (a few seconds) — before it measures anything
-and again when it publishes its headline. The two records say how far the machine moved while the run
-measured (:func:`v100lab.predict.drift_scaling.reference_shift`), and the prediction the calibration makes
-for the same configuration says where the machine stands against its calibration.
+and again after each step that measured speeds (``v100lab.workbook.levers.steps``). Two successive records say
+how far the machine moved while the step between them measured
+(:func:`v100lab.predict.drift_scaling.reference_shift`), the first and the last how far it moved during the
+run, and the prediction the calibration makes for the same configuration says where the machine stands against
+its calibration.
 """
 
 from __future__ import annotations

@@ -171,13 +171,14 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
     one-line finding (the best lever value, only beyond the noise). When the notebook measured nothing, the
     prediction alone and why (the index shows "ok (partial)"). Displays it; returns None.
 
-    The run's reference is measured again here (:func:`~v100lab.workbook.levers.steps.reference_end`): every
-    measured spread — the headline's, the finding's "best", the points the index compares across notebooks —
-    then includes the drift between the start and end references, not only the repetitions'."""
+    The run's references go with it (:func:`~v100lab.workbook.levers.steps.reference_end`). Measured spreads
+    already include the drift of the reference while they were measured (``lever_frame``); a frame made without
+    it is widened here by the drift between the run's start and end references."""
     ref = reference_end()
-    drift = (ref.get("shift") or {}).get("drift") if ref else None
-    f_reps = headline_figures(df, metric, lever, value)
-    df = with_drift(df, drift)
+    drift = (df.attrs.get("reference_shift") or {}).get("drift")
+    if "reference_shift" not in df.attrs and ref:
+        drift = (ref.get("shift") or {}).get("drift")
+        df = with_drift(df, drift)
     f = headline_figures(df, metric, lever, value)
     measured = predicted = None
     model = device = chosen = finding = ""
@@ -186,8 +187,8 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
         measured, predicted, model, device = f["measured"], f["predicted"], f["model"], f["device"]
         chosen = df.attrs.get("title") if f["value"] == "baseline" else _value_text(f["lever"], f["value"])
         extra = {k: f[k] for k in ("median_error", "points", "worst_error", "sd")}
-        if drift:
-            extra["sd_repetitions"] = f_reps.get("sd")
+        if drift and f["sd"] is not None:   # the repetitions' own spread, the drift's share taken out again
+            extra["sd_repetitions"] = max(0.0, f["sd"] ** 2 - (f["measured"] * drift) ** 2) ** 0.5
         parts = []
         if lever is not None:
             parts.append(best_of(points(df, metric, lever), flag=_VALUE_FLAG.get(lever, lever)))

@@ -459,10 +459,12 @@ def _swept_config(cfg: RunConfig, lever: str, value: Any) -> RunConfig:
 
 def lever_frame(rows: Iterable[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
     """A step's tidy frame: measured and claimed decode rows flagged against the physical ceilings the rows
-    predict (:func:`v100lab.facts.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``.
+    predict (:func:`v100lab.facts.results.flag_above_ceiling`), measured speeds' spreads widened by the drift of
+    the run's reference while they were measured (:func:`reference_after`), ``failures`` and ``attrs`` in
+    ``frame.attrs``.
     A sweep that was not measured (:class:`Failures` ``not_measured``) says why in ``why_not_measured``
     unless the step gave one."""
-    df = flag_above_ceiling(tidy_frame(rows))
+    df = reference_after(flag_above_ceiling(tidy_frame(rows)))
     df.attrs["failures"] = list(failures)
     df.attrs.update(attrs)
     skipped = getattr(failures, "not_measured", "")
@@ -501,7 +503,7 @@ def capture_load(st: Study, cfg: RunConfig):
 # the run's reference measurement (v100lab.measure.reference): at its start and at its end
 # --------------------------------------------------------------------------------------------
 
-_START: dict[str, Any] = {}      # this kernel's start reference (one run of a notebook is one kernel)
+_REFS: dict[str, Any] = {}       # this kernel's references (one run of a notebook is one kernel): the start, the last
 
 
 def reference_start(sc: Scenario) -> dict[str, Any] | None:
@@ -513,31 +515,54 @@ def reference_start(sc: Scenario) -> dict[str, Any] | None:
     if not st.measuring or st.remote:
         return None
     threads = sc.run_config().n_threads
-    if _START.get("threads_asked") == threads:
-        return _START["record"]
+    if _REFS.get("threads_asked") == threads:
+        return _REFS["start"]
     try:
         rec = reference.measure(threads, when="start")
     except V100labError as exc:
         log.warning("no reference measured at the start of this run: %s", exc)
         return None
     rec["predicted_tps"] = reference.predicted_tps(threads)
-    _START.clear()
-    _START.update(threads_asked=threads, record=rec)
+    _REFS.clear()
+    _REFS.update(threads_asked=threads, start=rec, last=rec)
     return rec
 
 
+def _reference_now(when: str) -> dict[str, Any] | None:
+    try:
+        rec = reference.measure(_REFS["threads_asked"], when=when)
+    except V100labError as exc:
+        log.warning("no reference measured %s: %s", when, exc)
+        return None
+    _REFS["last"] = rec
+    return rec
+
+
+def reference_after(df):
+    """``df`` (a step's frame) after its measurements: the reference decoded again now, and every measured tok/s
+    row's spread widened by how far it moved since the run's previous reference (:func:`with_drift`) — the
+    drift over the time those rows were measured, which every caption, summary and headline drawn from the frame
+    then includes. ``attrs["reference_shift"]`` says how far it moved. ``df`` as it is when the run has no start
+    reference or measured no speed."""
+    if not _REFS.get("start") or not len(df) or not ((df["source"] == "measured") & (df["unit"] == TPS)).any():
+        return df
+    before = _REFS["last"]
+    now = _reference_now("after measuring")
+    shift = drift_scaling.reference_shift(before, now)
+    out = with_drift(df, (shift or {}).get("drift"))
+    out.attrs["reference_shift"] = shift
+    return out
+
+
 def reference_end() -> dict[str, Any] | None:
-    """The run's references, its end measured now with the start's configuration: ``{"start", "end", "shift"
-    (:func:`v100lab.predict.drift_scaling.reference_shift`), "machine_ratio" (the start against the
-    calibration's prediction for it)}``; None when the run has no start reference."""
-    start = _START.get("record")
+    """The run's references: ``{"start", "end", "shift" (:func:`v100lab.predict.drift_scaling.reference_shift`,
+    end against start), "machine_ratio" (the start against the calibration's prediction for it)}``. The end is the
+    reference decoded after the run's last measuring step (:func:`reference_after`), or decoded now when none
+    was; None when the run has no start reference."""
+    start = _REFS.get("start")
     if not start:
         return None
-    try:
-        end = reference.measure(_START["threads_asked"], when="end")
-    except V100labError as exc:
-        log.warning("no reference measured at the end of this run: %s", exc)
-        end = None
+    end = _REFS["last"] if _REFS.get("last") is not start else _reference_now("end")
     pred = start.get("predicted_tps")
     return {"start": start, "end": end, "shift": drift_scaling.reference_shift(start, end),
             "machine_ratio": round(start["tps"] / pred, 4) if pred else None}
