@@ -723,8 +723,9 @@ def _agreement_html(found: Sequence[Agreement]) -> str:
         rows.append(f"<tr><td>{escape(a.scenario)}</td><td class='conf'>{escape(a.setup)}</td>"
                     f"<td>{escape(a.metric)}</td><td class='num'>{figs}</td><td>{verdict}</td></tr>")
     return f"""<h2>The same configuration in several notebooks</h2>
-<p class="muted">Each figure ± its spread: the repetitions' and the drift between the run's start and end
-references. Agree: every two figures within twice their combined spreads.</p>
+<p class="muted">Each figure ± its spread: the repetitions' and how far the run's reference moved while it was
+measured. Agree: every two figures within twice their combined spreads; ⚠ differ: the machine moved between the
+runs by more than their references saw.</p>
 <table>
 <thead><tr><th>scenario</th><th>setup</th><th>metric</th><th>measured</th><th>verdict</th></tr></thead>
 <tbody>
@@ -824,8 +825,9 @@ configuration (the configuration column: model, depth, flags, threads), ± the s
 median of predicted / measured − 1 over every point the notebook measured (⚠ beyond ±15 %); ratio: measured /
 predicted at the headline's point; finding: what the notebook found, in one line. "ok (partial)": the notebook ran,
 but measured nothing, for the reason given. Reference: one small fixed configuration (the default model, a short
-decode, the scenario's threads) decoded at the run's start and at its end, tok/s; ⚠ when it moved beyond its
-noise. The ± of a measured figure then includes that drift.</p>
+decode, the scenario's threads) decoded at the run's start and after each step that measured speeds, tok/s, first
+→ last; ⚠ when it moved beyond its noise; × its calibration's prediction. The ± of a measured figure includes how
+far the reference moved while it was measured.</p>
 <table>
 <thead><tr><th>#</th><th>scenario</th><th>model</th><th>device</th><th>notebook</th><th>status</th>
 <th>duration</th><th>configuration</th>
