@@ -448,7 +448,8 @@ def setup_of(row: Mapping[str, Any]) -> str:
     notebooks with the same setup measured the same configuration."""
     cfg = row.get("config") or {}
     return " · ".join([
-        Path(str(row.get("model_filename") or "?")).name, str(row.get("test")), f"depth {row.get('n_depth', 0)}",
+        Path(str(row.get("model_filename") or "?")).name, str(row.get("test")).partition("@")[0].strip(),
+        f"depth {row.get('n_depth', 0)}",
         f"-c {cfg.get('n_ctx', '?')}", f"-t {row.get('n_threads')}", f"-fa {row.get('flash_attn')}",
         f"-ctk {row.get('type_k')} -ctv {row.get('type_v')}", f"-ngl {row.get('n_gpu_layers')}",
         f"-b {row.get('n_batch')} -ub {row.get('n_ubatch')}", f"-np {cfg.get('n_parallel', 1)}",
