@@ -519,7 +519,7 @@ def reference_start(sc: Scenario) -> dict[str, Any] | None:
         return _REFS["start"]
     try:
         rec = reference.measure(threads, when="start")
-    except V100labError as exc:
+    except Exception as exc:  # noqa: BLE001 - a reference that cannot be made leaves the run unjudged, never failed
         log.warning("no reference measured at the start of this run: %s", exc)
         return None
     rec["predicted_tps"] = reference.predicted_tps(threads)
@@ -531,7 +531,7 @@ def reference_start(sc: Scenario) -> dict[str, Any] | None:
 def _reference_now(when: str) -> dict[str, Any] | None:
     try:
         rec = reference.measure(_REFS["threads_asked"], when=when)
-    except V100labError as exc:
+    except Exception as exc:  # noqa: BLE001 - a reference that cannot be made leaves the run unjudged, never failed
         log.warning("no reference measured %s: %s", when, exc)
         return None
     _REFS["last"] = rec
