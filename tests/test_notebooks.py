@@ -274,7 +274,8 @@ def test_closes_with_an_exercise_and_its_collapsed_answer(path):
 def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
     glossary = (NB_DIR / "GLOSSARY.md").read_text(encoding="utf-8")
     for word in ("tok/s", "pp / tg", "depth", "ubatch", "-ngl", "SWA", "GQA", "KV cache", "roofline", "physical ceiling",
-                 "calibrated", "memory-bound", "margin", "nats", "recurrent state"):
+                 "calibrated", "memory-bound", "margin", "nats", "recurrent state",
+                 "reference (of a run)"):
         assert word in glossary, f"GLOSSARY.md does not define {word!r}"
     assert "(GLOSSARY.md)" in _read(NB_DIR / "00_overview.ipynb").cells[0].source
 
