@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -200,6 +201,10 @@ def test_sweep_and_observations(default_model, tmp_path):
     assert list(df["value"]) == ["0", "16"] and (df["tok_s"] > 0).all()
     assert all("backend inprocess" in n for n in df["note"])
     assert list(df["repetitions"]) == [2, 2] and (df["sd"] >= 0).all()     # the spread is a column, not a note
+    # each row says what llama.cpp ran: two depths are two setups, the rest of the line is the same
+    a, b = list(df["setup"])
+    assert "tg8 · depth 0" in a and "tg8 · depth 16" in b and a.replace("depth 0", "depth 16") == b
+    assert f"-t {CFG.threads}" in a and a.startswith(Path(default_model).name) and a.endswith("inprocess")
     again = harness.sweep(default_model, CFG, "n_depth", [0, 16], tests="tg8", repetitions=2, results=res,
                         progress=False, monitor=False)
     assert [r["run_id"] for r in again] == [r["run_id"] for r in rows]     # resumed: nothing re-measured

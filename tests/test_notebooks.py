@@ -274,7 +274,8 @@ def test_closes_with_an_exercise_and_its_collapsed_answer(path):
 def test_the_glossary_defines_the_workbooks_words_and_00_links_it():
     glossary = (NB_DIR / "GLOSSARY.md").read_text(encoding="utf-8")
     for word in ("tok/s", "pp / tg", "depth", "ubatch", "-ngl", "SWA", "GQA", "KV cache", "roofline", "physical ceiling",
-                 "calibrated", "memory-bound", "margin", "nats", "recurrent state"):
+                 "calibrated", "memory-bound", "margin", "nats", "recurrent state",
+                 "reference (of a run)"):
         assert word in glossary, f"GLOSSARY.md does not define {word!r}"
     assert "(GLOSSARY.md)" in _read(NB_DIR / "00_overview.ipynb").cells[0].source
 
@@ -317,6 +318,11 @@ def test_executes_on_ci_params(path, tmp_path):
     if any("baseline.headline(" in c.source for c in nb.cells if c.cell_type == "code"):
         h = read_headline(nb)
         assert h is not None and (h["measured_tok_s"] or h["predicted_tok_s"]), h
+        if h["measured_tok_s"]:
+            # a run that measured decoded its reference at its start and again at its headline
+            ref = h["reference"]
+            assert ref["start"]["tps"] > 0 and ref["end"]["tps"] > 0 and ref["shift"]["ratio"] > 0, ref
+            assert h["measured_points"] and all(p["setup"] for p in h["measured_points"]), h["measured_points"]
 
 
 @pytest.mark.slow

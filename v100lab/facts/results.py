@@ -22,6 +22,8 @@ group           rows drawn together (one panel of the memory breakdown, "MODEL o
 bound           what limits a predicted speed ("memory", "compute", "overhead", ...); "" for other rows
 sd              standard deviation of ``result`` over its repetitions (0 for a prediction or a single run)
 repetitions     how many runs ``result`` is the mean of (1 for a prediction or a single run)
+setup           what llama.cpp ran for a measured row, in one line (file, test, depth, flags, threads, backend):
+                two rows with the same setup measured the same thing, in whichever notebook; "" for other rows
 note            free text for people ("stand-in model", "noisy: cv 12%"): nothing joins or filters on it
 tok_s           ``result`` where unit is tok/s, else NaN (convenience column for plots; frames only)
 ==============  ==========================================================================
@@ -81,6 +83,7 @@ class Observation:
     bound: str = _col(TEXT, "")
     sd: float = _col(NUMBER, 0.0)
     repetitions: int = _col(COUNT, 1)
+    setup: str = _col(TEXT, "")
 
     def __post_init__(self):
         for f in fields(self):

@@ -437,8 +437,23 @@ def rows_to_observations(rows: Iterable[Mapping[str, Any]], model_label: str, de
         out.append(Observation(model=model_label, quant=r.get("model_file_type") or "unknown", device=device,
                                lever=lever, value=str(value), metric=metric_of(r), result=float(r["avg_ts"]),
                                unit=TPS, source="measured", note="; ".join(notes),
-                               sd=float(r.get("stddev_ts") or 0.0), repetitions=max(1, int(r.get("repetitions") or 1))))
+                               sd=float(r.get("stddev_ts") or 0.0), repetitions=max(1, int(r.get("repetitions") or 1)),
+                               setup=setup_of(r)))
     return out
+
+
+def setup_of(row: Mapping[str, Any]) -> str:
+    """What a bench row ran, in one line: the model file, the test, the depth and the flags that change a speed
+    (``-c``, ``-t``, ``-fa``, the KV types, ``-ngl``, ``-b``/``-ub``, ``-np``) and the backend. Rows of two
+    notebooks with the same setup measured the same configuration."""
+    cfg = row.get("config") or {}
+    return " · ".join([
+        Path(str(row.get("model_filename") or "?")).name, str(row.get("test")).partition("@")[0].strip(),
+        f"depth {row.get('n_depth', 0)}",
+        f"-c {cfg.get('n_ctx', '?')}", f"-t {row.get('n_threads')}", f"-fa {row.get('flash_attn')}",
+        f"-ctk {row.get('type_k')} -ctv {row.get('type_v')}", f"-ngl {row.get('n_gpu_layers')}",
+        f"-b {row.get('n_batch')} -ub {row.get('n_ubatch')}", f"-np {cfg.get('n_parallel', 1)}",
+        str(row.get("backend"))])
 
 
 def _fmt_size(n: int | None, gib: float = 2**30) -> str:

@@ -169,3 +169,43 @@ def describe(record: Mapping[str, Any] | None, now: _dt.datetime | None = None) 
                         + "): predictions use the calibration's rates; `v100lab calibrate --check` applies a new "
                           "check, `v100lab calibrate` remakes the profile")
     return clause, warnings
+
+
+# --------------------------------------------------------------------------------------------
+# a run's reference measurement (v100lab.measure.reference): start against end, spreads that include the drift
+# --------------------------------------------------------------------------------------------
+
+#: a reference within this of its start has not moved (the harness's noisy band: cv 5 %)
+REFERENCE_TOLERANCE = 0.05
+
+
+def reference_shift(start: Mapping[str, Any] | None, end: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """How far a run's reference moved from its start to its end: ``{"ratio": end / start, "standard_error": of
+    the ratio (both means' standard errors), "moved": beyond :data:`REFERENCE_TOLERANCE` and :data:`NOISE_Z`
+    standard errors (:func:`has_moved`), "drift": |ratio − 1|}``. None without both records."""
+    if not start or not end or not start.get("tps") or not end.get("tps"):
+        return None
+    s, e = float(start["tps"]), float(end["tps"])
+    ratio = e / s
+
+    def rel_se(rec) -> float:
+        n = max(1, int(rec.get("repetitions") or 1))
+        return float(rec.get("sd") or 0.0) / float(rec["tps"]) / n ** 0.5
+
+    se = ratio * (rel_se(start) ** 2 + rel_se(end) ** 2) ** 0.5
+    rung = {"ratio": ratio, "standard_error": se if se > 0 else None}
+    return {"ratio": round(ratio, 4), "standard_error": round(se, 4),
+            "moved": has_moved(rung, tolerance=REFERENCE_TOLERANCE), "drift": round(abs(ratio - 1), 4)}
+
+
+def spread_with_drift(value: float, sd: float, drift: float) -> float:
+    """The spread of a measured ``value`` taken between a start and an end reference ``drift`` apart (|end / start
+    − 1|): its repetitions' ``sd`` and the drift's share of the value, combined in quadrature. A measurement made
+    somewhere between the two references may have seen either machine, so the whole difference counts."""
+    return (float(sd) ** 2 + (float(value) * float(drift)) ** 2) ** 0.5
+
+
+def agree(a: float, sd_a: float, b: float, sd_b: float, z: float = NOISE_Z) -> bool:
+    """Whether two measurements of one configuration agree: their difference within ``z`` of their combined
+    spreads (the spreads combined in quadrature)."""
+    return abs(float(a) - float(b)) <= z * (float(sd_a) ** 2 + float(sd_b) ** 2) ** 0.5

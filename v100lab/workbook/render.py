@@ -281,19 +281,57 @@ def headline_record(measured_tok_s: float | None, predicted_tok_s: float | None,
                     model: str = "", device: str = "", note: str = "", configuration: str = "",
                     partial: str = "", unit: str = "tok/s", sd: float | None = None,
                     median_error: float | None = None, worst_error: float | None = None, points: int = 0,
-                    finding: str = "") -> dict[str, Any]:
+                    finding: str = "", sd_repetitions: float | None = None,
+                    reference: dict[str, Any] | None = None,
+                    measured_points: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The headline as a plain dict (what ``publish_headline`` displays). ``configuration``: the conditions
     both figures are for (flags, depth, threads); ``partial``: why the notebook measured nothing, when it did
     not (the index shows "ok (partial)" with it); ``unit`` of the two figures; ``sd``: the measured figure's
     spread; ``median_error``/``worst_error`` (predicted / measured − 1) over ``points`` measured points;
-    ``finding``: one line of what the notebook found."""
+    ``finding``: one line of what the notebook found; ``sd_repetitions``: the repetitions' own spread when ``sd``
+    includes the drift between the run's references; ``reference``: the run's start and end references and their
+    shift (:func:`v100lab.workbook.levers.steps.reference_end`); ``measured_points``: every measured figure by
+    setup (:func:`v100lab.workbook.levers.steps.measured_points`), which the batch index compares across notebooks."""
     if isinstance(points, bool) or not isinstance(points, int) or points < 0:
         raise ConfigError(f"publish_headline: points must be a count, got {points!r}")
     return {"metric": str(metric), "measured_tok_s": _number("measured_tok_s", measured_tok_s),
             "predicted_tok_s": _number("predicted_tok_s", predicted_tok_s), "model": str(model),
             "device": str(device), "note": str(note), "configuration": str(configuration), "partial": str(partial),
             "unit": str(unit), "sd": _number("sd", sd), "median_error": _number("median_error", median_error),
-            "worst_error": _number("worst_error", worst_error), "points": points, "finding": str(finding)}
+            "worst_error": _number("worst_error", worst_error), "points": points, "finding": str(finding),
+            "sd_repetitions": _number("sd_repetitions", sd_repetitions),
+            "reference": dict(reference) if reference else None,
+            "measured_points": [dict(p) for p in measured_points or ()]}
+
+
+#: a reference this far from what the calibration predicts for it says the machine is not the calibrated one
+MACHINE_BAND = 0.15
+
+
+def reference_text(rec: dict[str, Any] | None) -> str:
+    """A reference record in words: "SmolLM2-135M-Instruct.Q4_1.gguf tg32 -t 2: 170.1 ± 2.1 tok/s (the
+    calibration predicts 165.0: ×1.03)"; "not measured" for None."""
+    if not rec:
+        return "not measured"
+    pred = rec.get("predicted_tps")
+    return (f"{rec.get('model')} {rec.get('test')} -t {rec.get('threads')}: {rec['tps']:,.1f} ± {rec.get('sd') or 0:,.1f} "
+            "tok/s" + (f" (the calibration predicts {pred:,.1f}: ×{rec['tps'] / pred:.2f})" if pred else ""))
+
+
+def reference_shift_text(ref: dict[str, Any] | None) -> str:
+    """The run's references in one clause: "reference 170.1 → 150.3 tok/s (−11.6 %, moved beyond its noise: the
+    spreads include it)" or "… (+1.2 %, within its noise)"; "" without both."""
+    if not ref or not ref.get("end") or not ref.get("shift"):
+        return ""
+    s, e, sh = ref["start"], ref["end"], ref["shift"]
+    verdict = ("moved beyond its noise: the spreads include it, predictions stand against a moving machine"
+               if sh.get("moved") else "within its noise")
+    mr = ref.get("machine_ratio")
+    machine = (f"; the machine at ×{mr:.2f} of its calibration at the start"
+               + (" (beyond ±15 %: every prediction of this run is off by about that much before the model's own "
+                  "error)" if abs(mr - 1) > MACHINE_BAND else "") if mr else "")
+    return (f"reference {s['tps']:,.1f} → {e['tps']:,.1f} tok/s ({100 * (sh['ratio'] - 1):+.1f} %, {verdict})"
+            + machine)
 
 
 def headline_text(h: dict[str, Any]) -> str:
@@ -311,6 +349,7 @@ def headline_text(h: dict[str, Any]) -> str:
             + (f" · {h['finding']}" if h.get("finding") else "")
             + (f" · {h['configuration']}" if h.get("configuration") else "")
             + (f" · {h['note']}" if h.get("note") else "")
+            + (f" · {reference_shift_text(h.get('reference'))}" if reference_shift_text(h.get("reference")) else "")
             + (f" · partial: {h['partial']}" if h.get("partial") else ""))
 
 

@@ -56,6 +56,7 @@ from urllib.parse import quote
 
 from v100lab import __version__
 from v100lab.base.errors import ConfigError, OutputError
+from v100lab.predict.drift_scaling import agree
 from v100lab.workbook.render import HEADLINE_MIME, escape
 from v100lab.base.safeio import check_creatable, write_atomic
 from v100lab.workbook.levers.course import keys_of
@@ -653,6 +654,87 @@ def _error_cell(h: dict) -> str:
     return f"{100 * med:+.0f} %<div class='muted'>{n} pt{'s' if n != 1 else ''}</div>{mark}"
 
 
+def _reference_cell(h: dict) -> str:
+    """The run's reference at its start and end (tok/s) and how far it moved; marked when beyond its noise.
+    "—" without one, or when the record is not numbers (a notebook's output is never trusted)."""
+    try:
+        ref = h.get("reference") or {}
+        start, end, shift = ref.get("start"), ref.get("end"), ref.get("shift")
+        if not start:
+            return "—"
+        text = f"{float(start['tps']):,.1f}" + (f" → {float(end['tps']):,.1f}" if end else " → —")
+        if shift:
+            text += f"<div class='muted'>{100 * (float(shift['ratio']) - 1):+.1f} %</div>"
+            if shift.get("moved") is True:
+                text += (" <span class='off' title='the machine moved beyond the noise while this run measured'>"
+                         "⚠ moved</span>")
+        if ref.get("machine_ratio"):
+            text += f"<div class='muted'>×{float(ref['machine_ratio']):.2f} of calibration</div>"
+        return text
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return "—"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One configuration measured by several notebooks of one scenario: each run's figure with its spread (the
+    drift between its references included) and whether every pair agrees within their combined spreads."""
+
+    scenario: str
+    setup: str
+    metric: str
+    figures: tuple[tuple[str, float, float], ...]   # (notebook stem, measured, spread)
+    agree: bool
+    widest: float                                   # the largest gap between two figures, relative to the lower
+
+
+def agreements(results: Iterable[RunResult]) -> list[Agreement]:
+    """Every (scenario, setup, metric) that two or more runs measured (their headlines' ``measured_points``), in
+    the order first seen; a verdict over every pair (:func:`v100lab.predict.drift_scaling.agree`)."""
+    groups: dict[tuple[str, str, str], list[tuple[str, float, float]]] = {}
+    for r in results:
+        for p in (r.headline or {}).get("measured_points") or ():
+            try:
+                fig = (Path(r.notebook).stem, float(p["measured"]), float(p.get("sd") or 0.0))
+                key = (r.params, str(p["setup"]), str(p["metric"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if math.isfinite(fig[1]) and math.isfinite(fig[2]):
+                groups.setdefault(key, []).append(fig)
+    out = []
+    for (scenario, setup, metric), figs in groups.items():
+        if len({nb for nb, _, _ in figs}) < 2:
+            continue
+        ok = all(agree(a, sa, b, sb) for i, (_, a, sa) in enumerate(figs) for _, b, sb in figs[i + 1:])
+        vals = [v for _, v, _ in figs]
+        out.append(Agreement(scenario, setup, metric, tuple(figs), ok,
+                             max(vals) / min(vals) - 1 if min(vals) > 0 else math.inf))
+    return out
+
+
+def _agreement_html(found: Sequence[Agreement]) -> str:
+    if not found:
+        return ""
+    rows = []
+    for a in found:
+        figs = "<br>".join(f"{escape(nb)}: {v:,.1f} ± {sd:,.1f}" for nb, v, sd in a.figures)
+        verdict = ("<span class='ok'>agree</span>" if a.agree else
+                   f"<span class='off'>⚠ differ</span><div class='muted'>up to {100 * a.widest:.0f} % apart</div>")
+        rows.append(f"<tr><td>{escape(a.scenario)}</td><td class='conf'>{escape(a.setup)}</td>"
+                    f"<td>{escape(a.metric)}</td><td class='num'>{figs}</td><td>{verdict}</td></tr>")
+    return f"""<h2>The same configuration in several notebooks</h2>
+<p class="muted">Each figure ± its spread: the repetitions' and how far the run's reference moved while it was
+measured. Agree: every two figures within twice their combined spreads; ⚠ differ: the machine moved between the
+runs by more than their references saw.</p>
+<table>
+<thead><tr><th>scenario</th><th>setup</th><th>metric</th><th>measured</th><th>verdict</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody>
+</table>
+"""
+
+
 def _href(rel: str) -> str:
     return escape(quote(rel, safe="/#"))
 
@@ -715,6 +797,7 @@ def index_html(results: Sequence[RunResult], wall_s: float) -> str:
             f"<td class='conf'>{escape(h.get('configuration') or '—')}</td>"
             f"<td class='num'>{_measured_cell(h)}{metric}</td>"
             f"<td class='num'>{escape(format_tps(h.get('predicted_tok_s')))}</td>"
+            f"<td class='num'>{_reference_cell(h)}</td>"
             f"<td class='num'>{_error_cell(h)}</td><td class='num'>{escape(_ratio(h))}</td>"
             f"<td class='finding'>{escape(h.get('finding') or '—')}</td><td>{' · '.join(links) or '—'}</td>"
             + (f"<td class='conf'>{escape(r.node or '—')}</td>" if nodes else "") +
@@ -741,15 +824,19 @@ notebook publishes (decode tok/s unless marked), measured on this machine vs pre
 configuration (the configuration column: model, depth, flags, threads), ± the spread of the repetitions. Error: the
 median of predicted / measured − 1 over every point the notebook measured (⚠ beyond ±15 %); ratio: measured /
 predicted at the headline's point; finding: what the notebook found, in one line. "ok (partial)": the notebook ran,
-but measured nothing, for the reason given.</p>
+but measured nothing, for the reason given. Reference: one small fixed configuration (the default model, a short
+decode, the scenario's threads) decoded at the run's start and after each step that measured speeds, tok/s, first
+→ last; ⚠ when it moved beyond its noise; × its calibration's prediction. The ± of a measured figure includes how
+far the reference moved while it was measured.</p>
 <table>
 <thead><tr><th>#</th><th>scenario</th><th>model</th><th>device</th><th>notebook</th><th>status</th>
 <th>duration</th><th>configuration</th>
-<th>measured</th><th>predicted</th><th>error</th><th>ratio</th><th>finding</th><th>links</th>{node_th}</tr></thead>
+<th>measured</th><th>predicted</th><th>reference</th><th>error</th><th>ratio</th><th>finding</th><th>links</th>{node_th}</tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody>
 </table>
+{_agreement_html(agreements(results))}
 </body>
 </html>
 """
@@ -770,6 +857,7 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
                      "measured_tok_s": h.get("measured_tok_s"), "predicted_tok_s": h.get("predicted_tok_s"),
                      "sd": h.get("sd"), "median_error": h.get("median_error"), "finding": h.get("finding") or "",
                      "configuration": h.get("configuration") or "", "partial": h.get("partial") or "",
+                     "reference": h.get("reference"),
                      "reason": r.reason, "report": r.report, "reader": r.reader, "executed": r.executed,
                      "node": r.node})
     return rows

@@ -14,8 +14,8 @@ from v100lab.facts.results import compare
 from v100lab.workbook.scenario import Scenario
 from v100lab.workbook.levers.text import best_of, points
 from v100lab.workbook.levers.steps import (COMPONENTS, HOST, MIB, bench_tests, capture_load, conditions, ctx_for, devices_for,
-                                  gpu_backend, lever_frame, loading_study, measure_sweep, parameters, predict_rows,
-                                  study)
+                                  gpu_backend, lever_frame, loading_study, measure_sweep, measured_points, parameters,
+                                  predict_rows, reference_end, study, with_drift)
 
 PARAMETERS = parameters("n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn",
                         "n_threads", "n_prompt", "n_gen", "repetitions")
@@ -170,7 +170,16 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
     """Publish the notebook's headline for the batch index (:func:`headline_figures`): the median error of the
     prediction over what the notebook measured, the point nearest it with its spread, the worst point, and a
     one-line finding (the best lever value, only beyond the noise). When the notebook measured nothing, the
-    prediction alone and why (the index shows "ok (partial)"). Displays it; returns None."""
+    prediction alone and why (the index shows "ok (partial)"). Displays it; returns None.
+
+    The run's references go with it (:func:`~v100lab.workbook.levers.steps.reference_end`). Measured spreads
+    already include the drift of the reference while they were measured (``lever_frame``); a frame made without
+    it is widened here by the drift between the run's start and end references."""
+    ref = reference_end()
+    drift = (df.attrs.get("reference_shift") or {}).get("drift")
+    if "reference_shift" not in df.attrs and ref:
+        drift = (ref.get("shift") or {}).get("drift")
+        df = with_drift(df, drift)
     f = headline_figures(df, metric, lever, value)
     measured = predicted = None
     model = device = chosen = finding = ""
@@ -179,6 +188,8 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
         measured, predicted, model, device = f["measured"], f["predicted"], f["model"], f["device"]
         chosen = df.attrs.get("title") if f["value"] == "baseline" else _value_text(f["lever"], f["value"])
         extra = {k: f[k] for k in ("median_error", "points", "worst_error", "sd")}
+        if drift and f["sd"] is not None:   # the repetitions' own spread, the drift's share taken out again
+            extra["sd_repetitions"] = max(0.0, f["sd"] ** 2 - (f["measured"] * drift) ** 2) ** 0.5
         parts = []
         if lever is not None:
             parts.append(best_of(points(df, metric, lever), flag=_VALUE_FLAG.get(lever, lever)))
@@ -202,16 +213,18 @@ def headline(df, metric: str = "tg_tps", lever: str | None = None, value: str | 
         or (f"every measurement failed; the first ({fails[0].get('lever')} = {fails[0].get('value')}): "
             f"{fails[0].get('reason')}" if fails else "nothing was measured in this run"))
     publish_headline(measured, predicted, metric=metric.replace("_tps", ""), model=str(model), device=str(device),
-                     configuration=configuration, partial=partial, finding=finding, **extra)
+                     configuration=configuration, partial=partial, finding=finding, reference=ref,
+                     measured_points=measured_points(df), **extra)
 
 
 def headline_memory(mem):
     """01's headline: the buffers llama.cpp reported for the measured model against the plan's prediction for the
     same buffers (MiB), with the component furthest off as the finding. Displays it; returns None."""
+    ref = reference_end()
     c = compare(mem, ("model", "device", "lever", "value", "group"), metric="bytes", require=("measured", "predicted"))
     if not len(c):
         publish_headline(None, None, metric="memory", unit="MiB", partial=mem.attrs.get("why_not_measured")
-                         or "llama.cpp reported no buffers in this run")
+                         or "llama.cpp reported no buffers in this run", reference=ref)
         return
     m, p = float(c["measured"].sum()) / MIB, float(c["predicted"].sum()) / MIB
     errs = [(float(pr) / float(me) - 1, v) for pr, me, v in zip(c["predicted"], c["measured"], c["value"]) if me]
@@ -220,7 +233,7 @@ def headline_memory(mem):
     med = (ranked[len(ranked) // 2] if len(ranked) % 2 else sum(ranked[len(ranked) // 2 - 1:len(ranked) // 2 + 1]) / 2) \
         if ranked else None
     publish_headline(m, p, metric="memory", unit="MiB", model=str(c["model"].iloc[0]), device=str(c["device"].iloc[0]),
-                     configuration=mem.attrs.get("conditions") or "", median_error=med,
+                     configuration=mem.attrs.get("conditions") or "", median_error=med, reference=ref,
                      worst_error=worst[0] if worst else None, points=len(errs),
                      finding=f"buffers in total predicted {100 * (p / m - 1):+.1f} %"
                      + (f"; furthest off: {worst[1]} ({100 * worst[0]:+.0f} %)" if worst else ""))
@@ -229,17 +242,18 @@ def headline_memory(mem):
 def headline_load(load):
     """11's headline: the time to load the model and create its context with llama.cpp's default (mmap), measured
     (median of the runs, with their spread), and the modes' ranking as the finding. Displays it; returns None."""
+    ref = reference_end()
     ld = load[(load["metric"] == "load_s") & (load["source"] == "measured")] if len(load) else load
     if not len(ld):
         publish_headline(None, None, metric="load", unit="s", partial=load.attrs.get("why_not_measured")
-                         or "nothing was measured in this run")
+                         or "nothing was measured in this run", reference=ref)
         return
     g = ld.groupby("value")["result"].agg(["median", "std", "count"])
     mode = "mmap" if "mmap" in g.index else g.index[0]
     fast, slow = g["median"].idxmin(), g["median"].idxmax()
     sd = float(g.loc[mode, "std"]) if g.loc[mode, "count"] > 1 else None
     publish_headline(float(g.loc[mode, "median"]), None, metric="load", unit="s", model=str(ld["model"].iloc[0]),
-                     device=str(ld["device"].iloc[0]), sd=sd, points=len(g),
+                     device=str(ld["device"].iloc[0]), sd=sd, points=len(g), reference=ref,
                      configuration=" · ".join(x for x in (f"load mode {mode}", load.attrs.get("conditions")) if x),
                      finding=f"fastest {fast} {g.loc[fast, 'median']:.3f} s, slowest {slow} "
                              f"{g.loc[slow, 'median']:.3f} s (medians)")

@@ -15,7 +15,8 @@ from v100lab.advise.seed import load_seed_claims, seed_staircase
 from v100lab.gguf.skeleton import skeleton_spec
 from v100lab.workbook.levers.course import LESSONS
 from v100lab.workbook.levers.steps import (GIB, beside, ctx_for, gpu_backend, lever_frame, measured_rows, parameters,
-                                  predict_rows, stage_model, study, threads_text, with_note)
+                                  predict_rows, reference_start, stage_model, study, threads_text, with_note)
+from v100lab.workbook.render import reference_text
 
 PARAMETERS = parameters("claims", "compare_gpu", "n_threads", "n_gen", "repetitions")
 
@@ -28,10 +29,13 @@ def notebook_map():
 
 
 def scenario_facts(sc: Scenario):
-    """What this run studies: the model, the device, what is measured here (or why not), the flags."""
+    """What this run studies: the model, the device, what is measured here (or why not), the flags, and the
+    run's reference measured at its start (:func:`v100lab.workbook.levers.steps.reference_start`; the headline
+    measures it again at the end)."""
     import pandas as pd  # heavy third-party dependency
 
     st = study(sc)
+    ref = reference_start(sc)
     d = st.device
     cfg = sc.run_config()
     changed = [f"{k}={getattr(cfg, k)}" for k in cfg.as_dict() if getattr(cfg, k) != getattr(RunConfig(), k)]
@@ -46,6 +50,8 @@ def scenario_facts(sc: Scenario):
         ("llama.cpp flags", ", ".join(changed) or "llama.cpp's defaults"),
         ("reference claims", sc.claims),
     ]
+    if ref is not None:
+        rows.append(("reference at the start", reference_text(ref)))
     gpu = beside(sc)
     if gpu is not None:
         rows.insert(3, ("GPU predicted beside it", f"{gpu.label} on {gpu.device.name} (compare_gpu): what fits and "

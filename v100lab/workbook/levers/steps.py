@@ -8,6 +8,7 @@ against their physical ceiling (:func:`lever_frame`, with :func:`v100lab.facts.r
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -16,7 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from v100lab.measure import harness
+from v100lab.measure import harness, reference
+from v100lab.predict import drift_scaling
 from v100lab.predict import speed
 from v100lab.models import zoo
 from v100lab.measure.backends.inprocess import cpu_gpu_info
@@ -36,6 +38,7 @@ from v100lab.gguf.skeleton import SKELETON_PREFIX, arch_spec_of, is_skeleton_nam
 from v100lab.facts.spec import ModelSpec
 from v100lab.models.worker import call_isolated
 
+log = logging.getLogger(__name__)
 
 HOST = "host"
 GIB = 2**30
@@ -464,10 +467,12 @@ def _swept_config(cfg: RunConfig, lever: str, value: Any) -> RunConfig:
 
 def lever_frame(rows: Iterable[Observation], failures: Sequence[Mapping[str, str]] = (), **attrs):
     """A step's tidy frame: measured and claimed decode rows flagged against the physical ceilings the rows
-    predict (:func:`v100lab.facts.results.flag_above_ceiling`), ``failures`` and ``attrs`` in ``frame.attrs``.
+    predict (:func:`v100lab.facts.results.flag_above_ceiling`), measured speeds' spreads widened by the drift of
+    the run's reference while they were measured (:func:`reference_after`), ``failures`` and ``attrs`` in
+    ``frame.attrs``.
     A sweep that was not measured (:class:`Failures` ``not_measured``) says why in ``why_not_measured``
     unless the step gave one."""
-    df = flag_above_ceiling(tidy_frame(rows))
+    df = reference_after(flag_above_ceiling(tidy_frame(rows)))
     df.attrs["failures"] = list(failures)
     df.attrs.update(attrs)
     skipped = getattr(failures, "not_measured", "")
@@ -500,3 +505,99 @@ def capture_load(st: Study, cfg: RunConfig):
         raise RunFailed(st.why_no_load_log())
     facts, _ = call_isolated(load_and_capture, st.measured_path, cfg, what=f"loading {st.measured_path.name}")
     return facts
+
+
+# --------------------------------------------------------------------------------------------
+# the run's reference measurement (v100lab.measure.reference): at its start and at its end
+# --------------------------------------------------------------------------------------------
+
+_REFS: dict[str, Any] = {}       # this kernel's references (one run of a notebook is one kernel): the start, the last
+
+
+def reference_start(sc: Scenario) -> dict[str, Any] | None:
+    """The run's start reference: measured the first time a scenario that measures on this machine asks (the
+    notebook's first cell), then kept for the kernel; with the calibration's prediction for the same
+    configuration (``predicted_tps``). None when the study measures nothing here (or through a remote server),
+    or when the reference could not be measured (a warning says why)."""
+    st = study(sc)
+    if not st.measuring or st.remote:
+        return None
+    threads = sc.run_config().n_threads
+    if _REFS.get("threads_asked") == threads:
+        return _REFS["start"]
+    try:
+        rec = reference.measure(threads, when="start")
+    except Exception as exc:  # noqa: BLE001 - a reference that cannot be made leaves the run unjudged, never failed
+        log.warning("no reference measured at the start of this run: %s", exc)
+        return None
+    rec["predicted_tps"] = reference.predicted_tps(threads)
+    _REFS.clear()
+    _REFS.update(threads_asked=threads, start=rec, last=rec)
+    return rec
+
+
+def _reference_now(when: str) -> dict[str, Any] | None:
+    try:
+        rec = reference.measure(_REFS["threads_asked"], when=when)
+    except Exception as exc:  # noqa: BLE001 - a reference that cannot be made leaves the run unjudged, never failed
+        log.warning("no reference measured %s: %s", when, exc)
+        return None
+    _REFS["last"] = rec
+    return rec
+
+
+def reference_after(df):
+    """``df`` (a step's frame) after its measurements: the reference decoded again now, and every measured tok/s
+    row's spread widened by how far it moved since the run's previous reference (:func:`with_drift`) — the
+    drift over the time those rows were measured, which every caption, summary and headline drawn from the frame
+    then includes. ``attrs["reference_shift"]`` says how far it moved. ``df`` as it is when the run has no start
+    reference or measured no speed."""
+    if not _REFS.get("start") or not len(df) or not ((df["source"] == "measured") & (df["unit"] == TPS)).any():
+        return df
+    before = _REFS["last"]
+    now = _reference_now("after measuring")
+    shift = drift_scaling.reference_shift(before, now)
+    out = with_drift(df, (shift or {}).get("drift"))
+    out.attrs["reference_shift"] = shift
+    return out
+
+
+def reference_end() -> dict[str, Any] | None:
+    """The run's references: ``{"start", "end", "shift" (:func:`v100lab.predict.drift_scaling.reference_shift`,
+    end against start), "machine_ratio" (the start against the calibration's prediction for it)}``. The end is the
+    reference decoded after the run's last measuring step (:func:`reference_after`), or decoded now when none
+    was; None when the run has no start reference."""
+    start = _REFS.get("start")
+    if not start:
+        return None
+    end = _REFS["last"] if _REFS.get("last") is not start else _reference_now("end")
+    pred = start.get("predicted_tps")
+    return {"start": start, "end": end, "shift": drift_scaling.reference_shift(start, end),
+            "machine_ratio": round(start["tps"] / pred, 4) if pred else None}
+
+
+def with_drift(df, drift: float | None):
+    """``df`` with every measured tok/s row's ``sd`` widened by the drift between the run's references
+    (:func:`v100lab.predict.drift_scaling.spread_with_drift`): what every comparison drawn from it then uses.
+    ``df`` itself when there is no drift to add."""
+    if not drift or not len(df):
+        return df
+    out = df.copy()
+    rows = (out["source"] == "measured") & (out["unit"] == TPS)
+    out.loc[rows, "sd"] = [drift_scaling.spread_with_drift(v, sd, drift)
+                           for v, sd in zip(out.loc[rows, "result"], out.loc[rows, "sd"])]
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def measured_points(df) -> list[dict[str, Any]]:
+    """The measured tok/s figures of a frame per setup (what llama.cpp ran, :func:`harness.setup_of`): ``[{"setup",
+    "metric", "measured", "sd", "repetitions"}]`` — what the batch index compares across notebooks."""
+    if not len(df) or "setup" not in df:
+        return []
+    m = df[(df["source"] == "measured") & (df["unit"] == TPS) & (df["setup"] != "")]
+    out = []
+    for (setup, metric), g in m.groupby(["setup", "metric"], sort=False):
+        out.append({"setup": str(setup), "metric": str(metric), "measured": round(float(g["result"].mean()), 3),
+                    "sd": round(float(g["sd"].max()), 3), "repetitions": int(g["repetitions"].min())})
+    return out
