@@ -285,6 +285,43 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         t_link_s=t_link, t_overhead_token_s=t_tok, notes=tuple(dict.fromkeys(notes)))
 
 
+def decode_terms(spec: ModelSpec, device: Any, cfg: RunConfig | None = None, depth: int = 0,
+                 profile: Mapping[str, Any] | None = None, rates: DeviceRates | None = None) -> dict[str, float]:
+    """Seconds of one decoded token per term, on one ``device`` holding every layer and the output layer: the
+    matrix products per weight role (``"matmul:ffn_up_exps"``: the tensor's name without its layer), attention
+    over the KV cache (``"attention"``, its threads' mid-sweep sync included), and the nodes that are neither
+    (``"other ops"``: the per-layer and per-token overhead, norms and embedding rows, recurrent state); a GPU's
+    ``"host link"`` (the embedding in, the logits out). They add
+    up to :func:`roofline`'s decode time; a type's time (the larger of its memory and compute terms) is shared
+    among its roles by the weights each multiplies. ``benchmarks/bench_ops.py --predicted`` prints them beside
+    llama.cpp's own per-node times."""
+    cfg = cfg or RunConfig()
+    dev = get_device(device)
+    placed = {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
+    w = decode_work(spec, placed, cfg, depth)[dev.id]
+    r = rates or rates_for(dev, cfg, profile if dev.id == "host" else None)
+    bw = r.effective_bandwidth
+    terms: dict[str, float] = {}
+    for tname, tw in w.weights.items():
+        t_type = max(tw.n_bytes / r.bandwidth_for(tname), r.tg_compute_s(tname, *tw.shared_by(r.threads)))
+        t_type += tw.n_weights * r.tg_add_s_per_weight
+        roles = w.weights_by_role.get(tname) or {tname: tw.n_weights}
+        total = sum(roles.values()) or 1.0
+        for role, n_w in roles.items():
+            key = f"matmul:{role}"
+            terms[key] = terms.get(key, 0.0) + t_type * n_w / total
+    terms["attention"] = max(w.kv_bytes / bw, r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells,
+                                                               w.attn_sweeps, w.kv_bytes)) \
+        + r.attn_split_layer_s * w.attn_split_layers
+    n_lay = len([il for il in w.layers if il < spec.n_layer - (spec.nextn_layers or 0)])
+    terms["other ops"] = (r.overhead_layer_s * (n_lay + 1) + r.overhead_token_s
+                          + (w.other_bytes + w.state_bytes) / bw)
+    link = tg_link_time(spec, placed, {dev.id: r}, [dev.id])
+    if link:
+        terms["host link"] = link
+    return terms
+
+
 #: a field a device file lacks is worth a warning when its range moves the prediction by more than this
 ASSUMPTION_WARN_CHANGE = 0.10
 
