@@ -43,7 +43,8 @@ from v100lab.gguf.llama_context import causal_cells, fa_prompt_cells, kv_cells, 
 from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
                            fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
 from v100lab.facts.spec import ModelSpec
-from v100lab.predict.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
+from v100lab.predict.work import (DeviceWork, Placed, batch_shares, decode_work, layer_matrices,
+                                  single_device_work)
 from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
@@ -405,10 +406,13 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
     n_ub = math.ceil(n_prompt / max(1, min(cfg.n_ubatch, cfg.n_batch)))
     t_cmp = 0.0
     t_mem = 0.0
-    # per-token matmul cost of the layers (the output layer runs for the last token only)
+    # per-token matmul cost of the layers (the output layer runs for the last token only); routed experts: each
+    # token multiplies its k, each ubatch reads the experts its tokens touch (work.batch_shares)
+    ub = min(cfg.n_ubatch, cfg.n_batch, n_prompt)
     for t in layer_matrices(spec, w.layers):
-        t_cmp += t.n_elements * n_prompt * r.pp_cost(t.type_name)
-        t_mem += t.n_bytes * n_ub / r.effective_bandwidth
+        per_token, per_ubatch = batch_shares(spec, t, ub)
+        t_cmp += _pp_matrix_compute_s(t, t.n_elements * per_token * n_prompt, r)
+        t_mem += t.n_bytes * per_ubatch * n_ub / r.effective_bandwidth
     if w.has_output:
         out_t = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
         if out_t is not None:
@@ -437,6 +441,16 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
     if t_ovh > max(t_cmp, t_mem):
         bound = "overhead"
     return t, bound
+
+
+def _pp_matrix_compute_s(t, n_weights: float, r: DeviceRates) -> float:
+    """Prompt compute time of ``n_weights`` weights multiplied of matrix ``t`` (all its tokens' together). At the
+    device's prompt rate for the type — except a CPU's re-laid-out stack of routed experts: ggml-cpu's repacked
+    MUL_MAT_ID (ggml/src/ggml-cpu/repack.cpp, tensor_traits::forward_mul_mat_id) runs one ``gemv`` per routed
+    row, a token's product at a time as in decode, so those weights cost the decode rate (weights and rows)."""
+    if r.kind == "cpu" and "_exps" in t.name and memory.is_repacked(t) and r.tg_cost(t.type_name):
+        return r.tg_compute_s(t.type_name, n_weights, n_weights / t.shape[0])
+    return n_weights * r.pp_cost(t.type_name)
 
 
 def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
@@ -472,7 +486,8 @@ def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
 
 
 def _offloaded_compute(spec, placed: Placed, gpu: DeviceRates, n_prompt: int) -> float:
-    return sum(t.n_elements * n_prompt * gpu.pp_cost(t.type_name) for t in layer_matrices(spec, placed.layers))
+    return sum(t.n_elements * batch_shares(spec, t, n_prompt)[0] * n_prompt * gpu.pp_cost(t.type_name)
+               for t in layer_matrices(spec, placed.layers))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -289,6 +289,30 @@ def _type_work(n_weights: float, n_bytes: float, n_rows: float, matrices: Mappin
     return TypeWork(n_weights, n_bytes, n_rows, kinds)
 
 
+def experts_touched(n_expert: int, n_used: int, n_tokens: int) -> float:
+    """Expected distinct experts a batch of ``n_tokens`` tokens routes to, each token choosing ``n_used`` distinct
+    experts of ``n_expert`` (the router's top-k: src/llama-graph.cpp, build_moe_ffn, ``ggml_argsort_top_k``),
+    routing taken as uniform and independent between tokens: an expert is missed by a token with probability
+    1 − k/n, so n·(1 − (1 − k/n)^T) — k for one token, nearly all n for a 512-token prompt of a 32-expert top-4
+    model (31.9). Routing of a trained model is less even, which only lowers the count for short batches."""
+    if n_expert < 1 or not 0 < n_used <= n_expert or n_tokens < 1:
+        raise ConfigError(f"experts_touched: need 0 < used <= experts and tokens >= 1, got {n_used} of {n_expert}, "
+                          f"{n_tokens} tokens")
+    return n_expert * (1.0 - (1.0 - n_used / n_expert) ** n_tokens)
+
+
+def batch_shares(spec: ModelSpec, t: TensorInfo, n_tokens: int) -> tuple[float, float]:
+    """(multiply share, read share) of weight matrix ``t`` in one ubatch of ``n_tokens`` tokens: the part of its
+    weights each token multiplies, and the part read once for the ubatch. 1 and 1 for a dense matrix; for a stack
+    of routed experts k/n and :func:`experts_touched`/n — ggml-cpu's MUL_MAT_ID (ggml/src/ggml-cpu/ggml-cpu.c,
+    ggml_compute_forward_mul_mat_id) groups the batch's rows by expert (``matrix_row_counts``) and multiplies each
+    expert that has rows, skipping the others (``if (cne1 == 0) continue``); CUDA's mul_mat_id does the same."""
+    if not (_is_expert(t) and spec.expert_count and spec.expert_used_count):
+        return 1.0, 1.0
+    n, k = spec.expert_count, spec.expert_used_count
+    return k / n, experts_touched(n, k, n_tokens) / n
+
+
 def attn_missed_head_cells(sweeps, capacity_bytes: float) -> float:
     """Query heads × KV cells whose reads miss a cache of ``capacity_bytes``, given a token's
     :attr:`DeviceWork.attn_sweeps`. ggml-cpu's flash-attention kernel walks a layer's KV cells once per *query* head
