@@ -292,10 +292,9 @@ def decode_terms(spec: ModelSpec, device: Any, cfg: RunConfig | None = None, dep
     matrix products per weight role (``"matmul:ffn_up_exps"``: the tensor's name without its layer), attention
     over the KV cache (``"attention"``, its threads' mid-sweep sync included), and the nodes that are neither
     (``"other ops"``: the per-layer and per-token overhead, norms and embedding rows, recurrent state); a GPU's
-    ``"host link"`` (the embedding in, the logits out). They add
-    up to :func:`roofline`'s decode time; a type's time (the larger of its memory and compute terms) is shared
-    among its roles by the weights each multiplies. ``benchmarks/bench_ops.py --predicted`` prints them beside
-    llama.cpp's own per-node times."""
+    ``"host link"`` (the embedding in, the logits out). They add up to :func:`roofline`'s decode time; a type's
+    time (the larger of its memory and compute terms) is shared among its roles by the weights each multiplies.
+    ``benchmarks/bench_ops.py --predicted`` prints them beside llama.cpp's own per-node times."""
     cfg = cfg or RunConfig()
     dev = get_device(device)
     placed = {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
