@@ -57,7 +57,11 @@ ARCH_VALIDATION = tuple(
     (alias, th, d, d == 0)
     for alias in ("synth-qwen35-500m:Q4_K_M", "synth-qwen3moe-500m:Q4_K_M", "synth-gemma3-500m:Q4_K_M",
                   "synth-deepseek2-500m:Q4_K_M")
-    for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0), (1, 1024)))
+    for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0), (1, 1024))) + tuple(
+    # their tiny siblings (a few MB: the output matrix is most of a token), the same configurations but depth 4096
+    (f"{alias}:Q4_K_M", th, d, d == 0)
+    for alias in ("synth-qwen35-tiny", "synth-qwen3moe-tiny", "synth-gemma3-tiny", "synth-deepseek2-tiny")
+    for th, d in ((2, 0), (2, 1024), (1, 0), (1, 1024)))
 
 
 def _n_ctx(depth: int) -> int:
