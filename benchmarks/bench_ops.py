@@ -2,6 +2,7 @@
 
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_ops.py                # the default set
     .venv/bin/python benchmarks/bench_ops.py --model default --threads 1,2 --depth 0,1024 --json out.json
+    .venv/bin/python benchmarks/bench_ops.py --model synth-deepseek2-500m:Q4_K_M --depth 0,1024 --predicted
 
 How: llama.cpp's scheduler calls an *eval callback* (``llama_context_params.cb_eval``, the mechanism of
 llama.cpp's ``llama-eval-callback`` tool; ggml-backend.cpp ``ggml_backend_sched_compute_splits``) once per
@@ -15,8 +16,10 @@ weights-only model lacks.
 For each model, thread count and depth it prints: the plain token time; matrix multiplications of weights
 per ggml type (ms, weights/ns, GB/s of the weights read); the output matrix apart (tied or not); attention
 over the KV cache; every other op (count, ms, µs per node); and the bytes a token reads against the CPU's
-last-level cache. Nothing here is a prediction, and no test asserts any of it: it explains where the speed
-model's terms come from (benchmarks/RESULTS.md, "Why the host model misses").
+last-level cache. With ``--predicted``, each weight role's products (``attn_k_b``, ``ffn_up_exps``), attention
+and the other nodes beside what the speed model charges for each (:func:`v100lab.predict.speed.decode_terms`):
+which term a miss comes from. No test asserts any of it: it explains where the speed model's terms come from
+(benchmarks/RESULTS.md, "Why the host model misses").
 """
 
 from __future__ import annotations
