@@ -2,6 +2,7 @@
 
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_ops.py                # the default set
     .venv/bin/python benchmarks/bench_ops.py --model default --threads 1,2 --depth 0,1024 --json out.json
+    .venv/bin/python benchmarks/bench_ops.py --model synth-deepseek2-500m:Q4_K_M --depth 0,1024 --predicted
 
 How: llama.cpp's scheduler calls an *eval callback* (``llama_context_params.cb_eval``, the mechanism of
 llama.cpp's ``llama-eval-callback`` tool; ggml-backend.cpp ``ggml_backend_sched_compute_splits``) once per
@@ -15,8 +16,10 @@ weights-only model lacks.
 For each model, thread count and depth it prints: the plain token time; matrix multiplications of weights
 per ggml type (ms, weights/ns, GB/s of the weights read); the output matrix apart (tied or not); attention
 over the KV cache; every other op (count, ms, µs per node); and the bytes a token reads against the CPU's
-last-level cache. Nothing here is a prediction, and no test asserts any of it: it explains where the speed
-model's terms come from (benchmarks/RESULTS.md, "Why the host model misses").
+last-level cache. With ``--predicted``, each weight role's products (``attn_k_b``, ``ffn_up_exps``), attention
+and the other nodes beside what the speed model charges for each (:func:`v100lab.predict.speed.decode_terms`):
+which term a miss comes from. No test asserts any of it: it explains where the speed model's terms come from
+(benchmarks/RESULTS.md, "Why the host model misses").
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ from pathlib import Path
 import llama_cpp
 
 from v100lab.base import buildflags
+from v100lab.facts.config import RunConfig
+from v100lab.gguf.header import read_spec
 from v100lab.measure import calibration
 from v100lab.models import zoo
+from v100lab.predict import speed
+from v100lab.predict.work import weight_role
 from v100lab.measure.backends.inprocess import build_info
 
 MAX_DIMS, MAX_SRC, MAX_OP_PARAMS, MAX_NAME = 4, 10, 64, 64
@@ -214,6 +221,33 @@ def summarise(res: dict) -> dict:
             "bytes_read": sum(r["bytes"] for c, r in rows.items() if c.startswith(("weights", "output", "experts")))}
 
 
+def role_rows(res: dict) -> dict:
+    """Per weight role (the weight's name without its layer: ``ffn_up_exps``, summed over layers): the median over
+    tokens of its products' time (ms), beside attention and every other node, for :func:`print_roles`."""
+    per_tok = []
+    for nodes in res["tokens"]:
+        agg: dict[str, int] = defaultdict(int)
+        for cat, facts, dt in nodes:
+            key = ("matmul:" + weight_role(facts["weight"]) if "weight" in facts else
+                   "attention" if cat == "attention" else "other ops")
+            agg[key] += dt
+        per_tok.append(agg)
+    return {k: statistics.median(a.get(k, 0) for a in per_tok) / 1e6 for k in sorted({k for a in per_tok for k in a})}
+
+
+def print_roles(s: dict) -> None:
+    """Each weight role's measured products, attention and the other nodes, beside the speed model's terms."""
+    meas, pred = s["roles_ms"], s.get("predicted_ms") or {}
+    print(f"  {'term':<22} {'measured':>9} {'predicted':>9}  (ms a token; other ops node by node, callback included)")
+    for name in sorted(set(meas) | set(pred), key=lambda k: (not k.startswith("matmul"), k)):
+        ms, p = meas.get(name, 0.0), pred.get(name)
+        print(f"  {name:<22} {ms:9.3f} " + (f"{p:9.3f}" if p is not None else "") +
+              (f"  {p / ms - 1:+5.0%}" if p is not None and ms else ""))
+    if pred:
+        total = sum(pred.values())
+        print(f"  {'token (plain)':<22} {s['plain_ms']:9.3f} {total:9.3f}  {total / s['plain_ms'] - 1:+5.0%}")
+
+
 def llc_bytes() -> int | None:
     """The last-level cache this CPU reports (sysfs), in bytes."""
     best = None
@@ -253,6 +287,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--depth", default="0")
     ap.add_argument("--tokens", type=int, default=12, help="tokens timed per configuration (median)")
+    ap.add_argument("--by-weight", action="store_true", help="also each weight role's products (attn_k_b, ffn_up_exps)")
+    ap.add_argument("--predicted", action="store_true",
+                    help="each weight role, attention and the other nodes beside what the speed model charges for "
+                         "them (speed.decode_terms, from the stored calibration)")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)
     models = args.model or DEFAULT_SET
@@ -270,8 +308,14 @@ def main(argv=None) -> int:
         path = Path(name) if Path(name).exists() else resolve_model(name)
         for th in threads:
             for d in depths:
-                s = summarise(profile(path, th, d, args.tokens))
+                res = profile(path, th, d, args.tokens)
+                s = summarise(res)
                 s.update(model=name, threads=th, depth=d)
+                if args.by_weight or args.predicted:
+                    s["roles_ms"] = role_rows(res)
+                if args.predicted:
+                    s["predicted_ms"] = {k: 1e3 * v for k, v in speed.decode_terms(
+                        read_spec(path), "host", RunConfig(n_threads=th), d).items()}
                 out.append(s)
                 cats = s["categories"]
                 mm = {c: r for c, r in cats.items() if c.startswith(("weights", "output", "experts"))}
@@ -294,6 +338,8 @@ def main(argv=None) -> int:
                                   for c, r in sorted(other.items(), key=lambda kv: -kv[1]['ms'])[:6]))
                 print(f"  {'no-op nodes':<16} {empty['nodes']:3d} nodes  {empty['us_per_node']:.1f} µs/node "
                       "(the callback's own cost per node: subtract it from the µs/node above)")
+                if "roles_ms" in s:
+                    print_roles(s)
                 sys.stdout.flush()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

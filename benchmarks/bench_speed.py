@@ -57,7 +57,11 @@ ARCH_VALIDATION = tuple(
     (alias, th, d, d == 0)
     for alias in ("synth-qwen35-500m:Q4_K_M", "synth-qwen3moe-500m:Q4_K_M", "synth-gemma3-500m:Q4_K_M",
                   "synth-deepseek2-500m:Q4_K_M")
-    for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0)))
+    for th, d in ((2, 0), (2, 1024), (2, 4096), (1, 0), (1, 1024))) + tuple(
+    # their tiny siblings (a few MB: the output matrix is most of a token), the same configurations but depth 4096
+    (f"{alias}:Q4_K_M", th, d, d == 0)
+    for alias in ("synth-qwen35-tiny", "synth-qwen3moe-tiny", "synth-gemma3-tiny", "synth-deepseek2-tiny")
+    for th, d in ((2, 0), (2, 1024), (1, 0), (1, 1024)))
 
 
 def _n_ctx(depth: int) -> int:
@@ -501,9 +505,15 @@ def main(argv=None) -> int:
                     help=f"the drift reference's rungs: calibration's {calibration.DEPTH_TYPE} rung only (depth), or "
                          "every weight type's rung calibration measured (all: about 2 minutes a reference on a 2-core "
                          "host), which adds the by-type corrections")
+    ap.add_argument("--models", help="comma-separated: only the host or arch configurations of these models "
+                                     "(aliases as the tables name them, e.g. synth-deepseek2-500m:Q4_K_M)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
+    only = {m.strip() for m in (args.models or "").split(",") if m.strip()}
+
+    def chosen(configs):
+        return tuple(c for c in configs if not only or c[0] in only)
     drift_types = tuple(calibration.CALIB_TYPES) if args.drift_types == "all" else (calibration.DEPTH_TYPE,)
     res = {}
     lb = None
@@ -518,13 +528,13 @@ def main(argv=None) -> int:
     if "host" in parts:
         # llama-bench's passes between the host part's (before each, and after the last): both medians then span
         # the same minutes of the VM's phases
-        res["host"] = host_part(args.quick, args.repetitions, CI_VALIDATION if args.ci else VALIDATION, args.passes,
+        res["host"] = host_part(args.quick, args.repetitions, chosen(CI_VALIDATION if args.ci else VALIDATION), args.passes,
                                 between=lb.run_pass if lb else None, prompt_loads=args.prompt_loads,
                                 drift_types=() if args.no_drift_reference else drift_types, refs=refs)
         save()
         print_host(res["host"])
     if "arch" in parts:
-        res["arch"] = host_part(args.quick, args.repetitions, ARCH_VALIDATION, args.passes,
+        res["arch"] = host_part(args.quick, args.repetitions, chosen(ARCH_VALIDATION), args.passes,
                                 prompt_loads=args.prompt_loads,
                                 drift_types=() if args.no_drift_reference else drift_types)
         save()

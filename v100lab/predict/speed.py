@@ -43,7 +43,8 @@ from v100lab.gguf.llama_context import causal_cells, fa_prompt_cells, kv_cells, 
 from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
                            fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
 from v100lab.facts.spec import ModelSpec
-from v100lab.predict.work import DeviceWork, Placed, decode_work, layer_matrices, single_device_work
+from v100lab.predict.work import (DeviceWork, Placed, batch_shares, decode_work, layer_matrices,
+                                  single_device_work)
 from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
@@ -285,6 +286,42 @@ def roofline(spec, placement, work, rates, cfg, depth, n_prompt) -> Prediction:
         t_link_s=t_link, t_overhead_token_s=t_tok, notes=tuple(dict.fromkeys(notes)))
 
 
+def decode_terms(spec: ModelSpec, device: Any, cfg: RunConfig | None = None, depth: int = 0,
+                 profile: Mapping[str, Any] | None = None, rates: DeviceRates | None = None) -> dict[str, float]:
+    """Seconds of one decoded token per term, on one ``device`` holding every layer and the output layer: the
+    matrix products per weight role (``"matmul:ffn_up_exps"``: the tensor's name without its layer), attention
+    over the KV cache (``"attention"``, its threads' mid-sweep sync included), and the nodes that are neither
+    (``"other ops"``: the per-layer and per-token overhead, norms and embedding rows, recurrent state); a GPU's
+    ``"host link"`` (the embedding in, the logits out). They add up to :func:`roofline`'s decode time; a type's
+    time (the larger of its memory and compute terms) is shared among its roles by the weights each multiplies.
+    ``benchmarks/bench_ops.py --predicted`` prints them beside llama.cpp's own per-node times."""
+    cfg = cfg or RunConfig()
+    dev = get_device(device)
+    placed = {dev.id: Placed(dev, tuple(range(spec.n_layer)), True)}
+    w = decode_work(spec, placed, cfg, depth)[dev.id]
+    r = rates or rates_for(dev, cfg, profile if dev.id == "host" else None)
+    bw = r.effective_bandwidth
+    terms: dict[str, float] = {}
+    for tname, tw in w.weights.items():
+        t_type = max(tw.n_bytes / r.bandwidth_for(tname), r.tg_compute_s(tname, *tw.shared_by(r.threads)))
+        t_type += tw.n_weights * r.tg_add_s_per_weight
+        roles = w.weights_by_role.get(tname) or {tname: tw.n_weights}
+        total = sum(roles.values()) or 1.0
+        for role, n_w in roles.items():
+            key = f"matmul:{role}"
+            terms[key] = terms.get(key, 0.0) + t_type * n_w / total
+    terms["attention"] = max(w.kv_bytes / bw, r.attn_compute_s(w.attn_ops, w.attn_tail_ops, w.attn_head_cells,
+                                                               w.attn_sweeps, w.kv_bytes)) \
+        + r.attn_split_layer_s * w.attn_split_layers
+    n_lay = len([il for il in w.layers if il < spec.n_layer - (spec.nextn_layers or 0)])
+    terms["other ops"] = (r.overhead_layer_s * (n_lay + 1) + r.overhead_token_s
+                          + (w.other_bytes + w.state_bytes) / bw)
+    link = tg_link_time(spec, placed, {dev.id: r}, [dev.id])
+    if link:
+        terms["host link"] = link
+    return terms
+
+
 #: a field a device file lacks is worth a warning when its range moves the prediction by more than this
 ASSUMPTION_WARN_CHANGE = 0.10
 
@@ -368,10 +405,13 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
     n_ub = math.ceil(n_prompt / max(1, min(cfg.n_ubatch, cfg.n_batch)))
     t_cmp = 0.0
     t_mem = 0.0
-    # per-token matmul cost of the layers (the output layer runs for the last token only)
+    # per-token matmul cost of the layers (the output layer runs for the last token only); routed experts: each
+    # token multiplies its k, each ubatch reads the experts its tokens touch (work.batch_shares)
+    ub = min(cfg.n_ubatch, cfg.n_batch, n_prompt)
     for t in layer_matrices(spec, w.layers):
-        t_cmp += t.n_elements * n_prompt * r.pp_cost(t.type_name)
-        t_mem += t.n_bytes * n_ub / r.effective_bandwidth
+        per_token, per_ubatch = batch_shares(spec, t, ub)
+        t_cmp += _pp_matrix_compute_s(t, t.n_elements * per_token * n_prompt, r)
+        t_mem += t.n_bytes * per_ubatch * n_ub / r.effective_bandwidth
     if w.has_output:
         out_t = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
         if out_t is not None:
@@ -400,6 +440,16 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
     if t_ovh > max(t_cmp, t_mem):
         bound = "overhead"
     return t, bound
+
+
+def _pp_matrix_compute_s(t, n_weights: float, r: DeviceRates) -> float:
+    """Prompt compute time of ``n_weights`` weights multiplied of matrix ``t`` (all its tokens' together). At the
+    device's prompt rate for the type — except a CPU's re-laid-out stack of routed experts: ggml-cpu's repacked
+    MUL_MAT_ID (ggml/src/ggml-cpu/repack.cpp, tensor_traits::forward_mul_mat_id) runs one ``gemv`` per routed
+    row, a token's product at a time as in decode, so those weights cost the decode rate (weights and rows)."""
+    if r.kind == "cpu" and "_exps" in t.name and memory.is_repacked(t) and r.tg_cost(t.type_name):
+        return r.tg_compute_s(t.type_name, n_weights, n_weights / t.shape[0])
+    return n_weights * r.pp_cost(t.type_name)
 
 
 def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
@@ -435,7 +485,8 @@ def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
 
 
 def _offloaded_compute(spec, placed: Placed, gpu: DeviceRates, n_prompt: int) -> float:
-    return sum(t.n_elements * n_prompt * gpu.pp_cost(t.type_name) for t in layer_matrices(spec, placed.layers))
+    return sum(t.n_elements * batch_shares(spec, t, n_prompt)[0] * n_prompt * gpu.pp_cost(t.type_name)
+               for t in layer_matrices(spec, placed.layers))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ seconds per device; :mod:`v100lab.predict.speed` combines them into tok/s.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -123,6 +123,8 @@ class DeviceWork:
                                       # max and sum), whatever head_dim is
     attn_sweeps: tuple[tuple[float, float], ...] = ()   # (query heads × cells, KV bytes of the layer's cells read)
                                       # per kind of layer: what attn_missed_head_cells prices
+    weights_by_role: Mapping[str, Mapping[str, float]] = field(default_factory=dict)   # ggml type → weight role
+                                      # (the tensor's name without its layer: ffn_up_exps) → weights multiplied
 
     @property
     def weight_bytes_read(self) -> float:
@@ -171,6 +173,15 @@ def _is_expert(t: TensorInfo) -> bool:
     return "_exps" in t.name
 
 
+def weight_role(name: str) -> str:
+    """A tensor's name without its layer and suffix (``blk.3.ffn_up_exps.weight`` → ``ffn_up_exps``): the role
+    it plays in every layer, as llama.cpp's graph names its weights."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) > 2:
+        parts = parts[2:]
+    return ".".join(p for p in parts if p != "weight")
+
+
 def _is_output(t: TensorInfo) -> bool:
     return t.layer is None and (t.name.startswith("output") or t.name.startswith("cls"))
 
@@ -201,6 +212,7 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
     for dev_id, placed in placement.items():
         layers = set(il for il in placed.layers if il < n_layer_run)
         weights: dict[str, list[float]] = {}
+        roles: dict[str, dict[str, float]] = {}
         other = 0.0
         stored = 0.0
         for t in spec.tensors:
@@ -238,6 +250,8 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
                 m = w[3].setdefault((int(t.shape[1]), is_repacked(t)), [0.0, 0.0])
                 m[0] += t.n_elements * frac
                 m[1] += t.n_elements / t.shape[0] * frac
+                by_role = roles.setdefault(t.type_name, {})
+                by_role[weight_role(t.name)] = by_role.get(weight_role(t.name), 0.0) + t.n_elements * frac
             else:
                 other += t.n_bytes
         kv = attn = tail = head_cells = state = 0.0
@@ -264,8 +278,8 @@ def decode_work(spec: ModelSpec, placement: Mapping[str, Placed], cfg: RunConfig
             weights=MappingProxyType({k: _type_work(*v) for k, v in sorted(weights.items())}),
             other_bytes=other, kv_bytes=kv, attn_ops=attn, attn_tail_ops=tail, attn_split_layers=split,
             attn_head_cells=head_cells, attn_sweeps=tuple((hc, foot) for foot, hc in sorted(sweeps.items())),
-            state_bytes=state,
-            placed_weight_bytes=stored)
+            state_bytes=state, placed_weight_bytes=stored,
+            weights_by_role=MappingProxyType({k: MappingProxyType(v) for k, v in sorted(roles.items())}))
     return out
 
 
@@ -273,6 +287,30 @@ def _type_work(n_weights: float, n_bytes: float, n_rows: float, matrices: Mappin
     """A TypeWork from decode_work's sums: ``matrices`` (rows of one product, repacked) → [weights, rows]."""
     kinds = tuple((rows, rep, n_w, n_r) for (rows, rep), (n_w, n_r) in sorted(matrices.items()))
     return TypeWork(n_weights, n_bytes, n_rows, kinds)
+
+
+def experts_touched(n_expert: int, n_used: int, n_tokens: int) -> float:
+    """Expected distinct experts a batch of ``n_tokens`` tokens routes to, each token choosing ``n_used`` distinct
+    experts of ``n_expert`` (the router's top-k: src/llama-graph.cpp, build_moe_ffn, ``ggml_argsort_top_k``),
+    routing taken as uniform and independent between tokens: an expert is missed by a token with probability
+    1 − k/n, so n·(1 − (1 − k/n)^T) — k for one token, nearly all n for a 512-token prompt of a 32-expert top-4
+    model (31.9). Routing of a trained model is less even, which only lowers the count for short batches."""
+    if n_expert < 1 or not 0 < n_used <= n_expert or n_tokens < 1:
+        raise ConfigError(f"experts_touched: need 0 < used <= experts and tokens >= 1, got {n_used} of {n_expert}, "
+                          f"{n_tokens} tokens")
+    return n_expert * (1.0 - (1.0 - n_used / n_expert) ** n_tokens)
+
+
+def batch_shares(spec: ModelSpec, t: TensorInfo, n_tokens: int) -> tuple[float, float]:
+    """(multiply share, read share) of weight matrix ``t`` in one ubatch of ``n_tokens`` tokens: the part of its
+    weights each token multiplies, and the part read once for the ubatch. 1 and 1 for a dense matrix; for a stack
+    of routed experts k/n and :func:`experts_touched`/n — ggml-cpu's MUL_MAT_ID (ggml/src/ggml-cpu/ggml-cpu.c,
+    ggml_compute_forward_mul_mat_id) groups the batch's rows by expert (``matrix_row_counts``) and multiplies each
+    expert that has rows, skipping the others (``if (cne1 == 0) continue``); CUDA's mul_mat_id does the same."""
+    if not (_is_expert(t) and spec.expert_count and spec.expert_used_count):
+        return 1.0, 1.0
+    n, k = spec.expert_count, spec.expert_used_count
+    return k / n, experts_touched(n, k, n_tokens) / n
 
 
 def attn_missed_head_cells(sweeps, capacity_bytes: float) -> float:
