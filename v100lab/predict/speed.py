@@ -414,14 +414,14 @@ def pp_parts(spec: ModelSpec, layers, has_output: bool, r: DeviceRates, cfg: Run
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
     parts["attention"] = r.pp_attn_compute_s(attn, head_cells)
     # recurrent layers: the delta net's state update and the short convolution step through the prompt token by
-    # token (work.recurrent_token_work), f32 row sweeps at the decode compute rate of a float matrix row (CPUs;
-    # a GPU has no such rate, and its kernels run the heads in parallel)
+    # token (work.recurrent_token_work). Their rows are short f32 rows already in the core's cache (a 128-wide
+    # head's state is 64 KiB), so each costs what a decode matrix row's fixed part costs (its loop, setup and sum:
+    # the calibrated cost per row), and its elements next to nothing beside it. CPUs only: a GPU has no row cost,
+    # and runs the heads in parallel.
     rec = [recurrent_token_work(spec, il) for il in set(layers)
            if spec.is_recurrent(il) and il < spec.n_layer - (spec.nextn_layers or 0)]
     if rec and r.kind == "cpu":
-        parts["recurrent"] = n_prompt * (
-            r.tg_compute_s("F32", sum(x.delta_elements for x in rec), sum(x.delta_rows for x in rec))
-            + r.tg_compute_s("F32", sum(x.conv_elements for x in rec), sum(x.conv_rows for x in rec)))
+        parts["recurrent"] = n_prompt * r.tg_compute_s("F32", 0.0, sum(x.delta_rows + x.conv_rows for x in rec))
     parts["memory"] = t_mem
     parts["overhead"] = n_ub * r.pp_overhead_s
     return parts
