@@ -6,7 +6,8 @@
 Each configuration (``MODEL@THREADS``) is measured llama-bench's way (``calibration.measure``: a fresh worker,
 a warm-up, the median of two repetitions) ``--loads`` times, in rounds so that one configuration's loads are
 minutes apart; its figure is the median load and its spread (max − min) / median. None of these models is a
-calibration model. The prediction is ``speed.predict`` from the stored calibration, and a configuration whose
+calibration model. Each other architecture's row is also judged against the llama rows measured in the same
+round (their measured / predicted: how fast the machine ran then), which cancels a shared VM's drift. The prediction is ``speed.predict`` from the stored calibration, and a configuration whose
 spread exceeds the target (15 %) is marked: its error says more about the machine than about the model.
 ``benchmarks/bench_ops.py --prompt 512`` says which term a miss comes from.
 """
@@ -67,6 +68,23 @@ def main(argv=None) -> int:
                      "noisy": spread > TARGET})
         print(f"| {m} | {th} | {med:.1f} ({', '.join(f'{x:.1f}' for x in v)}) | {spread:.0%} | {pred:.1f} | "
               f"{pred / med - 1:+.1%}{' (spread above target)' if spread > TARGET else ''} |")
+    # a machine whose speed moves between minutes (a shared VM) moves every row of a round alike: each non-llama
+    # row is also judged against the llama rows of its own round and thread count (their median measured /
+    # predicted: the machine's factor then), which cancels the drift and judges the architecture's terms
+    print("\nAgainst the llama rows of the same round (the machine's factor: their median measured / predicted):")
+    for r in rows:
+        if read_spec(paths[r["model"]]).architecture == "llama":
+            continue
+        refs = [x for x in rows if x["threads"] == r["threads"] and read_spec(paths[x["model"]]).architecture == "llama"]
+        if not refs:
+            continue
+        errs = []
+        for k, got in enumerate(r["loads"]):
+            factor = statistics.median(x["loads"][k] / x["predicted"] for x in refs)
+            errs.append(r["predicted"] * factor / got - 1)
+        r["error_vs_llama_rounds"] = [round(e, 4) for e in errs]
+        print(f"  {r['model']} t{r['threads']}: {', '.join(f'{e:+.0%}' for e in errs)} per round "
+              f"(median {statistics.median(errs):+.1%})")
     judged = [abs(r["error"]) for r in rows if not r["noisy"]]
     if judged:
         print(f"\nmedian |error| over {len(judged)} configurations within their spread: "
