@@ -1,8 +1,14 @@
-"""Where a decoded token's time goes, per ggml op, on this CPU.
+"""Where a decoded token's (or a prompt token's) time goes, per ggml op, on this CPU, beside the speed model's terms.
 
     flock /tmp/v100lab-measure.lock .venv/bin/python benchmarks/bench_ops.py                # the default set
     .venv/bin/python benchmarks/bench_ops.py --model default --threads 1,2 --depth 0,1024 --json out.json
     .venv/bin/python benchmarks/bench_ops.py --model synth-deepseek2-500m:Q4_K_M --depth 0,1024 --predicted
+    .venv/bin/python benchmarks/bench_ops.py --model default --model synth-qwen35-500m:Q4_K_M --prompt 512
+
+With ``--prompt 512`` it times a pp512 as llama-bench runs it (one ubatch of 512 tokens, logits for the last
+one) and prints, per term of the prompt model (``speed.prompt_terms``: weight products per type, output product,
+attention, the recurrent kernels, every other node), the measured and predicted milliseconds per prompt token and
+each term's share of the miss: the table says which term a prompt misprediction comes from.
 
 How: llama.cpp's scheduler calls an *eval callback* (``llama_context_params.cb_eval``, the mechanism of
 llama.cpp's ``llama-eval-callback`` tool; ggml-backend.cpp ``ggml_backend_sched_compute_splits``) once per
@@ -193,6 +199,47 @@ def profile(path: Path, threads: int, depth: int, n_tokens: int) -> dict:
         llama_cpp.llama_model_free(model)
 
 
+def profile_prompt(path: Path, threads: int, depth: int, n_prompt: int, repetitions: int) -> dict:
+    """One prompt of ``n_prompt`` tokens in one ubatch after ``depth`` tokens of context, as llama-bench's pp test
+    runs it (logits for the last token only), timed plain and node by node; the cache is cleared and refilled to
+    ``depth`` before every repetition (a recurrent model's state cannot be cut back to a position)."""
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise RuntimeError(f"cannot load {path}")
+    vocab_n = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    n_ctx = depth + n_prompt + 64
+    prof = Profiler()
+    plain, timed = _context(model, n_ctx, threads), _context(model, n_ctx, threads, prof.cb)
+    prompt = [(17 * i + 3) % vocab_n for i in range(n_prompt)]
+    try:
+        out = {}
+        for name, ctx in (("plain", plain), ("timed", timed)):
+            times = []
+            for rep in range(repetitions + 1):          # the first is a warm-up
+                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+                _fill(ctx, depth, vocab_n)
+                prof.nodes = []
+                prof.on = name == "timed"
+                t0 = time.perf_counter_ns()
+                _decode(ctx, prompt)
+                dt = time.perf_counter_ns() - t0
+                prof.on = False
+                if rep == 0:
+                    continue
+                times.append(dt / n_prompt)
+                if name == "timed":
+                    out.setdefault("tokens", []).append([(c, f, ns / n_prompt) for c, f, ns in prof.nodes])
+            out[f"{name}_ms"] = statistics.median(times) / 1e6
+            out[f"{name}_cv"] = statistics.pstdev(times) / statistics.fmean(times)
+        return out
+    finally:
+        llama_cpp.llama_free(plain)
+        llama_cpp.llama_free(timed)
+        llama_cpp.llama_model_free(model)
+
+
 def summarise(res: dict) -> dict:
     """Per category: median over tokens of the summed node time, with weights and bytes per token."""
     per_tok = []
@@ -248,6 +295,47 @@ def print_roles(s: dict) -> None:
         print(f"  {'token (plain)':<22} {s['plain_ms']:9.3f} {total:9.3f}  {total / s['plain_ms'] - 1:+5.0%}")
 
 
+#: measured node categories → the prompt model's term that charges them (speed.prompt_terms)
+RECURRENT_OPS = ("op:GATED_DELTA_NET", "op:SSM_CONV")
+
+
+def prompt_rows(s: dict, predicted: dict) -> list[tuple[str, float, float | None]]:
+    """(term, measured ms per prompt token, predicted ms per prompt token or None) for each of the prompt model's
+    terms: the weight products per type, the output product, attention, the recurrent kernels, every other node
+    (which no term charges but the per-ubatch overhead), and the plain prompt against the model's sum."""
+    cats = s["categories"]
+    rows = []
+    for c, r in sorted(cats.items()):
+        if c.startswith(("weights:", "output:", "experts:")):
+            kind, _, tname = c.partition(":")
+            key = ("output:" if kind == "output" else "matmul:") + tname.upper()
+            rows.append((key, r["ms"], predicted.get(key)))
+    rows.append(("attention", cats.get("attention", {"ms": 0.0})["ms"], predicted.get("attention")))
+    rec = sum(cats[c]["ms"] for c in RECURRENT_OPS if c in cats)
+    if rec or "recurrent" in predicted:
+        rows.append(("recurrent", rec, predicted.get("recurrent", 0.0)))
+    other = sum(r["ms"] for c, r in cats.items() if (c.startswith("op:") and c not in RECURRENT_OPS) or c == "empty")
+    rows.append(("other ops", other, predicted.get("overhead", 0.0)))
+    rows.append(("prompt token", s["plain_ms"], sum(predicted.values())))
+    return rows
+
+
+def print_prompt(s: dict) -> None:
+    """The prompt's per-term table: measured (node by node) beside predicted, and each term's share of the miss."""
+    rows = prompt_rows(s, s["predicted_ms"])
+    nodes = s["nodes_ms"]
+    total_pred = rows[-1][2]
+    print(f"  {'term':<14} {'measured':>9} {'predicted':>9} {'error':>6} {'miss':>6}   (ms per prompt token; miss: "
+          "the term's predicted − measured as a share of the measured node sum)")
+    for name, ms, p in rows:
+        err = f"{p / ms - 1:+6.0%}" if p is not None and ms else ""
+        miss = f"{(p - ms) / nodes:+6.1%}" if p is not None and name != "prompt token" and nodes else ""
+        print(f"  {name:<14} {ms:9.4f} " + (f"{p:9.4f} " if p is not None else f"{'—':>9} ") + f"{err:>6} {miss:>6}")
+    print(f"  plain {s['plain_ms']:.4f} ms (pp {1e3 / s['plain_ms']:.1f} tok/s, cv {s['plain_cv']:.0%}), node by node "
+          f"{s['timed_ms']:.4f} ms; predicted pp {1e3 / total_pred:.1f} tok/s ({total_pred / s['plain_ms'] - 1:+.0%} "
+          "time)")
+
+
 def llc_bytes() -> int | None:
     """The last-level cache this CPU reports (sysfs), in bytes."""
     best = None
@@ -291,6 +379,10 @@ def main(argv=None) -> int:
     ap.add_argument("--predicted", action="store_true",
                     help="each weight role, attention and the other nodes beside what the speed model charges for "
                          "them (speed.decode_terms, from the stored calibration)")
+    ap.add_argument("--prompt", type=int, default=0, metavar="N",
+                    help="time a prompt of N tokens in one ubatch (llama-bench's ppN; 512) instead of decoded tokens, "
+                         "per op per prompt token beside what the speed model charges (speed.prompt_terms)")
+    ap.add_argument("--repetitions", type=int, default=3, help="prompts timed per configuration (--prompt)")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)
     models = args.model or DEFAULT_SET
@@ -308,6 +400,18 @@ def main(argv=None) -> int:
         path = Path(name) if Path(name).exists() else resolve_model(name)
         for th in threads:
             for d in depths:
+                if args.prompt:
+                    s = summarise(profile_prompt(path, th, d, args.prompt, args.repetitions))
+                    cfg = RunConfig(n_threads=th, n_ctx=d + args.prompt + 64, n_batch=args.prompt,
+                                    n_ubatch=args.prompt)
+                    s["predicted_ms"] = {k: 1e3 * v for k, v in speed.prompt_terms(
+                        read_spec(path), "host", cfg, d, args.prompt).items()}
+                    s.update(model=name, threads=th, depth=d, n_prompt=args.prompt, load=os.getloadavg()[0])
+                    out.append(s)
+                    print(f"\n{name} t{th} d{d} pp{args.prompt} (load {s['load']:.1f}):")
+                    print_prompt(s)
+                    sys.stdout.flush()
+                    continue
                 res = profile(path, th, d, args.tokens)
                 s = summarise(res)
                 s.update(model=name, threads=th, depth=d)

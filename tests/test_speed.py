@@ -11,7 +11,7 @@ import json
 import pytest
 
 from v100lab.gguf import llama_context
-from v100lab.predict import speed
+from v100lab.predict import speed, work
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import get_device
 from v100lab.base.errors import V100labError
@@ -235,6 +235,30 @@ def test_recurrent_state_read_and_written(qwen):
     assert llama_context.recurrent_state_floats(spec) == 3 * 10240 + 128 * 6144
     w = speed.decode_work(spec, _all_on(spec, "v100-32gb"), RunConfig(n_ctx=2048))["v100-32gb"]
     assert w.state_bytes == pytest.approx(2 * 48 * (3 * 10240 + 128 * 6144) * 4)
+
+
+def test_delta_net_prompt_work_follows_the_kernel(qwen, llama7b):
+    spec = qwen["Q4_0"]
+    rec = [il for il in range(spec.n_layer) if spec.is_recurrent(il)]
+    attn = next(il for il in range(spec.n_layer) if not spec.is_recurrent(il))
+    # 48 value heads of S_v = 6144 / 48 = 128: the state scaled once and swept three times per token; the short
+    # convolution's 10240 channels of 4 taps (the same conv_dim as the state's n_embd_r)
+    w = work.recurrent_token_work(spec, rec[0])
+    assert (w.delta_elements, w.delta_rows) == (4 * 48 * 128 * 128, 3 * 48 * 128)
+    assert (w.conv_elements, w.conv_rows) == (10240 * 4, 10240)
+    assert work.recurrent_token_work(spec, attn) == work.RecurrentWork()
+    assert not any("ssm_conv1d" in t.name for t in work.layer_matrices(spec, range(spec.n_layer)))
+    assert "recurrent" not in speed.prompt_terms(llama7b, "host", RunConfig(n_ctx=2048, n_threads=1))
+
+
+def test_prompt_terms_add_up_to_the_prompt_prediction(qwen):
+    spec = qwen["Q4_K_M"]
+    for threads in (1, 2):
+        cfg = RunConfig(n_ctx=4096, n_threads=threads)
+        terms = speed.prompt_terms(spec, "host", cfg, depth=1024, n_prompt=512)
+        assert terms["recurrent"] > 0 and terms["attention"] > 0
+        pred = speed.predict(spec, ["host"], cfg, depth=1024, n_prompt=512)
+        assert 1.0 / pred.pp_tps == pytest.approx(sum(terms.values()), rel=1e-9)
 
 
 def test_more_depth_slower_decode(llama7b):

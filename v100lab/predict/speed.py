@@ -21,7 +21,8 @@ effective cache once a layer's KV cells outgrow it, :func:`v100lab.predict.work.
 input: :mod:`v100lab.predict.rates` gives them (the host's stored calibration, GPU classes fitted on published
 llama-bench tables, stated assumptions otherwise), and :func:`predict` takes explicit ones too.
 Prompt processing is compute-bound: ``weights × n_prompt × cost_pp_type`` at the device's matmul rate for
-the type, plus attention, plus the host link when layers kept on the CPU have their matmuls offloaded
+the type, plus attention, plus (CPUs) a recurrent layer's delta net and convolution stepped token by token
+(:func:`v100lab.predict.work.recurrent_token_work`), plus the host link when layers kept on the CPU have their matmuls offloaded
 to the GPU (llama.cpp does that for batches of 32 tokens or more).
 
 Every figure here is a prediction; the benchmark ``benchmarks/bench_speed.py`` says how good it is.
@@ -44,7 +45,7 @@ from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple
                            fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
 from v100lab.facts.spec import ModelSpec
 from v100lab.predict.work import (DeviceWork, Placed, batch_shares, decode_work, layer_matrices,
-                                  single_device_work)
+                                  recurrent_token_work, single_device_work)
 from v100lab.base.safeio import json_number
 
 log = logging.getLogger(__name__)
@@ -398,29 +399,46 @@ def tg_link_time(spec, placement, rates, active) -> float:
 
 
 def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, depth, n_prompt) -> tuple[float, str]:
-    """Prompt processing on one device: matmuls at the device's rate for each type, attention over the
-    causal triangle (depth + i cells for the i-th token), and per-ubatch overhead."""
+    """Prompt processing on one device: its compute terms (:func:`pp_parts`) or its weights streamed once per
+    ubatch, whichever is longer, plus the per-ubatch overhead."""
     if not (w.layers or w.has_output):
         return 0.0, "overhead"
+    parts = pp_parts(spec, w.layers, w.has_output, r, cfg, depth, n_prompt)
+    t_mem, t_ovh = parts.pop("memory"), parts.pop("overhead")
+    t_cmp = sum(parts.values())
+    t = max(t_cmp, t_mem) + t_ovh
+    bound = "compute" if t_cmp >= t_mem else "memory"
+    if t_ovh > max(t_cmp, t_mem):
+        bound = "overhead"
+    return t, bound
+
+
+def pp_parts(spec: ModelSpec, layers, has_output: bool, r: DeviceRates, cfg: RunConfig, depth: int,
+             n_prompt: int) -> dict[str, float]:
+    """Seconds of a whole prompt of ``n_prompt`` tokens after ``depth`` on one device holding ``layers`` (and the
+    output layer if ``has_output``), per term: ``"matmul:TYPE"`` (the layers' weight products per ggml type),
+    ``"output:TYPE"`` (the output product, for the last token only), ``"attention"``; ``"memory"`` (the weights
+    streamed once per ubatch: the alternative bound, not added) and ``"overhead"`` (per ubatch)."""
     n_ub = math.ceil(n_prompt / max(1, min(cfg.n_ubatch, cfg.n_batch)))
-    t_cmp = 0.0
+    parts: dict[str, float] = {}
     t_mem = 0.0
     # per-token matmul cost of the layers (the output layer runs for the last token only); routed experts: each
     # token multiplies its k, each ubatch reads the experts its tokens touch (work.batch_shares)
     ub = min(cfg.n_ubatch, cfg.n_batch, n_prompt)
-    for t in layer_matrices(spec, w.layers):
+    for t in layer_matrices(spec, layers):
         per_token, per_ubatch = batch_shares(spec, t, ub)
-        t_cmp += _pp_matrix_compute_s(t, t.n_elements * per_token * n_prompt, r)
+        key = f"matmul:{t.type_name}"
+        parts[key] = parts.get(key, 0.0) + _pp_matrix_compute_s(t, t.n_elements * per_token * n_prompt, r)
         t_mem += t.n_bytes * per_ubatch * n_ub / r.effective_bandwidth
-    if w.has_output:
+    if has_output:
         out_t = spec.tensor("output.weight") or spec.tensor("token_embd.weight")
         if out_t is not None:
-            t_cmp += out_t.n_elements * r.pp_cost(out_t.type_name)
+            parts[f"output:{out_t.type_name}"] = out_t.n_elements * r.pp_cost(out_t.type_name)
     # attention: the i-th prompt token sees depth + i + 1 cells (causal); per cell heads × (dk + dv). ggml-cpu's
     # flash attention computes whole 64-cell tiles for 64-query tiles (fa_prompt_cells), and spends per head × cell
     # besides per multiply-add (pp_attn_s_per_head_cell: mask, scale, softmax)
     attn = head_cells = 0.0
-    for il in set(w.layers):
+    for il in set(layers):
         if spec.is_recurrent(il) or not spec.has_kv(il) or il >= spec.n_layer - (spec.nextn_layers or 0):
             continue
         window = spec.sliding_window if (spec.is_swa(il) and spec.sliding_window) else None
@@ -433,13 +451,32 @@ def _pp_time(spec, placement, k, w: DeviceWork, r: DeviceRates, rates, cfg, dept
             cells = causal_cells(depth, n_prompt, window)
         head_cells += cells * spec.n_head_at(il)
         attn += cells * spec.n_head_at(il) * (spec.head_dim_k + spec.head_dim_v)
-    t_cmp += r.pp_attn_compute_s(attn, head_cells)
-    t_ovh = n_ub * r.pp_overhead_s
-    t = max(t_cmp, t_mem) + t_ovh
-    bound = "compute" if t_cmp >= t_mem else "memory"
-    if t_ovh > max(t_cmp, t_mem):
-        bound = "overhead"
-    return t, bound
+    parts["attention"] = r.pp_attn_compute_s(attn, head_cells)
+    # recurrent layers: the delta net's state update and the short convolution step through the prompt token by
+    # token (work.recurrent_token_work). Their rows are short f32 rows already in the core's cache (a 128-wide
+    # head's state is 64 KiB), so each costs what a decode matrix row's fixed part costs (its loop, setup and sum:
+    # the calibrated cost per row), and its elements next to nothing beside it. CPUs only: a GPU has no row cost,
+    # and runs the heads in parallel.
+    rec = [recurrent_token_work(spec, il) for il in set(layers)
+           if spec.is_recurrent(il) and il < spec.n_layer - (spec.nextn_layers or 0)]
+    if rec and r.kind == "cpu":
+        parts["recurrent"] = n_prompt * r.tg_compute_s("F32", 0.0, sum(x.delta_rows + x.conv_rows for x in rec))
+    parts["memory"] = t_mem
+    parts["overhead"] = n_ub * r.pp_overhead_s
+    return parts
+
+
+def prompt_terms(spec: ModelSpec, device: Any, cfg: RunConfig | None = None, depth: int = 0, n_prompt: int = 512,
+                 profile: Mapping[str, Any] | None = None, rates: DeviceRates | None = None) -> dict[str, float]:
+    """Seconds per prompt token of each of :func:`pp_parts`' terms on one ``device`` holding every layer and the
+    output layer (the memory bound left out: it never binds a CPU's prompt). ``benchmarks/bench_ops.py --prompt``
+    prints them beside llama.cpp's own per-node times."""
+    cfg = cfg or RunConfig()
+    dev = get_device(device)
+    r = rates or rates_for(dev, cfg, profile if dev.id == "host" else None)
+    parts = pp_parts(spec, range(spec.n_layer), True, r, cfg, depth, n_prompt)
+    parts.pop("memory")
+    return {k: v / n_prompt for k, v in parts.items()}
 
 
 def _pp_matrix_compute_s(t, n_weights: float, r: DeviceRates) -> float:

@@ -343,10 +343,53 @@ def _input_device(placement: Mapping[str, Placed]) -> str:
 
 
 def layer_matrices(spec, layers):
-    """The weight matrices (2-D, more than one row) of the repeating layers in ``layers``."""
+    """The weight matrices (2-D, more than one row) of the repeating layers in ``layers``; a recurrent layer's
+    convolution kernel (``ssm_conv1d``) is not one: SSM_CONV reads it (:func:`recurrent_token_work`)."""
     layer_set = set(layers)
     return (t for t in spec.tensors
-            if t.layer is not None and t.layer in layer_set and len(t.shape) >= 2 and t.shape[1] > 1)
+            if t.layer is not None and t.layer in layer_set and len(t.shape) >= 2 and t.shape[1] > 1
+            and "ssm_conv1d" not in t.name)
+
+
+#: architectures whose recurrent layers are a gated delta net (src/models/delta-net-base.cpp)
+DELTA_NET_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
+
+
+@dataclass(frozen=True)
+class RecurrentWork:
+    """One token's pass through a recurrent layer's two f32 kernels, as row sweeps: ``elements`` multiplied and
+    ``rows`` swept (each row one loop with its own setup and sum, like a matrix row in decode)."""
+
+    delta_elements: float = 0.0
+    delta_rows: float = 0.0
+    conv_elements: float = 0.0
+    conv_rows: float = 0.0
+
+
+def recurrent_token_work(spec: ModelSpec, il: int) -> RecurrentWork:
+    """What one token costs layer ``il``'s recurrent kernels (a zero RecurrentWork for other layers, and for
+    recurrent architectures other than the gated delta net).
+
+    * the delta net: on the CPU llama.cpp runs the fused GATED_DELTA_NET op for prompts as for decode
+      (src/llama-context.cpp: ``fused_gdn_ar`` and ``fused_gdn_ch`` on; src/models/delta-net-base.cpp
+      build_delta_net → build_delta_net_fused), which steps through the tokens one by one:
+      ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_gated_delta_net_one_chunk, per value head and token, scales
+      the S_v × S_v f32 state once (ggml_vec_scale_f32), then sweeps its S_v rows three times (ggml_vec_dot_f32
+      against k, ggml_vec_mad_f32 of the update, ggml_vec_dot_f32 against q): 4 S_v² elements, 3 S_v rows;
+    * the short convolution: ops.cpp, ggml_compute_forward_ssm_conv_f32, per token a scalar dot of d_conv taps
+      for each of the conv_dim = d_inner + 2 n_group d_state channels (rows ``d_conv - 1 + n_tokens`` floats
+      apart: one row each)."""
+    if not spec.is_recurrent(il) or spec.architecture not in DELTA_NET_ARCHS:
+        return RecurrentWork()
+    d_inner = spec.ssm_inner_size or 0
+    h_v = spec.ssm_time_step_rank or 0            # value heads (ssm.time_step_rank)
+    if not (d_inner and h_v):
+        return RecurrentWork()
+    s_v = d_inner / h_v
+    conv_dim = d_inner + 2 * (spec.ssm_group_count or 0) * (spec.ssm_state_size or 0)
+    d_conv = spec.ssm_conv_kernel or 0
+    return RecurrentWork(delta_elements=4.0 * h_v * s_v * s_v, delta_rows=3.0 * h_v * s_v,
+                         conv_elements=float(conv_dim * d_conv), conv_rows=float(conv_dim) if d_conv else 0.0)
 
 
 
