@@ -137,6 +137,13 @@ class DeviceRates:
             t += attn_missed_head_cells(sweeps, self.attn_cache_bytes) * self.attn_s_per_missed_head_cell
         return t
 
+    def pp_row_cost(self, type_name: str) -> float:
+        """A CPU prompt's cost per matrix row and token for ``type_name`` through ggml-cpu's generic product (0 for
+        llamafile's sgemm types and on GPUs): decode's row cost, the same vec_dot call per row."""
+        if self.kind != "cpu" or type_name.upper() in SGEMM_TYPES:
+            return 0.0
+        return self.tg_row_s_by_type.get(self._tg_type(type_name), self.tg_row_s)
+
     def pp_cost(self, type_name: str) -> float:
         if type_name in self.pp_s_per_weight:
             return self.pp_s_per_weight[type_name]
@@ -294,6 +301,13 @@ def _abs_errs(values) -> list[float]:
 SCALING_TOLERANCE = 0.15
 #: the row length the thread-scaling check judges a weight's cost on: the calibration rungs' (calib-wide, n_embd 1024)
 SCALING_ROW = 1024
+#: matrix rows per weight of calibration's prompt model (calib-wide-pp: n_embd 1024, n_ff 2816, 16 heads, 4 KV heads
+#: of 64; rows of 1024 and 2816 weights): the share of the row's own cost its prompt cost per weight holds
+#: (tests/test_prompt_rows.py checks it against measure.calibration's spec)
+PP_CALIB_ROWS_PER_WEIGHT = 9216 / 11_272_192
+#: the types llamafile's sgemm multiplies on x86 (ggml/src/ggml-cpu/llamafile/sgemm.cpp, llamafile_sgemm: tiled, no
+#: vec_dot per row and token)
+SGEMM_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
 
 
 def superlinear_scaling(cal: Mapping[str, Any], tolerance: float = SCALING_TOLERANCE) -> list[str]:

@@ -41,8 +41,9 @@ from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import Device, catalog, complete_gpu, get_device
 from v100lab.base.errors import ConfigError, V100labError
 from v100lab.gguf.llama_context import causal_cells, fa_prompt_cells, kv_cells, n_kv_cells, resolve_flash_attn
-from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, DeviceRates, apple_device, arch_spec, cuda_bench_config,
-                           fit_cuda_rows, fit_gpu_rows, gpu_rates, load_apple_table, load_cuda_table, rates_for)
+from v100lab.predict.rates import (APPLE_CFG, APPLE_TG_DEPTH, PP_CALIB_ROWS_PER_WEIGHT, DeviceRates, apple_device,
+                                   arch_spec, cuda_bench_config, fit_cuda_rows, fit_gpu_rows, gpu_rates,
+                                   load_apple_table, load_cuda_table, rates_for)
 from v100lab.facts.spec import ModelSpec
 from v100lab.predict.work import (DeviceWork, Placed, batch_shares, decode_work, layer_matrices,
                                   recurrent_token_work, single_device_work)
@@ -486,7 +487,15 @@ def _pp_matrix_compute_s(t, n_weights: float, r: DeviceRates) -> float:
     row, a token's product at a time as in decode, so those weights cost the decode rate (weights and rows)."""
     if r.kind == "cpu" and "_exps" in t.name and memory.is_repacked(t) and r.tg_cost(t.type_name):
         return r.tg_compute_s(t.type_name, n_weights, n_weights / t.shape[0])
-    return n_weights * r.pp_cost(t.type_name)
+    # ggml-cpu's generic product (ggml-cpu.c, ggml_compute_forward_mul_mat_one_chunk) calls vec_dot once per row and
+    # token, each call paying a fixed setup and sum (decode's row cost). The calibrated cost per weight holds the
+    # share of calibration's prompt model, whose rows are long (rates.PP_CALIB_ROWS_PER_WEIGHT): a matrix of shorter
+    # rows pays more per weight. sgemm's and the repacked gemm's tiles do not work row by row.
+    row = 0.0 if memory.is_repacked(t) else r.pp_row_cost(t.type_name)
+    per_weight = r.pp_cost(t.type_name)
+    if row and t.shape[0]:
+        per_weight = max(0.0, per_weight - row * PP_CALIB_ROWS_PER_WEIGHT) + row / t.shape[0]
+    return n_weights * per_weight
 
 
 def _pp_total(spec, placement, by, rates, cfg, n_prompt) -> tuple[float, str]:
