@@ -10,6 +10,11 @@ calibration model. Each other architecture's row is also judged against the llam
 round (their measured / predicted: how fast the machine ran then), which cancels a shared VM's drift. The prediction is ``speed.predict`` from the stored calibration, and a configuration whose
 spread exceeds the target (15 %) is marked: its error says more about the machine than about the model.
 ``benchmarks/bench_ops.py --prompt 512`` says which term a miss comes from.
+
+``--machine-reference Q4_1`` also loads calibration's own prompt model of that type (calib-wide-pp) in every round
+at every thread count — never judged, a measure of how fast the machine ran then against its calibration — and
+judges every row a second time scaled by that ratio of its own round: on a VM that has moved since its calibration,
+that separates the model's error from the machine's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("configs", nargs="*", help="MODEL@THREADS (zoo alias or path); default: the prompt set")
     ap.add_argument("--loads", type=int, default=3)
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--machine-reference", metavar="TYPE", default="",
+                    help="calibration's own prompt model of this weight type, loaded each round as the machine's "
+                         "measure (not judged)")
     args = ap.parse_args(argv)
     configs = [(m, int(t)) for item in (args.configs or DEFAULT_SET) for m, t in [item.rsplit("@", 1)]]
     stems = calibration.calibration_stems()
@@ -47,7 +55,18 @@ def main(argv=None) -> int:
         if any(p.name.startswith(s) for s in stems):
             sys.exit(f"bench_prompt: {m} is a calibration model; refusing to judge on it")
     meas: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    ref_path, ref = None, {}
+    if args.machine_reference:
+        key = (calibration.PROMPT_LABEL, args.machine_reference)
+        ref_path = calibration.calibration_model_paths(only={key}).get(key)
+        if ref_path is None:
+            sys.exit(f"bench_prompt: no calibration prompt model of type {args.machine_reference}")
+        ref = {th: [] for th in sorted({th for _, th in configs})}
     for k in range(args.loads):
+        for th in ref:
+            tm = calibration.measure(ref_path, th, depth=0, n_gen=0, n_prompt=N_PROMPT, repetitions=2,
+                                     retry_noisy=False, n_ctx=1024)
+            ref[th].append(1.0 / tm["pp"].s_per_token)
         for m, th in configs:
             t0 = time.time()
             tm = calibration.measure(paths[m], th, depth=0, n_gen=0, n_prompt=N_PROMPT, repetitions=2,
@@ -85,6 +104,18 @@ def main(argv=None) -> int:
         r["error_vs_llama_rounds"] = [round(e, 4) for e in errs]
         print(f"  {r['model']} t{r['threads']}: {', '.join(f'{e:+.0%}' for e in errs)} per round "
               f"(median {statistics.median(errs):+.1%})")
+    if ref:
+        print(f"\nScaled by calibration's own {args.machine_reference} prompt model in each round (measured / predicted "
+              "there: how fast the machine ran against its calibration):")
+        for th, v in ref.items():
+            pred = speed.predict(read_spec(ref_path), ["host"], RunConfig(n_threads=th, n_ctx=1024, n_gpu_layers=0),
+                                 0, N_PROMPT).pp_tps
+            print(f"  machine t{th}: ×{', ×'.join(f'{x / pred:.2f}' for x in v)} of calibration")
+            for r in (r for r in rows if r["threads"] == th):
+                errs = [r["predicted"] * (x / pred) / got - 1 for x, got in zip(v, r["loads"])]
+                r["error_vs_machine_reference"] = [round(e, 4) for e in errs]
+                print(f"  {r['model']} t{th}: {', '.join(f'{e:+.0%}' for e in errs)} per round "
+                      f"(median {statistics.median(errs):+.1%})")
     judged = [abs(r["error"]) for r in rows if not r["noisy"]]
     if judged:
         print(f"\nmedian |error| over {len(judged)} configurations within their spread: "
