@@ -322,7 +322,10 @@ def test_executes_on_ci_params(path, tmp_path):
             # a run that measured decoded its reference at its start and again at its headline
             ref = h["reference"]
             assert ref["start"]["tps"] > 0 and ref["end"]["tps"] > 0 and ref["shift"]["ratio"] > 0, ref
-            assert h["measured_points"] and all(p["setup"] for p in h["measured_points"]), h["measured_points"]
+            # bench-style figures carry what llama.cpp ran (the index compares them across notebooks); load served
+            # by llama-server to concurrent clients (10) is not a bench setup and has none
+            assert all(p["setup"] for p in h["measured_points"]), h["measured_points"]
+            assert h["measured_points"] or path.stem == "10_parallel_slots", h
 
 
 @pytest.mark.slow

@@ -252,12 +252,19 @@ def test_delta_net_prompt_work_follows_the_kernel(qwen, llama7b):
 
 
 def test_prompt_terms_add_up_to_the_prompt_prediction(qwen):
+    """With rates that charge every term (not this machine's stored profile, whose fit may leave a term at 0), the
+    terms are each there and add up to the prediction's prompt time."""
+    from v100lab.predict.rates import DeviceRates
+
     spec = qwen["Q4_K_M"]
+    types = {t: 2e-10 for t in ("F32", "F16", "Q8_0", "Q6_K", "Q5_K", "Q4_K")}
     for threads in (1, 2):
+        r = DeviceRates("host", "cpu", 20.0, 0.8, types, 1e-10, {t: 3e-11 for t in types}, 3e-11, 1e-10, 1e-4, 1e-5,
+                        1e-3, None, "test", tg_row_s=1.7e-8 / threads, threads=threads)
         cfg = RunConfig(n_ctx=4096, n_threads=threads)
-        terms = speed.prompt_terms(spec, "host", cfg, depth=1024, n_prompt=512)
+        terms = speed.prompt_terms(spec, "host", cfg, depth=1024, n_prompt=512, rates=r)
         assert terms["recurrent"] > 0 and terms["attention"] > 0
-        pred = speed.predict(spec, ["host"], cfg, depth=1024, n_prompt=512)
+        pred = speed.predict(spec, ["host"], cfg, depth=1024, n_prompt=512, rates={"host": r})
         assert 1.0 / pred.pp_tps == pytest.approx(sum(terms.values()), rel=1e-9)
 
 

@@ -54,7 +54,7 @@ def _status_line(r: runner.RunResult) -> str:
     head = ""
     if h.get("measured_tok_s") is not None or h.get("predicted_tok_s") is not None:
         head = (f"  {h.get('metric', '')} measured {runner.format_tps(h.get('measured_tok_s'))} / "
-                f"predicted {runner.format_tps(h.get('predicted_tok_s'))} tok/s")
+                f"predicted {runner.format_tps(h.get('predicted_tok_s'))} {h.get('unit') or 'tok/s'}")
     cached = " (unchanged, not re-run)" if r.cached else ""
     reason = f"  — {r.reason}" if r.reason else ""
     return term_text(f"[{r.status}]{cached} {r.scenario} × {_stem(r.notebook)}  "
