@@ -165,13 +165,18 @@ def _fill(ctx, depth: int, vocab_n: int) -> None:
         _decode(ctx, tok[i:i + 512])
 
 
-def profile(path: Path, threads: int, depth: int, n_tokens: int) -> dict:
+def _load(path: Path):
+    """The model on the CPU, and its vocabulary's size."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise RuntimeError(f"cannot load {path}")
-    vocab_n = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    return model, llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+
+
+def profile(path: Path, threads: int, depth: int, n_tokens: int) -> dict:
+    model, vocab_n = _load(path)
     n_ctx = depth + 2 * n_tokens + 64
     prof = Profiler()
     plain, timed = _context(model, n_ctx, threads), _context(model, n_ctx, threads, prof.cb)
@@ -203,12 +208,7 @@ def profile_prompt(path: Path, threads: int, depth: int, n_prompt: int, repetiti
     """One prompt of ``n_prompt`` tokens in one ubatch after ``depth`` tokens of context, as llama-bench's pp test
     runs it (logits for the last token only), timed plain and node by node; the cache is cleared and refilled to
     ``depth`` before every repetition (a recurrent model's state cannot be cut back to a position)."""
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-    if not model:
-        raise RuntimeError(f"cannot load {path}")
-    vocab_n = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    model, vocab_n = _load(path)
     n_ctx = depth + n_prompt + 64
     prof = Profiler()
     plain, timed = _context(model, n_ctx, threads), _context(model, n_ctx, threads, prof.cb)
