@@ -84,8 +84,8 @@ stamp_of() { echo ".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh 
 stamp="$(stamp_of "$args")"
 [ "$dry" != 1 ] && [ -f "$stamp" ] && exit 0
 
-# ggml-cuda's kernels for one architecture, CPU-seconds (measured with the registry's nvcc: benchmarks/RESULTS.md,
-# "CUDA toolkit check")
+# ggml-cuda's kernels for one architecture, CPU-seconds, for the progress line's estimate: 144 files at ~50 s each
+# (one, sum.cu, took 52.7 s with the registry's nvcc: benchmarks/RESULTS.md, "CUDA toolkit check")
 CUDA_CPU_S_PER_ARCH=7200
 # install_llama ARGS SOURCE [GPU-NOTE]: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per
 # flag set; the CUDA toolkit's CUDACXX/CUDAToolkit_ROOT from the plan). The wheel is built before anything is
