@@ -86,3 +86,16 @@ def test_judging_the_gpu_probe():
     assert not ok and "only 20/31 layers" in why
     ok, why = judge_gpu_probe({**full, "buffers": {"host": {"model": 120.0}}})
     assert not ok and "no model buffer on a GPU device" in why
+
+
+def test_a_gpu_build_without_a_device_says_what_its_backend_said():
+    # the line is what this project's CUDA 13.5 build for sm_75 printed when it was loaded on a machine without a
+    # driver (benchmarks/RESULTS.md, "CUDA toolkit check")
+    from v100lab.measure.selftest import judge_gpu_probe
+
+    said = ["ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime version"]
+    ok, why = judge_gpu_probe({"gpu_offload": False, "backend_log": said})
+    assert not ok and why == ("this GPU build of llama.cpp finds no usable device: ggml_cuda_init: failed to "
+                              "initialize CUDA: CUDA driver version is insufficient for CUDA runtime version")
+    ok, why = judge_gpu_probe({"gpu_offload": False, "backend_log": ["llama_model_loader: loaded meta data"]})
+    assert not ok and "built without GPU offload" in why

@@ -208,6 +208,10 @@ def judge_gpu_probe(probe: dict[str, Any]) -> tuple[bool, str]:
     """Pass/fail and one line for :func:`v100lab.measure.backends.isolated.gpu_probe`'s answer: offload compiled in,
     every layer offloaded, and a model buffer on a GPU device (CUDA0, …)."""
     if not probe.get("gpu_offload"):
+        # a GPU build whose backend found no device says so at registration (ggml-cuda.cu ggml_cuda_init)
+        failed = [line for line in probe.get("backend_log") or () if "failed to initialize" in line]
+        if failed:
+            return False, f"this GPU build of llama.cpp finds no usable device: {failed[-1]}"
         return False, "this llama.cpp was built without GPU offload (llama_supports_gpu_offload() is false)"
     n, m = probe.get("offloaded"), probe.get("offloadable")
     if n is None or m is None or n < m:

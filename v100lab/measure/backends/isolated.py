@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,37 @@ def _build_info_here() -> dict[str, Any]:
     return info
 
 
-def _gpu_probe_here(model_path: str) -> dict[str, Any]:
-    """In a worker: does this llama.cpp offload, and where do the model's buffers go with every layer asked for?"""
-    import llama_cpp  # heavy: the compiled library (a CUDA build without libcuda.so.1 fails right here)
+def _stderr_of(fn):
+    """``fn()`` with file descriptor 2 captured: ggml's backends report at registration straight to stderr (e.g.
+    ggml-cuda.cu ``ggml_cuda_init``: "failed to initialize CUDA: …"), before any log callback is set. Returns
+    (result, the captured lines); they are also written back to stderr."""
+    import tempfile
 
-    if not llama_cpp.llama_supports_gpu_offload():
-        return {"gpu_offload": False}
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    sys.stderr.write(text)
+    return result, [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _gpu_probe_here(model_path: str) -> dict[str, Any]:
+    """In a worker: does this llama.cpp offload, and where do the model's buffers go with every layer asked for?
+    Without offload, the answer carries what the library said while its backends registered (``backend_log``)."""
+    def offload() -> bool:
+        import llama_cpp  # heavy: the compiled library (a CUDA build without libcuda.so.1 fails right here)
+        return bool(llama_cpp.llama_supports_gpu_offload())
+
+    supported, said = _stderr_of(offload)
+    if not supported:
+        return {"gpu_offload": False, "backend_log": said[-20:]}
     facts, _ = loadlog.load_and_capture(model_path, RunConfig(n_ctx=256))
     return {"gpu_offload": True, "offloaded": facts.offloaded_layers, "offloadable": facts.offloadable_layers,
             "buffers": facts.by_device()}
