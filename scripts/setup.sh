@@ -84,9 +84,9 @@ stamp_of() { echo ".venv/.v100lab-setup-$( (cat pyproject.toml scripts/setup.sh 
 stamp="$(stamp_of "$args")"
 [ "$dry" != 1 ] && [ -f "$stamp" ] && exit 0
 
-# ggml-cuda's kernels for one architecture, CPU-seconds, for the progress line's estimate: 144 files at ~50 s each
-# (one, sum.cu, took 52.7 s with the registry's nvcc: benchmarks/RESULTS.md, "CUDA toolkit check")
-CUDA_CPU_S_PER_ARCH=7200
+# ggml-cuda's 144 kernel files for one architecture, CPU-seconds, for the progress line's estimate: the whole sm_75
+# wheel took 5,453 CPU-seconds on a Zen 3, less the CPU part's ~480 (benchmarks/RESULTS.md, "CUDA toolkit check")
+CUDA_CPU_S_PER_ARCH=4900
 # install_llama ARGS SOURCE [GPU-NOTE]: llama-cpp-python built with ARGS (scripts/build-wheel.sh caches it per
 # flag set; the CUDA toolkit's CUDACXX/CUDAToolkit_ROOT from the plan). The wheel is built before anything is
 # replaced, so a failed compile leaves the installed llama.cpp as it was. Status 1 when the compile fails.
