@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from v100lab.facts.config import RunConfig
 from v100lab.facts.results import Observation, tidy_frame
 from v100lab.predict.drift_scaling import agree, reference_shift, spread_with_drift
 from v100lab.workbook import runner
@@ -100,6 +101,52 @@ def test_the_headline_says_when_the_machine_moved():
     assert "×0.70 of its calibration at the start (beyond ±15 %" in far
     steady = headline_text(headline_record(150.0, 160.0, reference=_pair(170.0, 171.0)))
     assert "within its noise" in steady
+    scaled = headline_text(headline_record(150.0, 160.0, reference={**_pair(170.0, 171.0), "machine_ratio": 0.7,
+                                                                    "scaled": True}))
+    assert "×0.70 of its calibration at the start: host predictions scaled by it" in scaled
+    assert "beyond ±15 %" not in scaled, "a scaled run's predictions are not off by the machine's ratio"
+
+
+def test_a_machine_check_stands_at_every_calibrated_thread_count_and_scales_only_when_it_moved():
+    from v100lab.measure.reference import machine_ratios
+    from v100lab.predict.drift_scaling import at_every_thread_count, ratios
+
+    rec = {"rungs": [{"config": "calib-wide:Q4_0", "type": "Q4_0", "threads": 2, "test": "tg", "ratio": 0.8,
+                      "standard_error": None},
+                     {"config": "calib-wide-pp:Q4_0", "type": "Q4_0", "threads": 2, "test": "pp", "ratio": 0.97,
+                      "standard_error": None}]}
+    both = at_every_thread_count(rec, [1, 2])
+    assert sorted((r["threads"], r["test"]) for r in both["rungs"]) == [(1, "pp"), (1, "tg"), (2, "pp"), (2, "tg")]
+    assert all(r["measured_threads"] == 2 for r in both["rungs"])
+    # the decode rung moved beyond the 10 % tolerance, the prompt rung did not: decode scaled, prompt as calibrated
+    assert ratios(both, 1) == {"tg": {"Q4_0": 0.8}, "pp": 1.0, "bandwidth_gbs": None, "moved": 1}
+    assert machine_ratios(both, 2) == {"tg": 0.8, "pp": 0.97, "scaled": True}
+    calm = {"rungs": [dict(rec["rungs"][0], ratio=0.95)]}
+    assert machine_ratios(calm, 2) == {"tg": 0.95, "pp": None, "scaled": False}
+    assert machine_ratios(None, 2) is None and machine_ratios(calm, 1) is None
+
+
+def test_a_run_check_scales_this_processs_host_predictions_only(fresh_cache):
+    from v100lab.facts import devices
+    from v100lab.predict import rates
+
+    threads = {"bandwidth_gbs": 1000.0, "efficiency": 1.0, "overhead_token_s": 0.0, "overhead_layer_s": 0.0,
+               "tg_s_per_weight": {"Q4_0": 1e-9, "Q4_1": 1.2e-9}, "pp_s_per_weight": {"Q4_0": 1e-10}}
+    devices.write_host_profile({"id": "host", "name": "host CPU (test)", "kind": "cpu", "memory_gib": 8.0,
+                                "bandwidth_gbs": 20.0, "fingerprint": devices.host_fingerprint(),
+                                rates.PROFILE_KEY: {"threads": {"1": threads}, "measured_at": "2026-12-07T10:00:00Z"}})
+    cfg = RunConfig(n_threads=1)
+    before = rates.rates_for(devices.get_device("host"), cfg)
+    rec = {"rungs": [{"type": "Q4_0", "threads": 1, "test": "tg", "ratio": 0.5, "standard_error": None}]}
+    try:
+        rates.use_run_check(rec)
+        slower = rates.rates_for(devices.get_device("host"), cfg)
+        assert slower.tg_s_per_weight["Q4_1"] == pytest.approx(2 * before.tg_s_per_weight["Q4_1"])
+        assert "scaled by the drift check" in slower.source
+        assert rates.stored_calibration().get("drift") is None, "nothing is written to the profile"
+    finally:
+        rates.use_run_check(None)
+    assert rates.rates_for(devices.get_device("host"), cfg).tg_s_per_weight == before.tg_s_per_weight
 
 
 def _run(nb, points, reference=None, params="params/default.yaml"):
@@ -176,3 +223,41 @@ def test_a_run_records_its_start_and_end_references(monkeypatch):
     assert after["end"]["when"] == "after measuring", "the end is the reference after the last measuring step"
     # a step that measured no speed decodes nothing
     assert "reference_shift" not in steps.lever_frame([Observation(**common, result=90.0, source="predicted")]).attrs
+
+
+@pytest.mark.slow
+def test_a_run_start_checks_the_machine_on_calibrations_rung_and_scales_when_it_moved(fresh_cache, small_calibration,
+                                                                                       monkeypatch):
+    """A tiny real calibration whose stored Q4_0 decode figure is halved (the machine "moved" deterministically to
+    twice its calibrated speed): a run's start decodes that rung again, finds it about ×2, and this run's host
+    predictions are scaled by it — the stored profile untouched."""
+    from pathlib import Path
+
+    from v100lab.facts import devices
+    from v100lab.measure import calibration
+    from v100lab.predict import rates
+    from v100lab.workbook.scenario import load_scenario
+
+    monkeypatch.setattr(steps, "_REFS", {})
+    monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)
+    small_calibration([("Q4_0", 0, True), ("F16", 0, False)])
+    cal = calibration.calibrate(threads=[1], repetitions=2, passes=1, settle_rounds=0, force=True)
+    for p in cal["points"]:
+        if p["config"] == "calib-wide:Q4_0" and p.get("tg_tps"):
+            p["tg_tps"] /= 2
+    devices.write_host_profile({rates.PROFILE_KEY: cal})
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
+    host = devices.get_device("host")
+    unscaled = rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight["Q4_0"]
+    try:
+        start = steps.reference_start(sc)
+        m = start["machine"]
+        assert m["tg"] > 1.5 and m["scaled"] is True
+        assert rates.run_check() is not None and "drift" not in rates.stored_calibration()
+        scaled = rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight["Q4_0"]
+        assert scaled == pytest.approx(unscaled / m["tg"], rel=1e-6)
+        ref = steps.reference_end()
+        assert ref["machine_ratio"] == pytest.approx(m["tg"], rel=1e-3) and ref["scaled"] is True
+        assert "host predictions scaled by it" in headline_text(headline_record(1.0, 1.0, reference=ref))
+    finally:
+        rates.use_run_check(None)

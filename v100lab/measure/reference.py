@@ -7,8 +7,13 @@ scenario's threads, :data:`REPETITIONS` repetitions in one load (a few seconds) 
 and again after each step that measured speeds (``v100lab.workbook.levers.steps``). Two successive records say
 how far the machine moved while the step between them measured
 (:func:`v100lab.predict.drift_scaling.reference_shift`), the first and the last how far it moved during the
-run, and the prediction the calibration makes for the same configuration says where the machine stands against
-its calibration.
+run.
+
+Where the machine stands against its calibration is measured on calibration's own files, never on a model the run
+judges: :func:`machine_check` decodes calibration's base rung (decode, and its prompt point) once at the run's start,
+against the figures calibration stored for them. A ratio beyond the drift check's tolerance
+(:data:`v100lab.predict.drift_scaling.TOLERANCE`) scales the run's host predictions, as ``v100lab calibrate --check``
+would, for that run only (:func:`v100lab.predict.rates.use_run_check`).
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ import time
 from typing import Any
 
 from v100lab.base.clock import utc_stamp
-from v100lab.base.errors import RunFailed
+from v100lab.base.errors import ConfigError, RunFailed
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import get_device
-from v100lab.measure import harness
+from v100lab.measure import drift_check, harness
 from v100lab.models import zoo
 from v100lab.models.resolve import resolve
-from v100lab.predict import speed
+from v100lab.predict import drift_scaling, speed
+from v100lab.predict.rates import stored_calibration
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +77,37 @@ def measure(threads: int, model: str = MODEL, *, when: str = "") -> dict[str, An
             "threads": int(row.get("n_threads") or threads), "tps": round(float(row["avg_ts"]), 3),
             "sd": round(float(row.get("stddev_ts") or 0.0), 3), "repetitions": REPETITIONS,
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+#: loads of each of calibration's rungs a machine check takes: one, a few seconds (the drift check's tolerance, not
+#: its loads' spread, then decides whether the machine moved)
+MACHINE_LOADS = 1
+
+
+def machine_check(threads: int) -> dict[str, Any] | None:
+    """Calibration's base rung (:data:`v100lab.predict.drift_scaling.BASE_TYPE`: decode and its prompt point)
+    measured now at ``threads``, :data:`MACHINE_LOADS` load(s) each, against the figures calibration stored: a drift
+    check record (:func:`v100lab.measure.drift_check.check`) whose rungs stand at every calibrated thread count
+    (:func:`v100lab.predict.drift_scaling.at_every_thread_count`). None when the host has no calibration at
+    ``threads`` or the rungs could not be measured (a warning says why)."""
+    cal = stored_calibration()
+    if not cal or str(threads) not in (cal.get("threads") or {}):
+        return None
+    try:
+        rec = drift_check.check(cal, threads=[threads], types=[drift_scaling.BASE_TYPE], loads=MACHINE_LOADS,
+                                prompt=True, bandwidth=False)
+    except (ConfigError, RunFailed, OSError) as exc:
+        log.warning("no machine check at the start of this run: %s", exc)
+        return None
+    return drift_scaling.at_every_thread_count(rec, [int(k) for k in cal["threads"]])
+
+
+def machine_ratios(check: dict[str, Any] | None, threads: int) -> dict[str, Any] | None:
+    """What a machine check says at ``threads``: ``{"tg": decode ratio, "pp": prompt ratio or None, "scaled": whether
+    predictions are scaled by it (a rung moved beyond the tolerance)}``, ratios as measured (1.0 not substituted)."""
+    if not check:
+        return None
+    got = {r["test"]: float(r["ratio"]) for r in check.get("rungs") or () if int(r["threads"]) == threads}
+    if "tg" not in got:
+        return None
+    return {"tg": got["tg"], "pp": got.get("pp"), "scaled": bool(drift_scaling.ratios(check, threads)["moved"])}

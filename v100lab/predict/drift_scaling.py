@@ -125,6 +125,18 @@ def scaled_fit(fit: Mapping[str, Any], record: Mapping[str, Any] | None, threads
     return out
 
 
+def at_every_thread_count(record: Mapping[str, Any], thread_counts) -> dict[str, Any]:
+    """``record`` (a check measured at one thread count) with each of its rungs standing at every one of
+    ``thread_counts`` too: a run's machine check decodes calibration's rungs at the run's threads only, and its
+    ratio stands for the machine at the others (a noisy neighbour slows one thread and two alike). A rung's
+    ``measured_threads`` keeps where it was measured."""
+    rungs = []
+    for r in record.get("rungs") or ():
+        for th in sorted({int(t) for t in thread_counts} | {int(r["threads"])}):
+            rungs.append({**r, "threads": th, "measured_threads": int(r.get("measured_threads", r["threads"]))})
+    return {**record, "rungs": rungs}
+
+
 def moved(record: Mapping[str, Any] | None, tolerance: float = TOLERANCE, z: float = NOISE_Z) -> list[dict]:
     """The rungs of ``record`` that have moved (:func:`has_moved`)."""
     return [dict(r) for r in (record or {}).get("rungs") or () if has_moved(r, tolerance, z)]

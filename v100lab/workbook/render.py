@@ -304,32 +304,51 @@ def headline_record(measured_tok_s: float | None, predicted_tok_s: float | None,
             "measured_points": [dict(p) for p in measured_points or ()]}
 
 
-#: a reference this far from what the calibration predicts for it says the machine is not the calibrated one
+#: a machine this far from its calibration (its base rung's ratio) is flagged beside every comparison
 MACHINE_BAND = 0.15
 
 
+def machine_text(m: dict[str, Any] | None) -> str:
+    """A run's machine check in words: "calibration's Q4_0 rung at ×0.83 of its calibration figure (prompt ×0.90):
+    this run's host predictions are scaled by it"; "" without one."""
+    if not m or not m.get("tg"):
+        return ""
+    pp = f" (prompt ×{m['pp']:.2f})" if m.get("pp") else ""
+    verdict = ("this run's host predictions are scaled by it" if m.get("scaled")
+               else "within the drift check's tolerance: the calibration's rates stand")
+    return f"calibration's Q4_0 rung at ×{m['tg']:.2f} of its calibration figure{pp}: {verdict}"
+
+
 def reference_text(rec: dict[str, Any] | None) -> str:
-    """A reference record in words: "SmolLM2-135M-Instruct.Q4_1.gguf tg32 -t 2: 170.1 ± 2.1 tok/s (the
-    calibration predicts 165.0: ×1.03)"; "not measured" for None."""
+    """A reference record in words: "SmolLM2-135M-Instruct.Q4_1.gguf tg32 -t 2: 170.1 ± 2.1 tok/s (predicted 165.0:
+    ×1.03); calibration's Q4_0 rung at ×0.98 …"; "not measured" for None."""
     if not rec:
         return "not measured"
     pred = rec.get("predicted_tps")
+    machine = machine_text(rec.get("machine"))
     return (f"{rec.get('model')} {rec.get('test')} -t {rec.get('threads')}: {rec['tps']:,.1f} ± {rec.get('sd') or 0:,.1f} "
-            "tok/s" + (f" (the calibration predicts {pred:,.1f}: ×{rec['tps'] / pred:.2f})" if pred else ""))
+            "tok/s" + (f" (predicted {pred:,.1f}: ×{rec['tps'] / pred:.2f})" if pred else "")
+            + (f"; {machine}" if machine else ""))
 
 
 def reference_shift_text(ref: dict[str, Any] | None) -> str:
     """The run's references in one clause: "reference 170.1 → 150.3 tok/s (−11.6 %, moved beyond its noise: the
-    spreads include it)" or "… (+1.2 %, within its noise)"; "" without both."""
+    spreads include it)" or "… (+1.2 %, within its noise)", and where the machine stood against its calibration;
+    "" without both."""
     if not ref or not ref.get("end") or not ref.get("shift"):
         return ""
     s, e, sh = ref["start"], ref["end"], ref["shift"]
     verdict = ("moved beyond its noise: the spreads include it, predictions stand against a moving machine"
                if sh.get("moved") else "within its noise")
     mr = ref.get("machine_ratio")
-    machine = (f"; the machine at ×{mr:.2f} of its calibration at the start"
-               + (" (beyond ±15 %: every prediction of this run is off by about that much before the model's own "
-                  "error)" if abs(mr - 1) > MACHINE_BAND else "") if mr else "")
+    if not mr:
+        machine = ""
+    elif ref.get("scaled"):
+        machine = f"; the machine at ×{mr:.2f} of its calibration at the start: host predictions scaled by it"
+    else:
+        machine = (f"; the machine at ×{mr:.2f} of its calibration at the start"
+                   + (" (beyond ±15 %: every prediction of this run is off by about that much before the model's own "
+                      "error)" if abs(mr - 1) > MACHINE_BAND else ""))
     return (f"reference {s['tps']:,.1f} → {e['tps']:,.1f} tok/s ({100 * (sh['ratio'] - 1):+.1f} %, {verdict})"
             + machine)
 

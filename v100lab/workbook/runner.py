@@ -669,7 +669,8 @@ def _reference_cell(h: dict) -> str:
                 text += (" <span class='off' title='the machine moved beyond the noise while this run measured'>"
                          "⚠ moved</span>")
         if ref.get("machine_ratio"):
-            text += f"<div class='muted'>×{float(ref['machine_ratio']):.2f} of calibration</div>"
+            text += (f"<div class='muted'>×{float(ref['machine_ratio']):.2f} of calibration"
+                     + (", predictions scaled" if ref.get("scaled") is True else "") + "</div>")
         return text
     except (AttributeError, KeyError, TypeError, ValueError):
         return "—"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,6 @@ def _stderr_of(fn):
     """``fn()`` with file descriptor 2 captured: ggml's backends report at registration straight to stderr (e.g.
     ggml-cuda.cu ``ggml_cuda_init``: "failed to initialize CUDA: …"), before any log callback is set. Returns
     (result, the captured lines); they are also written back to stderr."""
-    import tempfile
-
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
