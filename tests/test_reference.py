@@ -240,22 +240,27 @@ def test_a_run_start_checks_the_machine_on_calibrations_rung_and_scales_when_it_
 
     monkeypatch.setattr(steps, "_REFS", {})
     monkeypatch.setattr(calibration, "wait_for_quiet", lambda *a, **k: 0.0)
-    small_calibration([("Q4_0", 0, True), ("F16", 0, False)])
+    small_calibration([("F16", 0, False), ("Q4_0", 0, False), ("Q4_0", 128, False)])
     cal = calibration.calibrate(threads=[1], repetitions=2, passes=1, settle_rounds=0, force=True)
     for p in cal["points"]:
         if p["config"] == "calib-wide:Q4_0" and p.get("tg_tps"):
             p["tg_tps"] /= 2
-    devices.write_host_profile({rates.PROFILE_KEY: cal})
+    devices.write_host_profile({"id": "host", "name": "host CPU (test)", "kind": "cpu", "memory_gib": 8.0,
+                                "bandwidth_gbs": 20.0, "fingerprint": devices.host_fingerprint(),
+                                rates.PROFILE_KEY: cal})
     sc = load_scenario(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
     host = devices.get_device("host")
-    unscaled = rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight["Q4_0"]
+    # the tiny calibration fits one weight type's cost (its Q4_0 points pin the depth terms): the check's Q4_0 ratio
+    # scales it, the nearest type's being the only rung checked
+    unscaled = dict(rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight)
+    assert unscaled
     try:
         start = steps.reference_start(sc)
         m = start["machine"]
         assert m["tg"] > 1.5 and m["scaled"] is True
         assert rates.run_check() is not None and "drift" not in rates.stored_calibration()
-        scaled = rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight["Q4_0"]
-        assert scaled == pytest.approx(unscaled / m["tg"], rel=1e-6)
+        scaled = rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight
+        assert {t: c * m["tg"] for t, c in scaled.items()} == pytest.approx(unscaled, rel=1e-6)
         ref = steps.reference_end()
         assert ref["machine_ratio"] == pytest.approx(m["tg"], rel=1e-3) and ref["scaled"] is True
         assert "host predictions scaled by it" in headline_text(headline_record(1.0, 1.0, reference=ref))
