@@ -96,8 +96,13 @@ install_llama() {
   if [ "$(recorded_args)" = "$a" ] && "$vpy" -c 'import llama_cpp' >/dev/null 2>&1; then
     return 0
   fi
-  if [ "$s" = cuda ]; then
-    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: $a [cuda]; compiling ggml-cuda's 144 kernel files takes far longer than the CPU build the first time (tens of seconds to minutes per file and core, per architecture)"
+  # the wheel scripts/build-wheel.sh cached for these flags, if any (its key: the flags' sha256)
+  local cached
+  cached="${V100LAB_CACHE:-$HOME/.cache/v100lab}/wheels/llama-cpp-python-$LCP_VERSION-$(printf '%s' "$a" | sha256sum | cut -c1-16)"
+  if ls "$cached"/*.whl >/dev/null 2>&1; then
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; the wheel built before for these flags (cached)"
+  elif [ "$s" = cuda ]; then
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: $a [cuda]; compiling ggml-cuda's 144 kernel files takes far longer than the CPU build the first time (about 45 min on 2 cores per architecture, minutes on 16)"
   else
     say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time"
   fi
