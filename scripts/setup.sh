@@ -14,7 +14,8 @@
 #                    the machine's CUDA 12 (cards below sm_75: V100, P40, P100). A CUDA build that fails to
 #                    install, compile, load or pass its self-test on the card falls back to the CPU build,
 #                    with the reason on one line; the venv keeps a working llama.cpp throughout.
-#   V100LAB_GPU=0    the CPU build even with a GPU; V100LAB_GPU=1 tries the CUDA build again after a fallback
+#   V100LAB_GPU=0    the CPU build even with a GPU; V100LAB_GPU=1 tries the CUDA build again after a fallback,
+#                    and compiles it even where the driver's libcuda.so.1 is missing (it cannot run there)
 # `scripts/setup.sh --plan` prints the decision and changes nothing. V100LAB_SETUP_DRY_RUN=1 (with a .venv
 # already set up) walks every step, runs the checks against the llama.cpp installed there, and compiles and
 # installs nothing. $V100LAB_NVIDIA_SMI replaces nvidia-smi for the detection.
@@ -52,7 +53,8 @@ recorded_args() { recorded cmake_args; }
 safe_args="$("$py" -m v100lab.base.buildflags)"
 cuda=0; cuda_args=""; cuda_reason=""; cuda_install=""; cuda_env=""; cuda_toolkit_source=""
 note=""   # recorded with the build: why it is not the CUDA one (V100LAB_GPU=0, a fallback); kept on later runs
-gpu_plan() { eval "$("$py" -m v100lab.base.cudabuild --shell --prefix .venv --cpu-args "$safe_args")"; }
+gpu_plan() { eval "$("$py" -m v100lab.base.cudabuild --shell --prefix .venv --cpu-args "$safe_args" \
+                      $([ "${V100LAB_GPU:-}" != 1 ] || echo --compile-anyway))"; }
 if [ -n "${CMAKE_ARGS:-}" ]; then
   args="$CMAKE_ARGS"; source=user
 elif [ "${V100LAB_NATIVE:-0}" = 1 ]; then

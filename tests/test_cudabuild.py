@@ -191,9 +191,18 @@ def test_detection_says_why_there_is_no_gpu(tmp_path, monkeypatch):
     assert found == () and "exit 9" in why and "communicate with the NVIDIA driver" in why
 
 
-def env_for(tmp_path, answer: str, **extra) -> dict:
+def fake_driver(tmp_path: Path) -> str:
+    """A folder holding a file named libcuda.so.1: the driver's library is only looked for, never loaded, by the plan."""
+    d = tmp_path / "driver"
+    d.mkdir(exist_ok=True)
+    (d / "libcuda.so.1").write_text("")
+    return str(d)
+
+
+def env_for(tmp_path, answer: str, driver: bool = True, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("CMAKE_ARGS", "V100LAB_GPU", "V100LAB_NATIVE")}
     env.update({cudabuild.NVIDIA_SMI_ENV: fake_smi(tmp_path, answer), cudabuild.TOOLKITS_ENV: "",
+                cudabuild.DRIVER_DIRS_ENV: fake_driver(tmp_path) if driver else "",
                 "PYTHONPATH": str(ROOT)}, **extra)
     return env
 
@@ -216,9 +225,18 @@ def setup_plan(tmp_path, answer: str, **extra) -> str:
 
 def test_setup_plan_on_a_t4_builds_for_the_card(tmp_path):
     out = setup_plan(tmp_path, "t4.csv")
-    assert "build: cuda" in out and "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=75 " in out
-    assert "-DGGML_NATIVE=OFF" in out    # (with -DGGML_CUDA_NO_VMM=ON between them where there is no driver)
+    assert "build: cuda" in out and "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=75 -DGGML_NATIVE=OFF" in out
     assert "toolkit wheels: nvidia-cuda-nvcc==" in out
+
+
+def test_setup_plan_where_nvidia_smi_answers_but_the_driver_library_is_missing(tmp_path):
+    """A container given only nvidia-smi (NVIDIA_DRIVER_CAPABILITIES=utility), or a recorded answer here: a CUDA
+    build could not run, so setup says so at once instead of compiling for most of an hour; V100LAB_GPU=1
+    compiles it anyway, without the VMM pool that links the driver."""
+    out = setup_plan(tmp_path, "t4.csv", driver=False)
+    assert "build: safe" in out and "Tesla T4 (sm_75), but the driver's libcuda.so.1 is not on this machine" in out
+    anyway = setup_plan(tmp_path, "t4.csv", driver=False, V100LAB_GPU="1")
+    assert "build: cuda" in anyway and "-DCMAKE_CUDA_ARCHITECTURES=75 -DGGML_CUDA_NO_VMM=ON " in anyway
 
 
 def test_setup_plan_on_a_v100_without_cuda_12_says_so(tmp_path):
@@ -274,13 +292,15 @@ def test_prepare_toolkit_gives_cmake_the_names_it_looks_for(tmp_path):
     assert cudabuild.prepare_toolkit(str(other.parent), (str(tmp_path / "nowhere"),)) == []
 
 
-def test_without_the_drivers_library_the_build_goes_without_the_vmm_pool(tmp_path):
-    """ggml-cuda links the driver (CUDA::cuda_driver) for its VMM pool: a machine without libcuda.so.1 (a build
-    machine, or this driverless one with a recorded answer) can only compile the build with GGML_CUDA_NO_VMM."""
+def test_without_the_drivers_library_there_is_no_cuda_build_unless_asked(tmp_path):
+    """Without libcuda.so.1 a CUDA build cannot run: no plan, with the reason. Compiled anyway (a build machine),
+    it goes without the VMM pool, since ggml-cuda links the driver (CUDA::cuda_driver) for it."""
     with_driver = plan_build(gpus("t4.csv"), (), CPU, registry=REGISTRY)
-    without = plan_build(gpus("t4.csv"), (), CPU, registry=REGISTRY, driver_library=False)
-    assert "-DGGML_CUDA_NO_VMM=ON" not in with_driver.args and "-DGGML_CUDA_NO_VMM=ON" in without.args
-    assert "no libcuda.so.1" in without.reason and "no libcuda.so.1" not in with_driver.reason
+    none = plan_build(gpus("t4.csv"), (), CPU, registry=REGISTRY, driver_library=False)
+    assert not none.cuda and none.args == " ".join(CPU) and "libcuda.so.1 is not on this machine" in none.reason
+    anyway = plan_build(gpus("t4.csv"), (), CPU, registry=REGISTRY, driver_library=False, compile_anyway=True)
+    assert "-DGGML_CUDA_NO_VMM=ON" not in with_driver.args and "-DGGML_CUDA_NO_VMM=ON" in anyway.args
+    assert "no libcuda.so.1" in anyway.reason and "no libcuda.so.1" not in with_driver.reason
     assert cudabuild.driver_library((str(tmp_path),)) is None
     (tmp_path / "libcuda.so.1").write_text("")
     assert cudabuild.driver_library((str(tmp_path),)) == str(tmp_path / "libcuda.so.1")

@@ -36,6 +36,8 @@ from v100lab.base import buildflags
 NVIDIA_SMI_ENV = "V100LAB_NVIDIA_SMI"
 #: colon-separated nvcc paths to consider instead of the machine's usual places (for tests, or to choose one)
 TOOLKITS_ENV = "V100LAB_CUDA_NVCC"
+#: colon-separated folders to look in for the driver's libcuda.so.1 instead of the usual ones ("" for none)
+DRIVER_DIRS_ENV = "V100LAB_CUDA_DRIVER_DIRS"
 NVIDIA_SMI_QUERY = ("--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader")
 DETECT_TIMEOUT_S = 20.0
 
@@ -182,11 +184,14 @@ def registry_toolkit(site_packages: str | None = None) -> Toolkit:
 
 
 def plan_build(gpus: tuple[Gpu, ...], toolkits: tuple[Toolkit, ...], cpu_args: list[str] | tuple[str, ...],
-               *, registry: Toolkit | None = None, detect_error: str = "", driver_library: bool = True) -> CudaPlan:
+               *, registry: Toolkit | None = None, detect_error: str = "", driver_library: bool = True,
+               compile_anyway: bool = False) -> CudaPlan:
     """The CUDA build for ``gpus`` with one of ``toolkits`` (the machine's) or ``registry`` (the pinned wheels;
     None: not offered), or the reason there is none. ``driver_library``: the driver's ``libcuda.so.1`` is on this
-    machine (ggml-cuda links it for its VMM memory pool; without it the build goes without the pool,
-    ``-DGGML_CUDA_NO_VMM=ON``, and can only be compiled here). Pure: the same inputs give the same plan."""
+    machine. Without it a CUDA build cannot run here (the CUDA runtime loads the driver through it), so there is
+    no CUDA build, in a second rather than after the long compile; ``compile_anyway`` (``V100LAB_GPU=1``) compiles
+    it all the same, without the VMM pool that links the driver (``-DGGML_CUDA_NO_VMM=ON``), e.g. on a build
+    machine. Pure: the same inputs give the same plan."""
     cpu = tuple(cpu_args)
     if not gpus:
         why = detect_error or "nvidia-smi lists no GPU"
@@ -196,6 +201,11 @@ def plan_build(gpus: tuple[Gpu, ...], toolkits: tuple[Toolkit, ...], cpu_args: l
     driver = min((driver_cuda(d) for d in drivers), key=lambda v: v or (0, 0))
     cards = ", ".join(dict.fromkeys(f"{g.name} (sm_{g.sm})" for g in gpus))
     base = dict(gpus=tuple(gpus), archs=archs)
+    if not driver_library and not compile_anyway:
+        return CudaPlan(False, cpu, f"no CUDA build: nvidia-smi lists {cards}, but the driver's libcuda.so.1 is not "
+                        f"on this machine, so a CUDA build could not run here (in a container, expose the driver's "
+                        f"compute libraries: NVIDIA_DRIVER_CAPABILITIES=compute,utility; V100LAB_GPU=1 compiles it "
+                        f"anyway); building for the CPU", **base)
     if driver is None:
         return CudaPlan(False, cpu, f"the NVIDIA driver {drivers[0]} is older than CUDA 11 supports (≥ 450): "
                         "update the driver, then run scripts/setup.sh again", **base)
@@ -292,14 +302,15 @@ def site_packages(prefix: str) -> str | None:
     return hits[-1] if hits else None
 
 
-def host_plan(prefix: str | None = None, cpu_args: list[str] | None = None) -> CudaPlan:
+def host_plan(prefix: str | None = None, cpu_args: list[str] | None = None,
+              compile_anyway: bool = False) -> CudaPlan:
     """:func:`plan_build` for this host and the virtual environment at ``prefix``."""
     gpus, why = detect_gpus()
     cpu = buildflags.host_cmake_args() if cpu_args is None else cpu_args
     if not gpus:  # no toolkit probing on a box without a card
         return plan_build((), (), cpu, detect_error=why)
     return plan_build(gpus, machine_toolkits(), cpu, registry=registry_toolkit(site_packages(prefix or sys.prefix)),
-                      driver_library=driver_library() is not None)
+                      driver_library=driver_library() is not None, compile_anyway=compile_anyway)
 
 
 #: the CUDA libraries ggml-cuda needs at run time (cudart, cuBLAS)
@@ -327,13 +338,17 @@ DRIVER_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-
                    "/usr/local/nvidia/lib64")
 
 
-def driver_library(driver_lib_dirs: tuple[str, ...] = DRIVER_LIB_DIRS) -> str | None:
-    """The driver's ``libcuda.so.1`` on this machine, or None."""
+def driver_library(driver_lib_dirs: tuple[str, ...] | None = None) -> str | None:
+    """The driver's ``libcuda.so.1`` on this machine (in ``driver_lib_dirs``, default ``$V100LAB_CUDA_DRIVER_DIRS``
+    or :data:`DRIVER_LIB_DIRS`), or None."""
+    if driver_lib_dirs is None:
+        env = os.environ.get(DRIVER_DIRS_ENV)
+        driver_lib_dirs = DRIVER_LIB_DIRS if env is None else tuple(d for d in env.split(":") if d)
     return next((os.path.join(d, "libcuda.so.1") for d in driver_lib_dirs
                  if os.path.exists(os.path.join(d, "libcuda.so.1"))), None)
 
 
-def prepare_toolkit(root: str, driver_lib_dirs: tuple[str, ...] = DRIVER_LIB_DIRS) -> list[str]:
+def prepare_toolkit(root: str, driver_lib_dirs: tuple[str, ...] | None = None) -> list[str]:
     """Make the registry's wheels a toolkit CMake's FindCUDAToolkit accepts: the wheels ship ``libcudart.so.13``
     but not the ``libcudart.so`` it looks for, and no ``lib/stubs/libcuda.so`` (ggml-cuda links the driver
     for its VMM pool): link both, the latter to the driver's ``libcuda.so.1`` where there is one. Idempotent;
@@ -385,11 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-runtime", action="store_true",
                     help="link the chosen toolkit's CUDA runtime libraries beside llama-cpp-python's")
     ap.add_argument("--plan-reason", default="", help="with --fallback: the plan's reason")
+    ap.add_argument("--compile-anyway", action="store_true",
+                    help="plan the CUDA build even where it cannot run (no libcuda.so.1 here): V100LAB_GPU=1")
     a = ap.parse_args(argv)
     if a.fallback:
         print(fallback_reason(a.fallback, a.detail, a.plan_reason))
         return 0
-    plan = host_plan(a.prefix, a.cpu_args.split() if a.cpu_args is not None else None)
+    plan = host_plan(a.prefix, a.cpu_args.split() if a.cpu_args is not None else None, a.compile_anyway)
     if a.prepare_toolkit:
         tk = registry_toolkit(site_packages(a.prefix or sys.prefix))
         if not tk.root:
