@@ -51,7 +51,7 @@ recorded() { "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.
                "$rec" "$1" 2>/dev/null || true; }
 recorded_args() { recorded cmake_args; }
 safe_args="$("$py" -m v100lab.base.buildflags)"
-cuda=0; cuda_args=""; cuda_reason=""; cuda_install=""; cuda_env=""; cuda_toolkit_source=""
+cuda=0; cuda_args=""; cuda_reason=""; cuda_install=""; cuda_env=""; cuda_toolkit_source=""; cuda_gpus=""
 note=""   # recorded with the build: why it is not the CUDA one (V100LAB_GPU=0, a fallback); kept on later runs
 gpu_plan() { eval "$("$py" -m v100lab.base.cudabuild --shell --prefix .venv --cpu-args "$safe_args" \
                       $([ "${V100LAB_GPU:-}" != 1 ] || echo --compile-anyway))"; }
@@ -66,6 +66,8 @@ elif [ -f "$rec" ] && { [ "$(recorded source)" != safe ] || { [ -n "$(recorded g
   args="$(recorded cmake_args)"; source="$(recorded source)"; cuda_reason="$(recorded gpu)"; note="$cuda_reason"
 else
   gpu_plan
+  # a card was found, yet no CUDA build: say why (not recorded: the next run plans again, e.g. after CUDA 12 is in)
+  if [ "$cuda" != 1 ] && [ -n "${cuda_gpus:-}" ] && [ "$plan_only" = 0 ]; then say "$cuda_reason"; fi
   if [ "$cuda" = 1 ]; then
     args="$cuda_args"; source=cuda
   elif [ -f "$rec" ]; then

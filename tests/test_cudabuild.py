@@ -273,6 +273,20 @@ def test_setup_dry_run_on_a_t4_falls_back_to_the_cpu_build_with_the_reason(tmp_p
     assert err.rstrip().endswith(f"(dry run) the build: safe: {safe}")
 
 
+def test_setup_without_the_drivers_library_says_why_and_builds_for_the_cpu(tmp_path):
+    """setup.sh with a recorded T4 answer on a machine without libcuda.so.1, compiling nothing: one line says why
+    there is no CUDA build, and the CPU build is the one made."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout (scripts/setup.sh makes it)")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=600,
+                       env=env_for(tmp_path, "t4.csv", driver=False, V100LAB_SETUP_DRY_RUN="1"))
+    assert p.returncode == 0, p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if "no CUDA build" in x]
+    assert line.startswith("setup: no CUDA build: nvidia-smi lists Tesla T4 (sm_75), but the driver's libcuda.so.1")
+    assert "would install the CUDA toolkit wheels" not in p.stderr
+    assert "(dry run) the build: safe: " in p.stderr
+
+
 def test_prepare_toolkit_gives_cmake_the_names_it_looks_for(tmp_path):
     lib = tmp_path / "cu13" / "lib"
     lib.mkdir(parents=True)
