@@ -93,6 +93,15 @@ by_hand.agree(f"KV read per token at depth {d}, -fa on", on, context.kv_read_per
 by_hand.agree(f"KV read per token at depth {d}, -fa off", off, context.kv_read_per_token(sc, d, "off"), "bytes")
 
 # %% [markdown]
+# ## Fewer bytes, yet not always faster
+#
+# The cell above counts what each path reads, and on a GPU that decides it. On a CPU, decode attention is
+# compute-bound, and the two paths compute differently: without flash attention llama.cpp runs three operations
+# over the padded cells (K·Q as a matrix product of long rows, one vectorised softmax, then V times the scores),
+# while the fused kernel walks the cells one at a time with an online softmax (a scale, an `expf` and a rescale per
+# cell). Calibration decodes its depth rung both ways and measures the ratio of the two paths' attention compute;
+# the prediction above uses it, so on a CPU `-fa off` may be predicted faster although it reads more.
+# %% [markdown]
 # ## What this run showed
 
 # %%

@@ -22,7 +22,7 @@ from v100lab.predict import rates, speed, work
 from v100lab.models import zoo
 from v100lab.facts.config import RunConfig
 from v100lab.base.errors import ConfigError
-from v100lab.gguf.llama_context import type_sizef
+from v100lab.gguf.llama_context import CTX_PAD, pad, type_sizef
 from v100lab.gguf.skeleton import skeleton_spec
 
 
@@ -90,17 +90,21 @@ def _pure_spec(cp):
         dataclasses.replace(t, type_name=cp.type_name) if len(t.shape) >= 2 else t for t in f16.tensors))
 
 
-def _planned_points(points=None, miss_s=0.0, cache_bytes=0.0, kv_s_per_byte=0.0):
+def _planned_points(points=None, miss_s=0.0, cache_bytes=0.0, kv_s_per_byte=0.0, nofa_ratio=1.0):
     """Decode times of calibration's points (``calibration_points()`` unless given), generated from known costs
     (with ``miss_s``: a cost per attention head × cell that misses a cache of ``cache_bytes`` too; with
-    ``kv_s_per_byte``: a cost per KV byte attention reads)."""
-    cfg = RunConfig()
+    ``kv_s_per_byte``: a cost per KV byte attention reads; the -fa off points' attention over the padded cells, at
+    ``nofa_ratio`` times those costs)."""
     pts = []
     for cp in points or calibration.calibration_points():
         if not cp.decode:
             continue
         s, spec = cp.synth, _pure_spec(cp)
         depth = cp.depth + calibration.CALIB_N_GEN // 2
+        off = cp.flash_attn == "off"
+        cfg = RunConfig(flash_attn="off", n_ctx=max(512, pad(cp.depth + calibration.CALIB_N_GEN + 1, CTX_PAD))) \
+            if off else RunConfig()
+        k = nofa_ratio if off else 1.0
         w = calibration._single_device_work(spec, cfg, depth)
         cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE512_LABEL: _WIDE_COSTS[cp.type_name],
                 calibration.WIDE128_LABEL: _WIDE_COSTS[cp.type_name],
@@ -108,11 +112,36 @@ def _planned_points(points=None, miss_s=0.0, cache_bytes=0.0, kv_s_per_byte=0.0)
                 calibration.MHA_LABEL: _MHA_COST}.get(cp.label, _NARROW_COSTS.get(s.n_embd))
         t = _O_LAYER * (spec.n_layer + 1) + sum(tw.n_weights for tw in w.weights.values()) * cost
         t += w.n_rows * _C_ROW if cp.label in calibration.WIDE_LABELS else 0.0     # a narrow rate holds its rows
-        t += (w.other_bytes + w.state_bytes) / 30e9 + w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL
-        t += w.attn_head_cells * _C_CELL + miss_s * work.attn_missed_head_cells(w.attn_sweeps, cache_bytes)
-        t += kv_s_per_byte * w.kv_bytes
-        pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label, "name": cp.name})
+        t += (w.other_bytes + w.state_bytes) / 30e9 + k * (w.attn_ops * _C_ATTN + w.attn_tail_ops * _C_TAIL)
+        t += k * (w.attn_head_cells * _C_CELL + miss_s * work.attn_missed_head_cells(w.attn_sweeps, cache_bytes))
+        t += k * kv_s_per_byte * w.kv_bytes
+        pts.append({"spec": spec, "depth": depth, "tg": t, "label": cp.label, "name": cp.name,
+                    "flash_attn": cp.flash_attn, "pp_depth": cp.depth})
     return pts
+
+
+@pytest.mark.parametrize("plan", ["precise", "quick"])
+def test_attention_without_flash_attention_is_a_ratio_the_fit_recovers(plan):
+    """-fa off decodes on the depth rung, generated with attention's compute at 0.7 of flash attention's over the
+    padded n_kv: the fit recovers the ratio on either plan (the quick one fits attention per multiply-add only),
+    leaves the flash-attention costs as they were, and rates_for applies it only with -fa off."""
+    from v100lab.facts.devices import Device
+    from v100lab.predict import rates
+
+    planned = calibration.plan_points(plan)
+    assert any(cp.flash_attn == "off" for cp in planned)
+    fit = calibration.fit_cpu(_planned_points(planned, nofa_ratio=0.7), 30.0, threads=1)
+    same = calibration.fit_cpu(_planned_points(planned), 30.0, threads=1)
+    assert fit["attn_nofa_ratio"] == pytest.approx(0.7, rel=0.03)
+    assert same["attn_nofa_ratio"] == pytest.approx(1.0, rel=0.03)
+    assert fit["attn_s_per_op"] == pytest.approx(same["attn_s_per_op"], rel=1e-6)
+    assert all(abs(e) < 0.02 for e in fit["tg_nofa_fit_rel_err"])
+    host = Device(id="cpu-test", name="test CPU", kind="cpu", memory_gib=16, bandwidth_gbs=30.0)
+    cal = {"version": calibration.CALIBRATION_VERSION, "threads": {"1": fit}}
+    on = rates.rates_for(host, RunConfig(n_threads=1, flash_attn="on"), {rates.PROFILE_KEY: cal})
+    off = rates.rates_for(host, RunConfig(n_threads=1, flash_attn="off"), {rates.PROFILE_KEY: cal})
+    assert off.attn_s_per_op == pytest.approx(0.7 * on.attn_s_per_op, rel=0.03)
+    assert off.overhead_layer_s == on.overhead_layer_s and off.attn_split_layer_s == on.attn_split_layer_s
 
 
 @pytest.mark.parametrize("f16_step", [64, 32])          # an AVX-512 build (head_dim 96 has a tail), an AVX2 one (not)
@@ -361,7 +390,7 @@ def test_a_pass_measures_the_row_pair_alternately_and_the_cheap_prompts_and_dept
     deep = [cp.name for cp in planned
             if cp.decode and (cp.depth or cp.label in (calibration.WIDE96_LABEL, calibration.MHA_LABEL))]
     assert len(deep) == (len(calibration.CALIB_DEPTHS) + len(calibration.WIDE128_DEPTHS)
-                         + len(calibration.WIDE96_DEPTHS) + len(calibration.MHA_DEPTHS))
+                         + len(calibration.WIDE96_DEPTHS) + len(calibration.MHA_DEPTHS) + len(calibration.NOFA_DEPTHS))
     assert calibration.PROMPT_LOADS >= 3 and calibration.DEPTH_LOADS >= 3
     others = [cp.name for cp in planned if cp.name not in cheap + deep]
     assert list(dict.fromkeys(n for n in names if n not in cheap + deep)) == others
@@ -417,7 +446,7 @@ def test_attention_is_calibrated_where_the_kv_cache_comes_from_dram():
     reads more weights than the deepest point's KV, so no KV survives a token."""
     cfg = RunConfig()
     pts = calibration.calibration_points()
-    deep = [cp for cp in pts if cp.label == "calib-wide" and cp.depth]
+    deep = [cp for cp in pts if cp.label == "calib-wide" and cp.depth and cp.flash_attn == "auto"]
     assert sorted(cp.depth for cp in deep) == sorted(calibration.CALIB_DEPTHS)
     rung = next(cp for cp in pts if cp.label == "calib-wide" and not cp.depth and cp.type_name == calibration.DEPTH_TYPE)
     assert all(cp.synth == rung.synth and cp.type_name == rung.type_name and cp.decode and not cp.prompt for cp in deep)
@@ -608,12 +637,14 @@ def test_the_decode_fit_keeps_a_degree_of_freedom(threads, monkeypatch):
     from v100lab.predict import work
 
     planned = _planned_points()
+    fa = [p for p in planned if p["flash_attn"] != "off"]     # the -fa off points are fitted apart (a ratio)
     for step in (64, 32):
         monkeypatch.setattr(work, "F16_SIMD_STEP", step)
         fit = calibration.fit_cpu(planned, 30.0, threads=threads)
-        assert fit["tg_parameters"] < len(fit["tg_fit_rel_err"]) == len(planned), (step, fit["tg_parameters"])
+        assert fit["tg_parameters"] < len(fit["tg_fit_rel_err"]) == len(fa), (step, fit["tg_parameters"])
         # the Q4_0 rung's and calib-wide96's depth points are what is left over: one more than attention's costs
-        assert len(planned) - fit["tg_parameters"] >= 1
+        assert len(fa) - fit["tg_parameters"] >= 1
+        assert len(fit["tg_nofa_fit_rel_err"]) == len(calibration.NOFA_DEPTHS)
 
 
 @pytest.mark.slow
@@ -853,7 +884,8 @@ def test_the_quick_plan_keeps_the_points_the_workbook_predicts_with_and_loads_ea
     for t in calibration.QUICK_TYPES:
         assert any(cp.label == "calib-wide" and cp.type_name == t and cp.decode and not cp.depth for cp in quick)
         assert any(cp.type_name == t and cp.prompt and not cp.depth for cp in quick)
-    assert [cp.depth for cp in quick if cp.decode and cp.depth] == list(calibration.QUICK_DEPTHS)
+    assert [cp.depth for cp in quick if cp.decode and cp.depth and cp.flash_attn == "auto"] == list(calibration.QUICK_DEPTHS)
+    assert [cp.depth for cp in quick if cp.flash_attn == "off"] == list(calibration.QUICK_NOFA_DEPTHS)
     assert [cp.depth for cp in quick if cp.prompt and cp.depth] == [calibration.PP_DEPTH]
     assert {cp.type_name for cp in quick if cp.label == calibration.WIDE512_LABEL} == set(calibration.ROW_PAIR_TYPES)
     assert {cp.label for cp in quick} >= {"calib-thin", "calib-thin-shallow"}

@@ -138,6 +138,14 @@ WIDE128_DEPTHS = (2048, 4096)
 CALIB_MHA = dataclasses.replace(CALIB_WIDE, n_head_kv=CALIB_WIDE.n_head)
 MHA_LABEL = "calib-mha"
 MHA_DEPTHS = (0, 1024, 2048)
+# Attention without flash attention (-fa off): three graph nodes (src/llama-graph.cpp, build_attn_mha: KQ mul_mat,
+# soft_max_ext, KQV mul_mat over V stored transposed) instead of ggml-cpu's one flash-attention kernel, over the
+# graph's padded n_kv (v100lab.gguf.llama_context.kv_cells_read). Its multiply-adds are the same, its cost per cell
+# is not: long vec_dot rows and one vectorised softmax against the kernel's per-cell online softmax. The DEPTH_TYPE
+# rung with -fa off at NOFA_DEPTHS: their time beside the flash-attention fit's prediction for the same cells is
+# the ratio of the two paths' attention compute (fit_cpu's attn_nofa_ratio).
+NOFA_DEPTHS = (1024, 4096)
+QUICK_NOFA_DEPTHS = (1024,)
 # Prompt attention: ggml-cpu's tiled flash attention (ggml/src/ggml-cpu/ops.cpp,
 # ggml_compute_forward_flash_attn_ext_tiled; v100lab.gguf.llama_context.fa_prompt_cells), per query head × KV cell a
 # mask read, a scale and a softmax step, per multiply-add two F32 GEMMs and the tile's K and V conversion. Pinned on
@@ -217,10 +225,12 @@ class CalPoint:
     depth: int = 0
     prompt: bool = True
     decode: bool = True
+    flash_attn: str = "auto"     # llama.cpp's -fa: "off" for the points of attention without flash attention
 
     @property
     def name(self) -> str:
-        return f"{self.label}:{self.type_name}" + (f"@d{self.depth}" if self.depth else "")
+        return (f"{self.label}:{self.type_name}" + (f"@d{self.depth}" if self.depth else "")
+                + (f":fa-{self.flash_attn}" if self.flash_attn != "auto" else ""))
 
 
 def _wide_weights(synth: zoo.SynthSpec) -> tuple[int, int]:
@@ -279,7 +289,13 @@ def calibration_points() -> list[CalPoint]:
             for d in WIDE96_DEPTHS]
     pts += [CalPoint(MHA_LABEL, wide_spec(DEPTH_TYPE, CALIB_MHA), DEPTH_TYPE, depth=d, prompt=False)
             for d in MHA_DEPTHS]
+    pts += [nofa_point(d) for d in NOFA_DEPTHS]
     return pts
+
+
+def nofa_point(depth: int) -> CalPoint:
+    """The :data:`DEPTH_TYPE` rung at ``depth`` with flash attention off (:data:`NOFA_DEPTHS`)."""
+    return CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=depth, prompt=False, flash_attn="off")
 
 
 # The quick plan (``v100lab calibrate``'s default; the procedure above is ``--precise``): one load of each point the
@@ -288,8 +304,8 @@ def calibration_points() -> list[CalPoint]:
 # so instead (the reference rung loaded first and last: :func:`quick_order`). Kept: the weight types of the default
 # model (Q4_1 with Q6_K/Q8_0 tensors) and of the quant ladder (Q8_0 … Q2_K and their K_M mixes' Q5_K/Q6_K), decode
 # and prompt; the row pairs (the default model's rows of 576); the thin pair (the per-layer overhead); attention on
-# the DEPTH_TYPE rung at QUICK_DEPTHS (the notebooks' depths reach 1024; 2048 the second point of its line) and the
-# prompt at PP_DEPTH. Left out: F16 and Q5_0 (the nearest type's rate stands in), depth 4096 (a minute's fill at 1
+# the DEPTH_TYPE rung at QUICK_DEPTHS (the notebooks' depths reach 1024; 2048 the second point of its line), with
+# flash attention off at QUICK_NOFA_DEPTHS, and the prompt at PP_DEPTH. Left out: F16 and Q5_0 (the nearest type's rate stands in), depth 4096 (a minute's fill at 1
 # thread), and the head_dim / per-cell / per-KV-byte contrasts (calib-wide96, -wide128, -mha, the 128/256-head
 # prompts), whose columns the fit then leaves at 0 — attention per multiply-add, as for the default model's heads of 64.
 PLANS = ("quick", "precise")
@@ -327,7 +343,7 @@ def quick_points() -> list[CalPoint]:
         elif cp.label in ("calib-wide", WIDE512_LABEL, PROMPT_LABEL) and not (cp.decode and cp.depth):
             out.append(cp)
     return out + [CalPoint("calib-wide", wide_spec(DEPTH_TYPE), DEPTH_TYPE, depth=d, prompt=False)
-                  for d in QUICK_DEPTHS]
+                  for d in QUICK_DEPTHS] + [nofa_point(d) for d in QUICK_NOFA_DEPTHS]
 
 
 def quick_order(points: Sequence[CalPoint]) -> list[CalPoint]:
@@ -740,6 +756,8 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
 
     cfg = RunConfig(flash_attn="auto")
     measured, points = points, [p for p in points if p.get("tg")]
+    nofa = [p for p in points if p.get("flash_attn") == "off"]
+    points = [p for p in points if p.get("flash_attn") != "off"]
     if head_cells and not any(p.get("label") == WIDE128_LABEL for p in points):
         # without calib-wide128 (it crashed, or an older calibration's points) the per-cell column is a combination
         # of the per-op and tail columns at head_dims 64 and 96: the fit would split attention between them at
@@ -761,8 +779,9 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
     # columns by calib-wide96, calib-wide128 and calib-mha against calib-wide's rung, all with their KV read from DRAM.
     rows, y, wts, sweeps = [], [], [], []
     rows_per_weight: dict[str, float] = {}      # calib-wide's, per type (for the efficiency below)
-    for p in points:
-        w = _single_device_work(p["spec"], cfg, p["depth"])
+
+    def decode_row(p, w):
+        """(the point's columns, its time less what the bandwidth term knows, its attention sweeps)"""
         label = p.get("label") or WIDE_LABELS[0]
         known = (w.other_bytes + w.state_bytes) / (bandwidth_gbs * 1e9)
         n_by_key: dict[str, float] = {}
@@ -774,13 +793,18 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
                 rows_per_weight.setdefault(t, tw.n_rows / tw.n_weights)
         # a narrow model's rate is one per matrix width: it already holds the cost of its rows (64 weights long)
         n_rows = w.rows_shared_by(threads or 1) if label in WIDE_LABELS else 0.0
-        rows.append([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
-                    + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells if head_cells else 0.0,
-                       w.attn_split_layers if threads != 1 else 0.0,
-                       w.kv_bytes if kv_bytes and label in WIDE_LABELS else 0.0])
-        y.append(p["tg"] - known)
+        row = ([p["spec"].n_layer + 1.0] + [n_by_key.get(t, 0.0) for t in types]
+               + [n_rows, w.attn_ops, w.attn_tail_ops, w.attn_head_cells if head_cells else 0.0,
+                  w.attn_split_layers if threads != 1 else 0.0,
+                  w.kv_bytes if kv_bytes and label in WIDE_LABELS else 0.0])
+        return row, p["tg"] - known, (w.attn_sweeps if label in WIDE_LABELS else ())
+
+    for p in points:
+        row, yy, sw = decode_row(p, _single_device_work(p["spec"], cfg, p["depth"]))
+        rows.append(row)
+        y.append(yy)
         wts.append(1.0 / p["tg"])
-        sweeps.append(w.attn_sweeps if label in WIDE_LABELS else ())
+        sweeps.append(sw)
     # attention's head × cells that miss an effective cache: one column per capacity tried, the best fit kept
     cap, rows, x = _fit_with_capacity(rows, y, wts, sweeps, ATTN_CACHE_GRID_BYTES if spill else ())
     o_tok, o_layer, costs = 0.0, x[0], dict(zip(types, x[1:-7]))
@@ -809,6 +833,8 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
         "tg_parameters": _n_parameters(rows) + (1 if c_spill > 0 else 0),     # the capacity is one more
         "tg_fit_points": [p.get("name") for p in points],
     }
+    if nofa:
+        out.update(_fit_nofa(nofa, x, cap, decode_row))
     # prompt: t_pp(per token) = Σ n_T p_T + attention's multiply-adds c_op + its head × cells c_cell, on the wide
     # matrices only: the narrow models' matmuls run at a speed of their own, and fitted with them, their
     # inefficiency would be taken for attention. Every point is a pp512, so a per-ubatch overhead
@@ -843,6 +869,38 @@ def fit_cpu(points: Sequence[Mapping[str, Any]], bandwidth_gbs: float, threads: 
                     "pp_fit_rel_err": [round(float(r), 4) for r in predp / np.array(y) - 1],
                     "pp_parameters": _n_parameters(rows), "pp_fit_points": [p.get("name") for p in pp_pts]})
     return out
+
+
+#: the columns of fit_cpu's decode rows that are attention's compute (per op, tail op, head × cell, KV byte), and
+#: the missed head × cells' column appended last by _fit_with_capacity
+_ATTN_COLUMNS = (-6, -5, -4, -2, -1)
+#: the bounds of the ratio of attention's compute without and with flash attention
+NOFA_RATIO_BOUNDS = (0.2, 5.0)
+
+
+def _fit_nofa(points, x, cap: float, decode_row) -> dict[str, Any]:
+    """Attention's compute without flash attention, as a ratio to the flash-attention fit's: for each ``points``
+    (decode with -fa off) the fit's costs ``x`` priced over the cells that path reads (the padded n_kv), the rest of
+    the token (weights, rows, overheads, the split layers' syncs) taken as fitted, and the ratio of the measured
+    remainder to the fit's attention; their weighted mean, within :data:`NOFA_RATIO_BOUNDS`."""
+    import numpy as np   # heavy: only the fits need it
+
+    parts = []
+    for p in points:
+        cfg_off = RunConfig(flash_attn="off", n_ctx=max(512, pad(p.get("pp_depth", p["depth"]) + CALIB_N_GEN + 1,
+                                                                    CTX_PAD)))
+        row, yy, sw = decode_row(p, _single_device_work(p["spec"], cfg_off, p["depth"]))
+        full = np.array(row + [attn_missed_head_cells(sw, cap)])
+        attn = float(sum(full[i] * x[i] for i in _ATTN_COLUMNS))
+        if attn > 0:
+            parts.append((p, yy, float(full @ x) - attn, attn))
+    if not parts:
+        return {}
+    wsum = sum(1.0 / p["tg"] for p, *_ in parts)
+    ratio = sum((yy - rest) / attn / p["tg"] for p, yy, rest, attn in parts) / wsum
+    ratio = min(max(ratio, NOFA_RATIO_BOUNDS[0]), NOFA_RATIO_BOUNDS[1])
+    return {"attn_nofa_ratio": round(ratio, 4), "tg_nofa_fit_points": [p.get("name") for p, *_ in parts],
+            "tg_nofa_fit_rel_err": [round((rest + ratio * attn) / yy - 1, 4) for p, yy, rest, attn in parts]}
 
 
 def _weighted_nnls(rows, y, wts):
@@ -946,7 +1004,7 @@ class _Run:
                          n_gen=CALIB_N_GEN if cp.decode else 0,
                          n_prompt=CALIB_N_PROMPT if cp.prompt else 0, repetitions=self.repetitions,
                          pp_repetitions=max(1, self.repetitions - 1), rerun_above_cv=self.rerun_above_cv,
-                         depth_states=self.depth_states)
+                         depth_states=self.depth_states, flash_attn=cp.flash_attn)
         except RunFailed as exc:   # llama.cpp crashed, hung or refused: record the point, skip it
             status = getattr(exc, "status", "failed")
             self.say(f"{cp.name}, {th} thread(s): {status} ({exc}); skipped")
@@ -977,7 +1035,8 @@ def _fit_points(th: int, planned: Sequence[CalPoint], best: Mapping, specs: Mapp
         pts.append({"spec": specs[(cp.label, cp.type_name)], "depth": cp.depth + CALIB_N_GEN // 2,
                     "tg": tm["tg"].s_per_token if "tg" in tm else None,
                     "pp": tm["pp"].s_per_token if "pp" in tm else None,
-                    "n_prompt": CALIB_N_PROMPT, "pp_depth": cp.depth, "label": cp.label, "name": cp.name})
+                    "n_prompt": CALIB_N_PROMPT, "pp_depth": cp.depth, "label": cp.label, "name": cp.name,
+                    "flash_attn": cp.flash_attn})
     return pts
 
 

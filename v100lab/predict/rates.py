@@ -91,6 +91,8 @@ class DeviceRates:
     attn_s_per_kv_byte: float = 0.0           # CPU: per byte of the KV cells attention reads (what makes its cost per
                                               # head × cell follow the GQA ratio: calibration's calib-mha)
     threads: int = 1                          # CPU: the threads sharing each matrix product (work.busiest_share)
+    attn_nofa_ratio: float = 1.0              # CPU: attention's compute with -fa off over the flash-attention fit's
+                                              # for the same cells (calibration's -fa off points; applied by rates_for)
     assumptions: tuple[Assumption, ...] = ()  # GPUs: fields the device file lacked and the values used instead
 
     @property
@@ -176,6 +178,8 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
             r = cpu_rates_from_calibration(device, cal, threads)
         else:
             r = _uncalibrated_cpu(device, threads)
+        if not resolve_flash_attn(cfg) and r.attn_nofa_ratio != 1.0:
+            r = without_flash_attn(r)
         if device.id == "host":
             hp = describe_host_rates(cal, device=device, stored=False)
             r = replace(r, profile_note=hp.line, profile_warnings=hp.warnings)
@@ -183,6 +187,18 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
     device, assumed = complete_gpu(device)      # a sparse device file: its missing fields inferred, and named
     r = gpu_rates(device, gpu_class_fit(device.kind), cfg)
     return replace(r, assumptions=assumed) if assumed else r
+
+
+def without_flash_attn(r: DeviceRates) -> DeviceRates:
+    """A CPU's rates for decode attention without flash attention: its compute costs (per multiply-add, tail op,
+    head × cell, missed head × cell, KV byte) times the calibrated :attr:`DeviceRates.attn_nofa_ratio`; the split
+    layers' syncs are the same on both paths (:func:`v100lab.gguf.llama_context.attn_sync_layer`)."""
+    k = r.attn_nofa_ratio
+    return replace(r, attn_s_per_op=r.attn_s_per_op * k, attn_tail_s_per_op=r.attn_tail_s_per_op * k,
+                   attn_s_per_head_cell=r.attn_s_per_head_cell * k,
+                   attn_s_per_missed_head_cell=r.attn_s_per_missed_head_cell * k,
+                   attn_s_per_kv_byte=r.attn_s_per_kv_byte * k, attn_nofa_ratio=1.0,
+                   source=f"{r.source}; attention -fa off at ×{k:.2f} of flash attention's (calibrated)")
 
 
 def effective_threads(cfg: RunConfig, device, profile: Mapping[str, Any] | None = None) -> tuple[int, str]:
@@ -703,7 +719,7 @@ def cpu_rates_from_calibration(device, cal: Mapping[str, Any], threads: int) -> 
         if a.get(key) and b.get(key):
             mixed[key] = 1.0 / ((1 - f) / a[key] + f / b[key])
     for key in ("overhead_token_s", "overhead_layer_s", "attn_split_layer_s", "pp_overhead_s", "bandwidth_gbs",
-                "efficiency", "attn_cache_bytes"):
+                "efficiency", "attn_cache_bytes", "attn_nofa_ratio"):
         if key in a and key in b:
             mixed[key] = (1 - f) * a[key] + f * b[key]
     return _rates_from(device, mixed, 1.0, src + f"; {threads} threads interpolated", threads)
@@ -728,6 +744,7 @@ def _rates_from(device, p: Mapping[str, Any], speedup: float, source: str, threa
         attn_cache_bytes=float(p.get("attn_cache_bytes", 0.0)),
         attn_s_per_missed_head_cell=float(p.get("attn_s_per_missed_head_cell", 0.0)) / speedup,
         attn_s_per_kv_byte=float(p.get("attn_s_per_kv_byte", 0.0)) / speedup, threads=max(1, int(threads)),
+        attn_nofa_ratio=float(p.get("attn_nofa_ratio", 1.0)),
         tg_row_s_by_type=MappingProxyType({t: c / speedup for t, c in (p.get("tg_row_s_by_type") or {}).items()}))
 
 

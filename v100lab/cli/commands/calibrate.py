@@ -118,6 +118,9 @@ def _summary(cal: dict) -> list[str]:
         if p.get("attn_s_per_missed_head_cell") and p.get("attn_cache_bytes"):
             attn += (f"; {1e9 * p['attn_s_per_missed_head_cell']:.1f} ns per query head × KV cell that misses once a "
                      f"layer's KV cells pass {p['attn_cache_bytes'] / 2**20:.1f} MiB")
+        if p.get("attn_nofa_ratio"):
+            attn += (f"; with -fa off ×{p['attn_nofa_ratio']:.2f} (its {len(p.get('tg_nofa_fit_points') or [])} "
+                     "point(s) beside the flash-attention fit)")
         lines.append(attn)
         if p.get("pp_attn_s_per_op") or p.get("pp_attn_s_per_head_cell"):
             lines.append(f"   prompt attention: {1e9 * p.get('pp_attn_s_per_op', 0):.3f} ns per multiply-add + "
