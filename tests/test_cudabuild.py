@@ -292,14 +292,12 @@ def test_prepare_toolkit_gives_cmake_the_names_it_looks_for(tmp_path):
     lib.mkdir(parents=True)
     for name in ("libcudart.so.13", "libcublas.so.13", "libnvrtc-builtins.so.13.5"):
         (lib / name).write_text("")
-    driver = tmp_path / "driver"
-    driver.mkdir()
-    (driver / "libcuda.so.1").write_text("")
-    made = cudabuild.prepare_toolkit(str(tmp_path / "cu13"), (str(tmp_path / "nowhere"), str(driver)))
+    driver = fake_driver(tmp_path)
+    made = cudabuild.prepare_toolkit(str(tmp_path / "cu13"), (str(tmp_path / "nowhere"), driver))
     assert sorted(Path(m).name for m in made) == ["libcublas.so", "libcuda.so", "libcudart.so"]
     assert os.readlink(lib / "libcudart.so") == "libcudart.so.13"
-    assert (lib / "stubs" / "libcuda.so").resolve() == (driver / "libcuda.so.1").resolve()
-    assert cudabuild.prepare_toolkit(str(tmp_path / "cu13"), (str(driver),)) == []   # idempotent
+    assert (lib / "stubs" / "libcuda.so").resolve() == (Path(driver) / "libcuda.so.1").resolve()
+    assert cudabuild.prepare_toolkit(str(tmp_path / "cu13"), (driver,)) == []   # idempotent
     # no driver here: no stub, and CMake will say that CUDA::cuda_driver is missing (the compile stage's fallback)
     other = tmp_path / "other" / "lib"
     other.mkdir(parents=True)

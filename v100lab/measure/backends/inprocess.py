@@ -279,7 +279,7 @@ class InProcessSession:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
 
     def _fill_depth(self, depth: int) -> None:
-        """Bring the context to ``depth`` tokens (untimed): restore a saved state (this session's, else a file in
+        """Bring the context to ``depth`` tokens (untimed): restore a saved state (kept in memory by this load, else a file in
         ``depth_states``), else decode and save it (there too)."""
         import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
@@ -339,7 +339,7 @@ class InProcessSession:
 
     @property
     def raw_log(self) -> str:
-        """Everything llama.cpp logged for this session so far (load, decode errors, teardown)."""
+        """Everything llama.cpp logged for this loaded model so far (load, decode errors, teardown)."""
         return self._cap.text if self._cap is not None else ""
 
     def close(self) -> None:

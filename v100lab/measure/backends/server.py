@@ -440,7 +440,7 @@ class ServerSession:
         self._bos = spec.metadata.get("tokenizer.ggml.bos_token_id") if spec else None
 
     def exit_reason(self) -> str | None:
-        """Why the server this session started can no longer answer (it exited: status and llama.cpp's
+        """Why the llama-server started here can no longer answer (it exited: status and llama.cpp's
         reason from its log); None while it runs, and always for an attached server."""
         if self.proc is None:
             return None
