@@ -22,7 +22,7 @@ from v100lab.predict import rates, speed, work
 from v100lab.models import zoo
 from v100lab.facts.config import RunConfig
 from v100lab.base.errors import ConfigError
-from v100lab.gguf.llama_context import CTX_PAD, pad, type_sizef
+from v100lab.gguf.llama_context import type_sizef
 from v100lab.gguf.skeleton import skeleton_spec
 
 
@@ -102,8 +102,7 @@ def _planned_points(points=None, miss_s=0.0, cache_bytes=0.0, kv_s_per_byte=0.0,
         s, spec = cp.synth, _pure_spec(cp)
         depth = cp.depth + calibration.CALIB_N_GEN // 2
         off = cp.flash_attn == "off"
-        cfg = RunConfig(flash_attn="off", n_ctx=max(512, pad(cp.depth + calibration.CALIB_N_GEN + 1, CTX_PAD))) \
-            if off else RunConfig()
+        cfg = RunConfig(flash_attn="off", n_ctx=calibration.measured_ctx(cp.depth)) if off else RunConfig()
         k = nofa_ratio if off else 1.0
         w = calibration._single_device_work(spec, cfg, depth)
         cost = {"calib-wide": _WIDE_COSTS[cp.type_name], calibration.WIDE512_LABEL: _WIDE_COSTS[cp.type_name],

@@ -305,8 +305,8 @@ def nofa_point(depth: int) -> CalPoint:
 # model (Q4_1 with Q6_K/Q8_0 tensors) and of the quant ladder (Q8_0 … Q2_K and their K_M mixes' Q5_K/Q6_K), decode
 # and prompt; the row pairs (the default model's rows of 576); the thin pair (the per-layer overhead); attention on
 # the DEPTH_TYPE rung at QUICK_DEPTHS (the notebooks' depths reach 1024; 2048 the second point of its line), with
-# flash attention off at QUICK_NOFA_DEPTHS, and the prompt at PP_DEPTH. Left out: F16 and Q5_0 (the nearest type's rate stands in), depth 4096 (a minute's fill at 1
-# thread), and the head_dim / per-cell / per-KV-byte contrasts (calib-wide96, -wide128, -mha, the 128/256-head
+# flash attention off at QUICK_NOFA_DEPTHS, and the prompt at PP_DEPTH. Left out: F16 and Q5_0 (the nearest type's
+# rate stands in), depth 4096 (a minute's fill at 1 thread), and the head_dim / per-cell / per-KV-byte contrasts (calib-wide96, -wide128, -mha, the 128/256-head
 # prompts), whose columns the fit then leaves at 0 — attention per multiply-add, as for the default model's heads of 64.
 PLANS = ("quick", "precise")
 QUICK_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1", "Q3_K", "Q2_K")
@@ -614,6 +614,11 @@ def _timing(samples_ns: Sequence[int], n_tokens: int, busy: float = 0.0) -> Timi
     return Timing(med, cv, tuple(per), busy)
 
 
+def measured_ctx(depth: int, n_gen: int = CALIB_N_GEN, n_prompt: int = 0) -> int:
+    """The context :func:`measure` loads for a test at ``depth``: room for the test, padded, at least 512 cells."""
+    return max(512, pad(depth + max(n_gen, n_prompt) + 1, CTX_PAD))
+
+
 def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prompt: int = 0,
             repetitions: int = 3, flash_attn: str = "auto", retry_noisy: bool = True,
             n_ctx: int | None = None, pp_repetitions: int | None = None,
@@ -623,8 +628,7 @@ def measure(path, threads: int, depth: int = 0, n_gen: int = CALIB_N_GEN, n_prom
     A test whose coefficient of variation exceeds ``rerun_above_cv`` (:data:`RERUN_ABOVE_CV`) is run again
     (at most :data:`MAX_RERUNS` times) and the quietest run is kept. ``depth_states``: a folder where the filled
     context is kept for the next load of the same model and context (the in-process session's ``depth_states``)."""
-    need = depth + max(n_gen, n_prompt) + 1
-    cfg = RunConfig(n_ctx=n_ctx or max(512, pad(need, CTX_PAD)), n_threads=threads,
+    cfg = RunConfig(n_ctx=n_ctx or measured_ctx(depth, n_gen, n_prompt), n_threads=threads,
                     flash_attn=flash_attn, n_gpu_layers=0)
     out: dict[str, Timing] = {}
     with IsolatedBackend(depth_states=depth_states).open(path, cfg) as session:
@@ -887,8 +891,7 @@ def _fit_nofa(points, x, cap: float, decode_row) -> dict[str, Any]:
 
     parts = []
     for p in points:
-        cfg_off = RunConfig(flash_attn="off", n_ctx=max(512, pad(p.get("pp_depth", p["depth"]) + CALIB_N_GEN + 1,
-                                                                    CTX_PAD)))
+        cfg_off = RunConfig(flash_attn="off", n_ctx=measured_ctx(p.get("pp_depth", p["depth"])))
         row, yy, sw = decode_row(p, _single_device_work(p["spec"], cfg_off, p["depth"]))
         full = np.array(row + [attn_missed_head_cells(sw, cap)])
         attn = float(sum(full[i] * x[i] for i in _ATTN_COLUMNS))

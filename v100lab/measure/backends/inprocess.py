@@ -279,8 +279,8 @@ class InProcessSession:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
 
     def _fill_depth(self, depth: int) -> None:
-        """Bring the context to ``depth`` tokens (untimed): restore a saved state (kept in memory by this load, else a file in
-        ``depth_states``), else decode and save it (there too)."""
+        """Bring the context to ``depth`` tokens (untimed): restore a saved state (kept in memory by this load, else a
+        file in ``depth_states``), else decode and save it (there too)."""
         import llama_cpp  # heavy: llama.cpp is loaded only in the process that runs the model
 
         if self._depth_state and self._depth_state[0] == depth:
