@@ -14,17 +14,6 @@ def pytest_configure(config):
     os.environ.setdefault("V100LAB_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "v100lab"))
 
 
-@pytest.fixture(autouse=True)
-def no_run_check():
-    """A run's machine check scales host predictions for the whole process (rates.use_run_check): one test's run
-    start must not scale the next test's predictions."""
-    from v100lab.predict import rates
-
-    rates.use_run_check(None)
-    yield
-    rates.use_run_check(None)
-
-
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty cache directory for this test only."""

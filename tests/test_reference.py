@@ -101,13 +101,9 @@ def test_the_headline_says_when_the_machine_moved():
     assert "×0.70 of its calibration at the start (beyond ±15 %" in far
     steady = headline_text(headline_record(150.0, 160.0, reference=_pair(170.0, 171.0)))
     assert "within its noise" in steady
-    scaled = headline_text(headline_record(150.0, 160.0, reference={**_pair(170.0, 171.0), "machine_ratio": 0.7,
-                                                                    "scaled": True}))
-    assert "×0.70 of its calibration at the start: host predictions scaled by it" in scaled
-    assert "beyond ±15 %" not in scaled, "a scaled run's predictions are not off by the machine's ratio"
 
 
-def test_a_machine_check_stands_at_every_calibrated_thread_count_and_scales_only_when_it_moved():
+def test_a_machine_check_stands_at_every_calibrated_thread_count_and_says_when_it_moved():
     from v100lab.measure.reference import machine_ratios
     from v100lab.predict.drift_scaling import at_every_thread_count, ratios
 
@@ -120,33 +116,51 @@ def test_a_machine_check_stands_at_every_calibrated_thread_count_and_scales_only
     assert all(r["measured_threads"] == 2 for r in both["rungs"])
     # the decode rung moved beyond the 10 % tolerance, the prompt rung did not: decode scaled, prompt as calibrated
     assert ratios(both, 1) == {"tg": {"Q4_0": 0.8}, "pp": 1.0, "bandwidth_gbs": None, "moved": 1}
-    assert machine_ratios(both, 2) == {"tg": 0.8, "pp": 0.97, "scaled": True}
+    assert machine_ratios(both, 2) == {"tg": 0.8, "pp": 0.97, "moved": True, "measured_at": None}
     calm = {"rungs": [dict(rec["rungs"][0], ratio=0.95)]}
-    assert machine_ratios(calm, 2) == {"tg": 0.95, "pp": None, "scaled": False}
+    assert machine_ratios(calm, 2) == {"tg": 0.95, "pp": None, "moved": False, "measured_at": None}
     assert machine_ratios(None, 2) is None and machine_ratios(calm, 1) is None
 
 
-def test_a_run_check_scales_this_processs_host_predictions_only(fresh_cache):
+def test_a_recent_machine_check_of_the_same_calibration_is_reused_and_an_old_one_is_not(fresh_cache, monkeypatch):
+    """A batch's notebooks start minutes apart: the check one of them made is the next one's, as long as it is
+    recent, of the same calibration and at the same thread count; otherwise the rungs are decoded again."""
+    import json
+
+    from v100lab.base.clock import utc_stamp
     from v100lab.facts import devices
+    from v100lab.measure import drift_check, reference
     from v100lab.predict import rates
 
-    threads = {"bandwidth_gbs": 1000.0, "efficiency": 1.0, "overhead_token_s": 0.0, "overhead_layer_s": 0.0,
-               "tg_s_per_weight": {"Q4_0": 1e-9, "Q4_1": 1.2e-9}, "pp_s_per_weight": {"Q4_0": 1e-10}}
+    class Measured(Exception):
+        pass
+
+    def measuring(*a, **k):
+        raise Measured
+
     devices.write_host_profile({"id": "host", "name": "host CPU (test)", "kind": "cpu", "memory_gib": 8.0,
                                 "bandwidth_gbs": 20.0, "fingerprint": devices.host_fingerprint(),
-                                rates.PROFILE_KEY: {"threads": {"1": threads}, "measured_at": "2026-12-07T10:00:00Z"}})
-    cfg = RunConfig(n_threads=1)
-    before = rates.rates_for(devices.get_device("host"), cfg)
-    rec = {"rungs": [{"type": "Q4_0", "threads": 1, "test": "tg", "ratio": 0.5, "standard_error": None}]}
-    try:
-        rates.use_run_check(rec)
-        slower = rates.rates_for(devices.get_device("host"), cfg)
-        assert slower.tg_s_per_weight["Q4_1"] == pytest.approx(2 * before.tg_s_per_weight["Q4_1"])
-        assert "scaled by the drift check" in slower.source
-        assert rates.stored_calibration().get("drift") is None, "nothing is written to the profile"
-    finally:
-        rates.use_run_check(None)
-    assert rates.rates_for(devices.get_device("host"), cfg).tg_s_per_weight == before.tg_s_per_weight
+                                rates.PROFILE_KEY: {"threads": {"2": {"bandwidth_gbs": 10.0, "efficiency": 1.0}},
+                                                    "measured_at": "2026-12-07T10:00:00Z"}})
+    monkeypatch.setattr(drift_check, "check", measuring)
+    kept = {"rungs": [{"type": "Q4_0", "threads": 2, "test": "tg", "ratio": 1.2, "standard_error": None}],
+            "measured_at": utc_stamp()}
+    path = fresh_cache / "machine-check.json"
+
+    def keep(**over):
+        path.write_text(json.dumps({"measured_at": kept["measured_at"], "threads": 2,
+                                    "calibration_measured_at": "2026-12-07T10:00:00Z", "record": kept, **over}))
+
+    keep()
+    assert reference.machine_check(2) == kept
+    for stale in ({"measured_at": "2026-12-07T09:00:00Z"}, {"threads": 1},
+                  {"calibration_measured_at": "2026-12-06T10:00:00Z"}):
+        keep(**stale)
+        with pytest.raises(Measured):
+            reference.machine_check(2)
+    keep()
+    with pytest.raises(Measured):
+        reference.machine_check(2, reuse_s=0)
 
 
 def _run(nb, points, reference=None, params="params/default.yaml"):
@@ -226,11 +240,12 @@ def test_a_run_records_its_start_and_end_references(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_run_start_checks_the_machine_on_calibrations_rung_and_scales_when_it_moved(fresh_cache, small_calibration,
-                                                                                       monkeypatch):
+def test_a_run_start_checks_the_machine_on_calibrations_rung_and_leaves_predictions_alone(fresh_cache,
+                                                                                          small_calibration,
+                                                                                          monkeypatch):
     """A tiny real calibration whose stored Q4_0 decode figure is halved (the machine "moved" deterministically to
-    twice its calibrated speed): a run's start decodes that rung again, finds it about ×2, and this run's host
-    predictions are scaled by it — the stored profile untouched."""
+    twice its calibrated speed): a run's start decodes that rung again, finds it about ×2 and says so, and this
+    run's host predictions stay the calibration's — the stored profile untouched."""
     from pathlib import Path
 
     from v100lab.facts import devices
@@ -250,19 +265,14 @@ def test_a_run_start_checks_the_machine_on_calibrations_rung_and_scales_when_it_
                                 rates.PROFILE_KEY: cal})
     sc = load_scenario(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
     host = devices.get_device("host")
-    # the tiny calibration fits one weight type's cost (its Q4_0 points pin the depth terms): the check's Q4_0 ratio
-    # scales it, the nearest type's being the only rung checked
     unscaled = dict(rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight)
     assert unscaled
-    try:
-        start = steps.reference_start(sc)
-        m = start["machine"]
-        assert m["tg"] > 1.5 and m["scaled"] is True
-        assert rates.run_check() is not None and "drift" not in rates.stored_calibration()
-        scaled = rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight
-        assert {t: c * m["tg"] for t, c in scaled.items()} == pytest.approx(unscaled, rel=1e-6)
-        ref = steps.reference_end()
-        assert ref["machine_ratio"] == pytest.approx(m["tg"], rel=1e-3) and ref["scaled"] is True
-        assert "host predictions scaled by it" in headline_text(headline_record(1.0, 1.0, reference=ref))
-    finally:
-        rates.use_run_check(None)
+    start = steps.reference_start(sc)
+    m = start["machine"]
+    assert m["tg"] > 1.5 and m["moved"] is True
+    assert "drift" not in rates.stored_calibration()
+    assert rates.rates_for(host, RunConfig(n_threads=1)).tg_s_per_weight == pytest.approx(unscaled, rel=1e-12)
+    ref = steps.reference_end()
+    assert ref["machine_ratio"] == pytest.approx(m["tg"], rel=1e-3) and ref["machine_moved"] is True
+    text = headline_text(headline_record(1.0, 1.0, reference=ref))
+    assert f"×{m['tg']:.2f} of its calibration at the start (beyond ±15 %" in text

@@ -11,19 +11,25 @@ run.
 
 Where the machine stands against its calibration is measured on calibration's own files, never on a model the run
 judges: :func:`machine_check` decodes calibration's base rung (decode, and its prompt point) once at the run's start,
-against the figures calibration stored for them. A ratio beyond the drift check's tolerance
-(:data:`v100lab.predict.drift_scaling.TOLERANCE`) scales the run's host predictions, as ``v100lab calibrate --check``
-would, for that run only (:func:`v100lab.predict.rates.use_run_check`).
+against the figures calibration stored for them. The ratio is shown beside the run's comparisons and flagged beyond
+the drift check's tolerance (:data:`v100lab.predict.drift_scaling.TOLERANCE`); it is not applied to the run's
+predictions. One load of a rung that streams its weights from memory read ×1.1-1.3 fast in most runs of the default
+batch, while the default model's own reference sat on its unscaled prediction (median ×1.00): scaling by it moved
+the headlines away from their measurements (docs/measuring.md). ``v100lab calibrate --check`` is the way to bring a
+calibration to the machine's present speed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from datetime import datetime, timezone
 from typing import Any
 
-from v100lab.base.clock import utc_stamp
+from v100lab.base.clock import parse_utc, utc_stamp
 from v100lab.base.errors import ConfigError, RunFailed
+from v100lab.base.safeio import cache_dir, read_json_dict, write_atomic
 from v100lab.facts.config import RunConfig
 from v100lab.facts.devices import get_device
 from v100lab.measure import drift_check, harness
@@ -82,32 +88,54 @@ def measure(threads: int, model: str = MODEL, *, when: str = "") -> dict[str, An
 #: loads of each of calibration's rungs a machine check takes: one, a few seconds (the drift check's tolerance, not
 #: its loads' spread, then decides whether the machine moved)
 MACHINE_LOADS = 1
+#: a machine check this recent (same calibration, same thread count) is reused by the next run rather than measured
+#: again: a batch's notebooks start minutes apart, and the check is shown, not applied (a few seconds per notebook)
+MACHINE_CHECK_REUSE_S = 600.0
+_MACHINE_CHECK_FILE = "machine-check.json"
 
 
-def machine_check(threads: int) -> dict[str, Any] | None:
+def machine_check(threads: int, *, reuse_s: float = MACHINE_CHECK_REUSE_S) -> dict[str, Any] | None:
     """Calibration's base rung (:data:`v100lab.predict.drift_scaling.BASE_TYPE`: decode and its prompt point)
-    measured now at ``threads``, :data:`MACHINE_LOADS` load(s) each, against the figures calibration stored: a drift
+    measured at ``threads``, :data:`MACHINE_LOADS` load(s) each, against the figures calibration stored: a drift
     check record (:func:`v100lab.measure.drift_check.check`) whose rungs stand at every calibrated thread count
-    (:func:`v100lab.predict.drift_scaling.at_every_thread_count`). None when the host has no calibration at
-    ``threads`` or the rungs could not be measured (a warning says why)."""
+    (:func:`v100lab.predict.drift_scaling.at_every_thread_count`). A check of the same calibration and thread count
+    made less than ``reuse_s`` seconds ago (kept in the cache directory) is returned instead of measuring again; its
+    ``measured_at`` says when. None when the host has no calibration at ``threads`` or the rungs could not be
+    measured (a warning says why)."""
     cal = stored_calibration()
     if not cal or str(threads) not in (cal.get("threads") or {}):
         return None
+    path = cache_dir() / _MACHINE_CHECK_FILE
+    kept = read_json_dict(path, "machine check") or {}
+    stamp = parse_utc(kept.get("measured_at"))
+    if (reuse_s > 0 and stamp is not None and kept.get("threads") == threads
+            and kept.get("calibration_measured_at") == cal.get("measured_at")
+            and 0 <= (datetime.now(timezone.utc) - stamp).total_seconds() < reuse_s
+            and isinstance(kept.get("record"), dict)):
+        return kept["record"]
     try:
         rec = drift_check.check(cal, threads=[threads], types=[drift_scaling.BASE_TYPE], loads=MACHINE_LOADS,
                                 prompt=True, bandwidth=False)
     except (ConfigError, RunFailed, OSError) as exc:
         log.warning("no machine check at the start of this run: %s", exc)
         return None
-    return drift_scaling.at_every_thread_count(rec, [int(k) for k in cal["threads"]])
+    out = drift_scaling.at_every_thread_count(rec, [int(k) for k in cal["threads"]])
+    try:
+        write_atomic(path, json.dumps({"measured_at": rec.get("measured_at") or utc_stamp(), "threads": threads,
+                                       "calibration_measured_at": cal.get("measured_at"), "record": out}),
+                     what="machine check", error=OSError)
+    except OSError as exc:  # not kept: the next run measures again
+        log.warning("machine check not kept for the next run: %s", exc)
+    return out
 
 
 def machine_ratios(check: dict[str, Any] | None, threads: int) -> dict[str, Any] | None:
-    """What a machine check says at ``threads``: ``{"tg": decode ratio, "pp": prompt ratio or None, "scaled": whether
-    predictions are scaled by it (a rung moved beyond the tolerance)}``, ratios as measured (1.0 not substituted)."""
+    """What a machine check says at ``threads``: ``{"tg": decode ratio, "pp": prompt ratio or None, "moved": a rung
+    beyond the drift check's tolerance, "measured_at": when}``, ratios as measured (1.0 not substituted)."""
     if not check:
         return None
     got = {r["test"]: float(r["ratio"]) for r in check.get("rungs") or () if int(r["threads"]) == threads}
     if "tg" not in got:
         return None
-    return {"tg": got["tg"], "pp": got.get("pp"), "scaled": bool(drift_scaling.ratios(check, threads)["moved"])}
+    return {"tg": got["tg"], "pp": got.get("pp"), "moved": bool(drift_scaling.ratios(check, threads)["moved"]),
+            "measured_at": check.get("measured_at")}

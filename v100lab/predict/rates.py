@@ -171,8 +171,6 @@ def rates_for(device, cfg: RunConfig, profile: Mapping[str, Any] | None = None) 
             cal = profile.get(PROFILE_KEY)
         elif device.id == "host":
             cal = dict(device.extra).get(PROFILE_KEY)
-            if cal and _run_check:
-                cal = {**cal, drift_scaling.DRIFT_KEY: _run_check}
         threads, note = effective_threads(cfg, device, profile)
         if cal:
             r = cpu_rates_from_calibration(device, cal, threads)
@@ -232,23 +230,6 @@ def stored_calibration() -> dict[str, Any] | None:
     """The CPU calibration stored in this host's profile, or None."""
     prof = read_host_profile() or {}
     return prof.get(PROFILE_KEY)
-
-
-# a drift check that this process's host predictions use instead of the stored one (a notebook run's machine check:
-# v100lab.workbook.levers.steps.reference_start); nothing is written to the profile
-_run_check: dict[str, Any] | None = None
-
-
-def use_run_check(record: Mapping[str, Any] | None) -> None:
-    """Make ``record`` (a drift check, :mod:`v100lab.predict.drift_scaling`) the one this process's host predictions
-    apply, in place of the stored profile's; None goes back to the stored one."""
-    global _run_check
-    _run_check = {**record, "applied": True} if record else None
-
-
-def run_check() -> dict[str, Any] | None:
-    """The drift check :func:`use_run_check` set for this process, or None."""
-    return _run_check
 
 
 # a thread count's figures that every prediction reads: numbers, finite, and (the first) above zero

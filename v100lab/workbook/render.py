@@ -310,13 +310,14 @@ MACHINE_BAND = 0.15
 
 def machine_text(m: dict[str, Any] | None) -> str:
     """A run's machine check in words: "calibration's Q4_0 rung at ×0.83 of its calibration figure (prompt ×0.90):
-    this run's host predictions are scaled by it"; "" without one."""
+    beyond the drift check's tolerance, predictions not rescaled"; "" without one."""
     if not m or not m.get("tg"):
         return ""
     pp = f" (prompt ×{m['pp']:.2f})" if m.get("pp") else ""
-    verdict = ("this run's host predictions are scaled by it" if m.get("scaled")
-               else "within the drift check's tolerance: the calibration's rates stand")
-    return f"calibration's Q4_0 rung at ×{m['tg']:.2f} of its calibration figure{pp}: {verdict}"
+    verdict = ("beyond the drift check's tolerance, predictions not rescaled (`v100lab calibrate --check` would)"
+               if m.get("moved") else "within the drift check's tolerance")
+    when = f", checked {m['measured_at']}" if m.get("measured_at") else ""
+    return f"calibration's Q4_0 rung at ×{m['tg']:.2f} of its calibration figure{pp}{when}: {verdict}"
 
 
 def reference_text(rec: dict[str, Any] | None) -> str:
@@ -343,8 +344,6 @@ def reference_shift_text(ref: dict[str, Any] | None) -> str:
     mr = ref.get("machine_ratio")
     if not mr:
         machine = ""
-    elif ref.get("scaled"):
-        machine = f"; the machine at ×{mr:.2f} of its calibration at the start: host predictions scaled by it"
     else:
         machine = (f"; the machine at ×{mr:.2f} of its calibration at the start"
                    + (" (beyond ±15 %: every prediction of this run is off by about that much before the model's own "

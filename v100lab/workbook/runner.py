@@ -57,7 +57,7 @@ from urllib.parse import quote
 from v100lab import __version__
 from v100lab.base.errors import ConfigError, OutputError
 from v100lab.predict.drift_scaling import agree
-from v100lab.workbook.render import HEADLINE_MIME, escape
+from v100lab.workbook.render import HEADLINE_MIME, MACHINE_BAND, escape
 from v100lab.base.safeio import check_creatable, write_atomic
 from v100lab.workbook.levers.course import keys_of
 from v100lab.workbook.scenario import Scenario, keys, load_scenario, parameters_cell_source, read_parameters
@@ -669,8 +669,9 @@ def _reference_cell(h: dict) -> str:
                 text += (" <span class='off' title='the machine moved beyond the noise while this run measured'>"
                          "⚠ moved</span>")
         if ref.get("machine_ratio"):
-            text += (f"<div class='muted'>×{float(ref['machine_ratio']):.2f} of calibration"
-                     + (", predictions scaled" if ref.get("scaled") is True else "") + "</div>")
+            mr = float(ref["machine_ratio"])
+            text += (f"<div class='muted'>×{mr:.2f} of calibration"
+                     + (" ⚠" if abs(mr - 1) > MACHINE_BAND else "") + "</div>")
         return text
     except (AttributeError, KeyError, TypeError, ValueError):
         return "—"

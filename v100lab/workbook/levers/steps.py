@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from v100lab.measure import harness, reference
-from v100lab.predict import drift_scaling, rates
+from v100lab.predict import drift_scaling
 from v100lab.predict import speed
 from v100lab.models import zoo
 from v100lab.measure.backends.inprocess import cpu_gpu_info
@@ -517,9 +517,8 @@ _REFS: dict[str, Any] = {}       # this kernel's references (one run of a notebo
 def reference_start(sc: Scenario) -> dict[str, Any] | None:
     """The run's start reference: measured the first time a scenario that measures on this machine asks (the
     notebook's first cell), then kept for the kernel; with the machine check on calibration's own rungs
-    (``machine``: :func:`v100lab.measure.reference.machine_ratios`), which scales this kernel's host predictions when
-    the machine moved beyond the drift check's tolerance, and the prediction for the reference made with the run's
-    rates (``predicted_tps``). None when the study measures nothing here (or through a remote server), or when the
+    (``machine``: :func:`v100lab.measure.reference.machine_ratios`), shown beside the run's comparisons but never
+    applied to its predictions, and the calibration's prediction for the reference (``predicted_tps``). None when the study measures nothing here (or through a remote server), or when the
     reference could not be measured (a warning says why)."""
     st = study(sc)
     if not st.measuring or st.remote:
@@ -527,18 +526,15 @@ def reference_start(sc: Scenario) -> dict[str, Any] | None:
     threads = sc.run_config().n_threads
     if _REFS.get("threads_asked") == threads:
         return _REFS["start"]
-    rates.use_run_check(None)
     try:
         rec = reference.measure(threads, when="start")
     except Exception as exc:  # noqa: BLE001 - a reference that cannot be made leaves the run unjudged, never failed
         log.warning("no reference measured at the start of this run: %s", exc)
         return None
-    # where the machine stands against its calibration, on calibration's own rungs: the run's host predictions
-    # are scaled by it when it moved (the reference's prediction below included)
+    # where the machine stands against its calibration, on calibration's own rungs: said beside the comparisons,
+    # not applied (one load's view of a streaming rung over-corrected a cache-resident model; docs/measuring.md)
     check = reference.machine_check(rec["threads"])
     rec["machine"] = reference.machine_ratios(check, rec["threads"])
-    if rec["machine"] and rec["machine"]["scaled"]:
-        rates.use_run_check(check)
     rec["predicted_tps"] = reference.predicted_tps(threads)
     _REFS.clear()
     _REFS.update(threads_asked=threads, start=rec, last=rec)
@@ -574,8 +570,8 @@ def reference_after(df):
 def reference_end() -> dict[str, Any] | None:
     """The run's references: ``{"start", "end", "shift" (:func:`v100lab.predict.drift_scaling.reference_shift`,
     end against start), "machine_ratio" / "machine_pp_ratio" (calibration's base rung at the start against its
-    calibration figure: :func:`v100lab.measure.reference.machine_check`), "scaled" (the run's host predictions scaled
-    by them)}``. The end is the
+    calibration figure: :func:`v100lab.measure.reference.machine_check`), "machine_moved" (a rung beyond the drift
+    check's tolerance)}``. The end is the
     reference decoded after the run's last measuring step (:func:`reference_after`), or decoded now when none
     was; None when the run has no start reference."""
     start = _REFS.get("start")
@@ -586,7 +582,7 @@ def reference_end() -> dict[str, Any] | None:
     return {"start": start, "end": end, "shift": drift_scaling.reference_shift(start, end),
             "machine_ratio": round(machine["tg"], 4) if machine.get("tg") else None,
             "machine_pp_ratio": round(machine["pp"], 4) if machine.get("pp") else None,
-            "scaled": bool(machine.get("scaled"))}
+            "machine_moved": bool(machine.get("moved"))}
 
 
 def with_drift(df, drift: float | None):
