@@ -2,8 +2,9 @@
 # llama.cpp's llama-server, llama-bench and llama-batched-bench from the SAME llama.cpp commit as the installed
 # llama-cpp-python, linked against its shared libraries (libllama, libggml*, libmtmd: the same compiled
 # kernels, built with the flags scripts/setup.sh recorded), so in-process and server numbers measure one build.
-# Only llama.cpp's common library and the three tools are compiled (~6.3 CPU-minutes; README, "The llama.cpp
-# build"): ggml and libllama are not compiled again.
+# Only the three tools are compiled (~4.5 CPU-minutes; README, "The llama.cpp build"): ggml, libllama and llama.cpp's
+# common library are the ones the wheel installed (common compiled here too, ~11 CPU-minutes in all, only where the
+# wheel has none).
 #
 #   scripts/build-tools.sh [VENV]      (default: .venv of this checkout)
 #
@@ -25,8 +26,10 @@ say() { echo "build-tools: $*" >&2; }
 
 [ -x "$vpy" ] || { say "no Python in $venv (run scripts/setup.sh first)"; exit 1; }
 # what is installed: llama-cpp-python's version, its lib directory (and that directory relative to VENV/bin: the
-# binaries' RPATH, so they load VENV's libraries wherever VENV is), and the ggml commit it was built from
-read -r lcp_version libdir rel lib_commit < <("$vpy" - "$venv" <<'EOF'
+# binaries' RPATH, so they load VENV's libraries wherever VENV is), the ggml commit it was built from, and llama.cpp's
+# common library if the same wheel installed it (site-packages/lib/libllama-common.so, by llama.cpp's own install
+# rule; "-" when not: then common is compiled here) with its directory relative to VENV/bin
+read -r lcp_version libdir rel lib_commit common_lib common_rel < <("$vpy" - "$venv" <<'EOF'
 import ctypes, os, pathlib, sys, llama_cpp
 lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
 try:
@@ -35,12 +38,21 @@ try:
     commit = f().decode().split("-")[0] or "unknown"
 except (OSError, AttributeError):
     commit = "unknown"
-print(llama_cpp.__version__, lib, os.path.relpath(lib, os.path.join(sys.argv[1], "bin")), commit)
+bindir = os.path.join(sys.argv[1], "bin")
+common = lib.parent.parent / "lib" / "libllama-common.so"
+try:
+    from importlib.metadata import files
+    ours = any(str(f).endswith("lib/libllama-common.so") for f in files("llama_cpp_python") or ())
+except Exception:
+    ours = False
+print(llama_cpp.__version__, lib, os.path.relpath(lib, bindir), commit,
+      *((common, os.path.relpath(common.parent, bindir)) if ours and common.is_file() else ("-", "-")))
 EOF
 ) || { say "llama-cpp-python is not importable in $venv"; exit 1; }
 # the build flags setup.sh recorded for that library (the tools run its kernels; the flags key the cache)
 args="$("$vpy" -c 'import sys; from v100lab.base.buildflags import read_record; print(read_record(sys.argv[1]).get("cmake_args", ""))' "$venv")"
 rpath="\$ORIGIN/$rel"
+[ "$common_lib" = - ] || rpath="$rpath:\$ORIGIN/$common_rel"
 
 # the source: llama-cpp-python's sdist (pip caches the download; the file itself is kept here too)
 srcdir="$cache/src"
@@ -77,8 +89,10 @@ if [ ! -f "$entry/build.json" ]; then
   trap 'rm -rf "$work"' EXIT
   log="$work/build.log"
   jobs="$(nproc 2>/dev/null || echo 2)"
-  expected=$(( 360 / jobs > 60 ? 360 / jobs : 60 ))     # about 6 CPU-minutes
-  say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; about 6 CPU-minutes (~$(( (expected + 59) / 60 )) min on $jobs idle cores) the first time"
+  # CPU-seconds measured on a Zen 3 (ninja's log): 263 with the wheel's common library, ~640 compiling it too
+  if [ "$common_lib" = - ]; then cpu_s=640; else cpu_s=270; fi
+  expected=$(( cpu_s / jobs > 60 ? cpu_s / jobs : 60 ))
+  say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; about $(( (cpu_s + 59) / 60 )) CPU-minutes (~$(( (expected + 59) / 60 )) min on $jobs idle cores) the first time"
   # shellcheck source=lib/progress.sh
   source "$here/scripts/lib/progress.sh"
   start=$(date +%s)
@@ -95,8 +109,9 @@ if [ ! -f "$entry/build.json" ]; then
     if [ "$lib_commit" != unknown ] && [ "${src_commit:0:7}" != "${lib_commit:0:7}" ]; then
       echo "the source is llama.cpp $src_commit but the installed library was built from $lib_commit"; exit 1
     fi
+    common_arg=(); [ "$common_lib" = - ] || common_arg=(-DLLAMA_COMMON_LIB="$common_lib")
     cmake -S "$here/scripts/llama-tools" -B "$work/build" ${gen[@]+"${gen[@]}"} -DLLAMA_SRC="$src" -DLLAMA_CPP_LIB="$libdir" \
-      -DLLAMA_TOOLS_RPATH="$rpath" -DLLAMA_COMMIT_OVERRIDE="$src_commit"
+      -DLLAMA_TOOLS_RPATH="$rpath" -DLLAMA_COMMIT_OVERRIDE="$src_commit" ${common_arg[@]+"${common_arg[@]}"}
     cmake --build "$work/build" --target "${tools[@]}" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}"
   }
   run_with_progress "build-tools: compiling" "$expected" "$log" build_them

@@ -222,7 +222,7 @@ tail -n 1 .venv/selftest.log >&2
 done_step "the build self-test"
 
 # ---- llama.cpp's llama-server, llama-bench and llama-batched-bench from the same llama.cpp commit, linked
-# against the library just installed (scripts/build-tools.sh: ~6 CPU-minutes the first time, then from its
+# against the library just installed (scripts/build-tools.sh: ~4.5 CPU-minutes the first time, then from its
 # cache). Optional: without them the workbook says so and shows predictions where it would measure a server.
 scripts/build-tools.sh .venv || echo "setup: llama-server could not be built (see above); going on without it" >&2
 done_step "llama-server, llama-bench and llama-batched-bench"

@@ -125,6 +125,11 @@ def test_the_built_server_is_llama_cpp_pythons_commit(built_server):
                   for ln in out.splitlines() if "=>" in ln}
         for so in ("libllama.so.0", "libggml.so.0", "libggml-base.so.0", "libmtmd.so.0"):
             assert so in linked and Path(linked[so]).resolve().parent == libdir, (so, out)
+        # llama.cpp's common library: the one the same wheel installed (site-packages/lib), where it has one
+        common = Path(llama_cpp.__file__).parent.parent / "lib" / "libllama-common.so"
+        if common.is_file() and buildflags.read_tools_record():
+            assert "libllama-common.so.0" in linked, out
+            assert Path(linked["libllama-common.so.0"]).resolve().parent == common.resolve().parent, out
 
 
 @pytest.mark.slow
