@@ -314,7 +314,7 @@ def machine_text(m: dict[str, Any] | None) -> str:
     if not m or not m.get("tg"):
         return ""
     pp = f" (prompt ×{m['pp']:.2f})" if m.get("pp") else ""
-    verdict = ("beyond the drift check's tolerance, predictions not rescaled (`v100lab calibrate --check` would)"
+    verdict = ("beyond the drift check's tolerance, predictions not rescaled (v100lab calibrate --check would)"
                if m.get("moved") else "within the drift check's tolerance")
     when = f", checked {m['measured_at']}" if m.get("measured_at") else ""
     return f"calibration's Q4_0 rung at ×{m['tg']:.2f} of its calibration figure{pp}{when}: {verdict}"

@@ -518,8 +518,9 @@ def reference_start(sc: Scenario) -> dict[str, Any] | None:
     """The run's start reference: measured the first time a scenario that measures on this machine asks (the
     notebook's first cell), then kept for the kernel; with the machine check on calibration's own rungs
     (``machine``: :func:`v100lab.measure.reference.machine_ratios`), shown beside the run's comparisons but never
-    applied to its predictions, and the calibration's prediction for the reference (``predicted_tps``). None when the study measures nothing here (or through a remote server), or when the
-    reference could not be measured (a warning says why)."""
+    applied to its predictions, and the calibration's prediction for the reference (``predicted_tps``). None when
+    the study measures nothing here (or through a remote server), or when the reference could not be measured (a
+    warning says why)."""
     st = study(sc)
     if not st.measuring or st.remote:
         return None
