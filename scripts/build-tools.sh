@@ -71,8 +71,7 @@ record="$venv/etc/v100lab/llama-tools.json"
 
 installed_ok() {  # the record names this entry and every tool is in VENV/bin and starts
   [ -f "$record" ] && grep -q "\"cache_entry\": \"$entry\"" "$record" || return 1
-  for t in "${tools[@]}"; do [ -x "$venv/bin/$t" ] || return 1; done
-  "$venv/bin/llama-server" --version >/dev/null 2>&1
+  for t in "${tools[@]}"; do [ -x "$venv/bin/$t" ] && "$venv/bin/$t" --version >/dev/null 2>&1 || return 1; done
 }
 installed_ok && exit 0
 
@@ -139,12 +138,15 @@ fi
 
 # install into VENV/bin (the RPATH finds VENV's llama_cpp/lib from there) and record it
 for t in "${tools[@]}"; do install -m 755 "$entry/bin/$t" "$venv/bin/$t"; done
-if ! version="$("$venv/bin/llama-server" --version 2>&1)"; then
-  say "the installed llama-server does not start: $version"
-  for t in "${tools[@]}"; do rm -f "$venv/bin/$t"; done
-  rm -f "$record"
-  exit 1
-fi
+for t in "${tools[@]}"; do   # each one starts (finds every shared library it needs, indirect ones included)
+  if ! version="$("$venv/bin/$t" --version 2>&1)"; then
+    say "the installed $t does not start: $(echo "$version" | tail -n 1)"
+    for u in "${tools[@]}"; do rm -f "$venv/bin/$u"; done
+    rm -f "$record"
+    exit 1
+  fi
+done
+version="$("$venv/bin/llama-server" --version 2>&1)"
 mkdir -p "$(dirname "$record")"
 "$vpy" -c 'import json, sys
 entry, bindir, version, tools = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]

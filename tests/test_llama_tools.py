@@ -133,6 +133,20 @@ def test_the_built_server_is_llama_cpp_pythons_commit(built_server):
 
 
 @pytest.mark.slow
+def test_every_recorded_tool_starts_and_names_the_commit(built_server):
+    """Each tool finds every shared library it needs, its libraries' own dependencies included (a tool that calls
+    no ggml function itself does not list libggml: the loader reaches it through the tool's search path only)."""
+    rec = buildflags.read_tools_record()
+    if not rec:
+        pytest.skip("the server was given by $V100LAB_LLAMA_SERVER, not built into this environment")
+    for tool in rec["tools"]:
+        done = subprocess.run([str(Path(rec["bin_dir"]) / tool), "--version"], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, (tool, done.stderr[-500:])
+        assert parse_tool_version(done.stdout + done.stderr)["commit"] == rec["llama_cpp_commit"], tool
+
+
+@pytest.mark.slow
 def test_the_recorded_build_is_what_the_package_finds_and_selftest_reports(built_server, monkeypatch):
     rec = buildflags.read_tools_record()
     if not rec:
