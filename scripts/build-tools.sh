@@ -2,7 +2,7 @@
 # llama.cpp's llama-server, llama-bench and llama-batched-bench from the SAME llama.cpp commit as the installed
 # llama-cpp-python, linked against its shared libraries (libllama, libggml*, libmtmd: the same compiled
 # kernels, built with the flags scripts/setup.sh recorded), so in-process and server numbers measure one build.
-# Only the three tools are compiled (~4.5 CPU-minutes; README, "The llama.cpp build"): ggml, libllama and llama.cpp's
+# Only the three tools are compiled (~3 CPU-minutes; README, "The llama.cpp build"): ggml, libllama and llama.cpp's
 # common library are the ones the wheel installed (common compiled here too, ~11 CPU-minutes in all, only where the
 # wheel has none).
 #
@@ -88,8 +88,8 @@ if [ ! -f "$entry/build.json" ]; then
   trap 'rm -rf "$work"' EXIT
   log="$work/build.log"
   jobs="$(nproc 2>/dev/null || echo 2)"
-  # CPU-seconds measured on a Zen 3 (ninja's log): 263 with the wheel's common library, ~640 compiling it too
-  if [ "$common_lib" = - ]; then cpu_s=640; else cpu_s=270; fi
+  # CPU-seconds measured on a quiet Zen 3: 182 with the wheel's common library (94 s wall), ~640 compiling it too
+  if [ "$common_lib" = - ]; then cpu_s=640; else cpu_s=200; fi
   expected=$(( cpu_s / jobs > 60 ? cpu_s / jobs : 60 ))
   say "compiling ${tools[*]} of llama.cpp $lib_commit (llama-cpp-python $lcp_version), linked against $libdir; about $(( (cpu_s + 59) / 60 )) CPU-minutes (~$(( (expected + 59) / 60 )) min on $jobs idle cores) the first time"
   # shellcheck source=lib/progress.sh

