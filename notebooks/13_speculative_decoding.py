@@ -120,9 +120,11 @@ spec_decode.summary_speculative(sc, spec, what, mtp)
 # %% [markdown]
 # ## Try it
 #
-# At Q8_0 a token reads about twice the bytes it does at Q4_0. Does drafting 4 n-gram tokens at α 0.7 gain more or
-# less over plain decoding on the scenario's device than at its own quant? Write your guess down, then open the
-# answer below (the package's prediction for the scenario's model on its device, now and with the change).
+# A verification pass checks the drafted tokens in one batch: it pays when that pass costs little more than a
+# single token's, and loses when every extra token costs as much as one. Move the same model to the seed's V100: does
+# drafting 4 n-gram tokens at α 0.7 gain more or less there than on this machine, and what bounds one token's decode
+# on each? Write your guess down, then open the answer below (the package's prediction for the scenario's model on
+# this machine and on the V100).
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
-render.text_table(exercises.what_if(sc, quant="Q8_0", draft=(0.7, 4)))
+render.text_table(exercises.what_if(sc, device="v100-16gb", draft=(0.7, 4)))

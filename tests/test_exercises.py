@@ -24,6 +24,20 @@ ASKED = {"00": "decode at depth 0", "01": "KV cache", "02": "bandwidth ceiling",
 ON_GPU = {"00", "01", "05", "12", "14"}
 
 
+# this machine as the answers see it: an uncalibrated CPU of a fixed memory bandwidth, slow, middling and fast, so
+# that no answer depends on the bandwidth the machine running the tests happens to measure
+HOST_GBS = (10.0, 35.0, 80.0)
+
+
+@pytest.fixture(params=HOST_GBS, ids=[f"{g:g}GBs" for g in HOST_GBS])
+def fixed_host(request, fresh_cache):
+    from v100lab.facts import devices
+
+    devices.write_host_profile({"id": "host", "name": "host CPU (test)", "kind": "cpu", "memory_gib": 16.0,
+                                "bandwidth_gbs": request.param, "fingerprint": devices.host_fingerprint()})
+    return request.param
+
+
 def _cells(path: Path) -> list[str]:
     return re.split(r"^# %%", path.read_text(encoding="utf-8"), flags=re.M)
 
@@ -40,7 +54,7 @@ def _answer(path: Path):
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[p.stem for p in SOURCES])
-def test_every_answer_changes_what_its_question_asks(path):
+def test_every_answer_changes_what_its_question_asks(path, fixed_host):
     sc, df = _answer(path)
     now, after = df.columns[1], df.columns[2]
     differs = df[df[now] != df[after]]
@@ -54,7 +68,7 @@ def test_every_answer_changes_what_its_question_asks(path):
         assert rows["device"][0] == on_gpu.device.name and on_gpu.label in rows["model and quant"][0], path.stem
 
 
-def test_the_gpu_answer_swaps_the_gpu_not_this_machine():
+def test_the_gpu_answer_swaps_the_gpu_not_this_machine(fixed_host):
     sc, df = _answer(NB_DIR / "00_overview.py")
     rows = dict(zip(df[""], zip(df[df.columns[1]], df[df.columns[2]])))
     assert rows["device"][0] != rows["device"][1] and "T4" in rows["device"][1]
